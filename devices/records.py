@@ -1,0 +1,114 @@
+"""Typed records that cross the devices boundary: runner settings in, measurements out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How the remote runner measures. Defaults follow TFLite's benchmark_model."""
+
+    warmup_runs: int = 1
+    warmup_seconds: float = 0.5
+    min_runs: int = 50
+    min_seconds: float = 1.0
+    threads: int = 1
+    tolerance: float = 1e-5
+    power_rate_hz: float = 50.0
+    idle_seconds: float = 0.5
+
+    def to_args(self) -> list[str]:
+        """Command-line arguments for the runner script."""
+        return [
+            "--warmup-runs", str(self.warmup_runs),
+            "--warmup-seconds", str(self.warmup_seconds),
+            "--min-runs", str(self.min_runs),
+            "--min-seconds", str(self.min_seconds),
+            "--threads", str(self.threads),
+            "--tolerance", repr(self.tolerance),
+            "--power-rate-hz", str(self.power_rate_hz),
+            "--idle-seconds", str(self.idle_seconds),
+        ]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One finished benchmark job on one device: raw samples kept, statistics derived."""
+
+    device: str
+    artifact: str  # "<run-id>/<client-id>"
+    format: str  # onnx | pte | tflite
+    variant: str  # fp32 | int8
+    threads: int
+    ok: bool
+    error: str | None = None
+    latency_ms: tuple[float, ...] = ()
+    load_ms: float = math.nan
+    first_inference_ms: float = math.nan
+    peak_rss_kb: int = 0
+    rss_growth_kb: int = 0  # RSS after loading the model minus RSS before
+    output_max_abs_diff: float = math.nan
+    output_check_passed: bool = False
+    accuracy: float = math.nan  # on the sample_io labels
+    power_source: str | None = None  # sensor name; None when energy is missing
+    power_w: tuple[float, ...] = ()  # samples during the timed window
+    power_rate_hz: float = math.nan
+    idle_power_w: float = math.nan
+    energy_missing_reason: str | None = None
+    timed_window_s: float = math.nan
+    state_before: dict[str, Any] = field(default_factory=dict)
+    state_after: dict[str, Any] = field(default_factory=dict)
+    runtime_version: str | None = None
+
+    # -- derived statistics (never stored separately) --------------------------------------------
+    @property
+    def runs(self) -> int:
+        return len(self.latency_ms)
+
+    def percentile(self, q: float) -> float:
+        """Linear-interpolation percentile (numpy's default) of the latency samples, in ms."""
+        xs = sorted(self.latency_ms)
+        if not xs:
+            return math.nan
+        pos = (len(xs) - 1) * q / 100.0
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    @property
+    def p50_ms(self) -> float:
+        return self.percentile(50)
+
+    @property
+    def mean_power_w(self) -> float:
+        return sum(self.power_w) / len(self.power_w) if self.power_w else math.nan
+
+    @property
+    def energy_per_inference_mj(self) -> float:
+        """Mean power over the timed window × window length ÷ runs, in millijoules."""
+        if not self.power_w or not self.runs:
+            return math.nan
+        return self.mean_power_w * self.timed_window_s / self.runs * 1e3
+
+    @property
+    def energy_above_idle_mj(self) -> float:
+        if not self.power_w or not self.runs or math.isnan(self.idle_power_w):
+            return math.nan
+        return (self.mean_power_w - self.idle_power_w) * self.timed_window_s / self.runs * 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["latency_ms"] = list(self.latency_ms)
+        d["power_w"] = list(self.power_w)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["latency_ms"] = tuple(float(x) for x in kw.get("latency_ms", ()))
+        kw["power_w"] = tuple(float(x) for x in kw.get("power_w", ()))
+        return cls(**kw)
