@@ -1,0 +1,76 @@
+"""Federated datasets: what every dataset builder returns, and the registry they live in.
+
+A builder turns a :class:`DataConfig` into a :class:`FederatedDataset`: per-client train and test tensors,
+already partitioned, deterministic given the seed. Builders never download anything: real datasets are
+read from the user's local copies (``DataConfig.root``) in their standard file formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from edgemask.registry import Registry
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which dataset, how it is split across clients, and where its files are."""
+
+    name: str = "digits"
+    num_clients: int = 10
+    partition: str = "pathological"  # pathological | dirichlet | natural | iid
+    classes_per_client: int = 2  # pathological shards
+    balance_rate: float = 1.0  # pathological: size of the smaller class / the larger one (FedMask Fig. 13)
+    alpha: float = 0.5  # dirichlet concentration
+    test_fraction: float = 0.25  # per client, stratified so the test split follows the train distribution
+    samples_per_client: int | None = None  # cap per client (None: use all it gets)
+    root: str | None = None  # local directory of a real dataset
+    options: dict[str, Any] = field(default_factory=dict)  # builder-specific (e.g. synthetic size)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's local data. ``x`` is float32 ``(N, *input_shape)``; ``y`` is int64 ``(N,)``."""
+
+    client_id: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+
+@dataclass(frozen=True)
+class FederatedDataset:
+    name: str
+    input_shape: tuple[int, ...]  # one sample, without the batch dimension
+    num_classes: int
+    clients: tuple[ClientData, ...]
+    global_test_x: torch.Tensor | None = None  # a shared test set where the paper uses one (FedPeWS)
+    global_test_y: torch.Tensor | None = None
+    input_dtype: str = "float32"  # "int64" for token inputs (character LSTM)
+
+    def client(self, client_id: str) -> ClientData:
+        for c in self.clients:
+            if c.client_id == client_id:
+                return c
+        raise KeyError(client_id)
+
+
+Builder = Callable[[DataConfig, int], FederatedDataset]
+DATASETS: Registry[Builder] = Registry("dataset")
+
+
+def client_id(index: int) -> str:
+    return f"client-{index:03d}"
+
+
+def build_dataset(cfg: DataConfig, seed: int) -> FederatedDataset:
+    """Look the builder up by name (unknown names list the valid ones) and build."""
+    return DATASETS.get(cfg.name)(cfg, seed)

@@ -1,0 +1,110 @@
+"""Partitioners: split (labels) across clients. Pure functions over numpy index arrays.
+
+- ``pathological``: each client gets ``classes_per_client`` classes (McMahan et al.'s shards as used by FedMask,
+  LotteryFL), with a balance rate between its classes (FedMask §4.5, Fig. 13).
+- ``dirichlet``: class proportions per client drawn from Dir(α) (FedPeWS §5.1).
+- ``iid``: a uniform random split.
+Natural splits (one writer / subject / role per client) are done by the loaders that know the users.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgemask.errors import ConfigError
+
+
+def pathological(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator,
+    balance_rate: float = 1.0,
+) -> list[np.ndarray]:
+    """Give each client ``classes_per_client`` distinct classes; split each class's samples over its holders.
+
+    Classes are assigned round-robin over a shuffled class order so every class is used about equally.
+    With ``balance_rate`` r < 1 a client's first class keeps all its share and every other class keeps a
+    fraction r of its share (the ratio between the smaller and the larger class volume is r).
+    """
+    classes = np.unique(labels)
+    if classes_per_client > len(classes):
+        raise ConfigError(
+            f"data.classes_per_client = {classes_per_client} but the dataset has only {len(classes)} classes"
+        )
+    if not 0 < balance_rate <= 1:
+        raise ConfigError(f"data.balance_rate must be in (0, 1], got {balance_rate}")
+    order = rng.permutation(classes)
+    assignment = [
+        [order[(c * classes_per_client + j) % len(order)] for j in range(classes_per_client)]
+        for c in range(num_clients)
+    ]
+    holders: dict[int, list[int]] = {int(k): [] for k in classes}
+    for c, ks in enumerate(assignment):
+        for k in ks:
+            holders[int(k)].append(c)
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for k, hs in holders.items():
+        if not hs:
+            continue
+        idx = rng.permutation(np.flatnonzero(labels == k))
+        for h, chunk in zip(hs, np.array_split(idx, len(hs))):
+            first = assignment[h][0] == k
+            keep = len(chunk) if first else max(1, int(round(len(chunk) * balance_rate)))
+            parts[h].extend(chunk[:keep].tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
+              min_size: int = 2) -> list[np.ndarray]:
+    """Per class, split its samples over clients with proportions ~ Dir(α); redraw until every client has
+    at least ``min_size`` samples (the usual practice, e.g. FedLab, FL-bench)."""
+    if alpha <= 0:
+        raise ConfigError(f"data.alpha must be > 0, got {alpha}")
+    classes = np.unique(labels)
+    for _ in range(1000):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for k in classes:
+            idx = rng.permutation(np.flatnonzero(labels == k))
+            p = rng.dirichlet(np.full(num_clients, alpha))
+            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+            for c, chunk in enumerate(np.split(idx, cuts)):
+                parts[c].extend(chunk.tolist())
+        if min(len(p) for p in parts) >= min_size:
+            return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    raise ConfigError(f"could not draw a Dirichlet(α={alpha}) split giving every one of {num_clients} clients "
+                      f"{min_size} samples; lower data.num_clients or raise data.alpha")
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    idx = rng.permutation(len(labels))
+    return [np.sort(chunk) for chunk in np.array_split(idx, num_clients)]
+
+
+PARTITIONERS = ("pathological", "dirichlet", "iid", "natural")
+
+
+def partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:
+    """Dispatch on ``cfg.partition`` for datasets without natural users."""
+    if cfg.partition == "pathological":
+        return pathological(labels, cfg.num_clients, cfg.classes_per_client, rng, cfg.balance_rate)
+    if cfg.partition == "dirichlet":
+        return dirichlet(labels, cfg.num_clients, cfg.alpha, rng)
+    if cfg.partition == "iid":
+        return iid(labels, cfg.num_clients, rng)
+    raise ConfigError(
+        f"data.partition {cfg.partition!r} is not available for dataset {cfg.name!r}; "
+        f"valid: pathological, dirichlet, iid" + (" (natural needs a dataset with users)" if cfg.partition == "natural" else "")
+    )
+
+
+def train_test_split(idx: np.ndarray, labels: np.ndarray, test_fraction: float,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified per class, so a client's test split follows its train distribution (FedMask §4.1).
+    Every class with ≥ 2 samples gives at least one to each side."""
+    train, test = [], []
+    for k in np.unique(labels[idx]):
+        ik = rng.permutation(idx[labels[idx] == k])
+        n_test = int(round(len(ik) * test_fraction))
+        if len(ik) >= 2:
+            n_test = min(max(n_test, 1), len(ik) - 1)
+        test.extend(ik[:n_test].tolist())
+        train.extend(ik[n_test:].tolist())
+    return np.sort(np.asarray(train, dtype=np.int64)), np.sort(np.asarray(test, dtype=np.int64))
