@@ -1,0 +1,10 @@
+"""Models and the masked-layer semantics. Importing this package registers every model."""
+
+from trainer.models.masking import MaskedModel, MaskSite, bake, effective_params, find_sites, masked_forward
+from trainer.models.registry import MODELS, build_model, head_names, model_sites
+from trainer.models import small  # noqa: F401  (registers mlp, cnn)
+
+__all__ = [
+    "MODELS", "MaskSite", "MaskedModel", "bake", "build_model", "effective_params", "find_sites",
+    "head_names", "masked_forward", "model_sites",
+]
