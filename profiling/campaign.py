@@ -1,0 +1,626 @@
+"""Profiling campaigns: artifacts × formats × variants × devices × threads × repetitions.
+
+A campaign is described once in ``campaign.toml``, validated once into frozen dataclasses, expanded into
+``Job``s with stable ids, and run with one worker thread per device: boards run in parallel, the jobs on one
+board one after another (a board measures one thing at a time). Every finished job is committed to the
+campaign's store before the next one starts, so a campaign stopped at any point resumes where it stopped.
+
+``campaign.toml``::
+
+    [campaign]
+    name = "digits-cnn"
+    formats = ["onnx", "pte"]          # onnx | pte | tflite
+    variants = ["fp32"]                # fp32 | int8
+    devices = ["local", "rpi4-a"]      # names from the inventory
+    threads = [1, 4]
+    repetitions = 3
+    timeout_s = 600                    # per job
+    cooldown_s = 5                     # idle time between two jobs on one device
+    retries = 2                        # extra attempts after a connection fault
+    retry_backoff_s = 2.0              # base of the jittered exponential backoff
+    inventory = "devices.toml"         # optional, relative to the workspace
+
+    [[artifacts]]
+    run = "digits-fedmask-20261122"    # artifacts/<run>/...
+    clients = "all"                    # or ["client-000", "client-003"]
+    dense = true                       # also the run's dense baseline artifacts/<run>/dense
+
+    [runner]                           # any field of devices.records.RunnerSettings except threads
+    warmup_runs = 1
+    min_runs = 50
+    min_seconds = 1.0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+import re
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devices.records import Measurement, RunnerSettings
+from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
+from edgemask.registry import Registry
+
+# Format name -> the runtime that runs it (docs/contracts.md). A registry so an unknown name lists the valid ones.
+FORMATS: Registry[str] = Registry("format")
+FORMATS.add("onnx", "onnxruntime")
+FORMATS.add("pte", "executorch")
+FORMATS.add("tflite", "tflite")
+
+VARIANTS: Registry[str] = Registry("variant")
+VARIANTS.add("fp32", "fp32")
+VARIANTS.add("int8", "int8")
+
+DENSE_CLIENT = "dense"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArtifactSelection:
+    """Which artifacts of one run: some clients or all of them, plus the run's dense baseline."""
+
+    run: str
+    clients: tuple[str, ...] | None = None  # None means every client the run exported
+    dense: bool = True
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    name: str
+    artifacts: tuple[ArtifactSelection, ...]
+    formats: tuple[str, ...]
+    variants: tuple[str, ...] = ("fp32",)
+    devices: tuple[str, ...] = ("local",)
+    threads: tuple[int, ...] = (1,)
+    repetitions: int = 1
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
+    timeout_s: float = 600.0
+    cooldown_s: float = 0.0
+    retries: int = 2
+    retry_backoff_s: float = 2.0
+    inventory: str | None = None
+
+    def results_dir(self, workspace: str | Path) -> Path:
+        return Path(workspace) / "results" / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CAMPAIGN_KEYS = {f.name for f in dataclasses.fields(CampaignConfig)} - {"artifacts", "runner"}
+_RUNNER_KEYS = {f.name for f in dataclasses.fields(RunnerSettings)} - {"threads"}
+_SELECTION_KEYS = {"run", "clients", "dense"}
+
+
+class _Fields:
+    """Typed reads from one TOML table; every error names the file and the dotted field."""
+
+    def __init__(self, source: str, table: Mapping[str, Any], prefix: str, allowed: Collection[str]) -> None:
+        self.source, self.table, self.prefix = source, table, prefix
+        unknown = sorted(set(table) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown field {self.where(unknown[0])}; valid fields: {', '.join(sorted(allowed))}"
+            )
+
+    def where(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def fail(self, key: str, why: str) -> ConfigError:
+        return ConfigError(f"{self.source}: field {self.where(key)} {why}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.table:
+            if default is ...:
+                raise self.fail(key, "is missing")
+            return default
+        value = self.table[key]
+        # bool is an int in Python; a count of true is a mistake, not 1.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.fail(key, f"must be {_kind_name(kind)}, not {value!r}")
+        if not isinstance(value, kind):
+            raise self.fail(key, f"must be {_kind_name(kind)}, not {value!r}")
+        return value
+
+    def number(self, key: str, default: Any = ..., *, minimum: float = 0.0) -> float:
+        value = float(self.get(key, (int, float), default))
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, not {value}")
+        return value
+
+    def integer(self, key: str, default: Any = ..., *, minimum: int = 0) -> int:
+        value = self.get(key, int, default)
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, not {value}")
+        return value
+
+    def names(self, key: str, registry: Registry[Any] | None = None, default: Any = ...) -> tuple[str, ...]:
+        value = self.get(key, list, default)
+        if not value:
+            raise self.fail(key, "must name at least one entry")
+        out: list[str] = []
+        for item in value:
+            if not isinstance(item, str):
+                raise self.fail(key, f"must be a list of names, not {value!r}")
+            if registry is not None and item not in registry:
+                raise self.fail(key, f"has unknown {registry.kind} {item!r}; valid names: {', '.join(registry.names())}")
+            if item in out:
+                raise self.fail(key, f"names {item!r} twice")
+            out.append(item)
+        return tuple(out)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    words = {int: "an integer", float: "a number", str: "a string", list: "a list", bool: "true or false", dict: "a table"}
+    return " or ".join(words.get(k, k.__name__) for k in kinds)
+
+
+def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
+                   known_devices: Collection[str] | None = None) -> CampaignConfig:
+    """Validate a parsed ``campaign.toml``. ``known_devices``: the inventory's names, checked when given."""
+    top = _Fields(source, data, "", {"campaign", "artifacts", "runner"})
+    camp = _Fields(source, top.get("campaign", dict), "campaign", _CAMPAIGN_KEYS)
+
+    name = camp.get("name", str)
+    if not _NAME_RE.match(name):
+        raise camp.fail("name", f"must be a directory name (letters, digits, '.', '_', '-'), not {name!r}")
+
+    devices = camp.names("devices", default=["local"])
+    if known_devices is not None:
+        for dev in devices:
+            if dev not in known_devices:
+                raise camp.fail("devices", f"has unknown device {dev!r}; valid names: {', '.join(sorted(known_devices))}")
+
+    threads = tuple(camp.get("threads", list, [1]))
+    if not threads or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in threads):
+        raise camp.fail("threads", f"must be a list of positive integers, not {list(threads)!r}")
+    if len(set(threads)) != len(threads):
+        raise camp.fail("threads", f"names a thread count twice: {list(threads)!r}")
+
+    selections = []
+    raw_sel = top.get("artifacts", list)
+    if not raw_sel:
+        raise top.fail("artifacts", "must select at least one run ([[artifacts]] run = ...)")
+    for i, entry in enumerate(raw_sel):
+        if not isinstance(entry, dict):
+            raise top.fail("artifacts", "must be an array of tables ([[artifacts]])")
+        sel = _Fields(source, entry, f"artifacts[{i}]", _SELECTION_KEYS)
+        run = sel.get("run", str)
+        if not _NAME_RE.match(run):
+            raise sel.fail("run", f"must be a run id, not {run!r}")
+        clients_raw = sel.get("clients", (str, list), "all")
+        if isinstance(clients_raw, str):
+            if clients_raw != "all":
+                raise sel.fail("clients", f'must be "all" or a list of client ids, not {clients_raw!r}')
+            clients = None
+        else:
+            clients = sel.names("clients")
+            if DENSE_CLIENT in clients:
+                raise sel.fail("clients", 'must not list "dense"; use dense = true for the baseline')
+        selections.append(ArtifactSelection(run=run, clients=clients, dense=sel.get("dense", bool, True)))
+
+    runner_table = top.get("runner", dict, {})
+    runner_fields = _Fields(source, runner_table, "runner", _RUNNER_KEYS)
+    defaults = RunnerSettings()
+    runner_kw: dict[str, Any] = {}
+    for key in sorted(runner_table):
+        default = getattr(defaults, key)
+        if isinstance(default, int):
+            runner_kw[key] = runner_fields.integer(key, minimum=0)
+        else:
+            runner_kw[key] = runner_fields.number(key)
+    if runner_kw.get("min_runs", defaults.min_runs) < 1:
+        raise runner_fields.fail("min_runs", "must be >= 1")
+
+    inventory = camp.get("inventory", str, None)
+    return CampaignConfig(
+        name=name,
+        artifacts=tuple(selections),
+        formats=camp.names("formats", FORMATS),
+        variants=camp.names("variants", VARIANTS, default=["fp32"]),
+        devices=devices,
+        threads=tuple(int(t) for t in threads),
+        repetitions=camp.integer("repetitions", 1, minimum=1),
+        runner=RunnerSettings(**runner_kw),
+        timeout_s=camp.number("timeout_s", 600.0, minimum=1e-3),
+        cooldown_s=camp.number("cooldown_s", 0.0),
+        retries=camp.integer("retries", 2),
+        retry_backoff_s=camp.number("retry_backoff_s", 2.0),
+        inventory=inventory,
+    )
+
+
+def load_campaign(path: str | Path, known_devices: Collection[str] | None = None) -> CampaignConfig:
+    """Read and validate ``campaign.toml``; errors name the file and the field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such campaign file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_campaign(data, str(path), known_devices)
+
+
+# ------------------------------------------------------------------------------------------------
+# Artifacts and jobs
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArtifactFile:
+    format: str
+    variant: str
+    file: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """The key numbers of one artifact's ``manifest.json`` that the report needs."""
+
+    run_id: str
+    client_id: str
+    kind: str  # "dense" | "compacted"
+    algorithm: str | None
+    model: str | None
+    dataset: str | None
+    params_dense: int | None
+    params_compacted: int | None
+    flops_dense: int | None
+    flops_compacted: int | None
+    files: tuple[ArtifactFile, ...]
+    manifest: Mapping[str, Any] = field(compare=False, repr=False)
+
+    @property
+    def artifact(self) -> str:
+        return f"{self.run_id}/{self.client_id}"
+
+    def file_for(self, fmt: str, variant: str) -> ArtifactFile | None:
+        return next((f for f in self.files if f.format == fmt and f.variant == variant), None)
+
+
+def read_manifest(path: str | Path) -> ArtifactInfo:
+    """Read an artifact's ``manifest.json`` (docs/contracts.md) into an ``ArtifactInfo``."""
+    path = Path(path)
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CorruptFileError(f"{path}: no manifest; export the artifact first (edgemask export)") from None
+    except json.JSONDecodeError as exc:
+        raise CorruptFileError(f"{path}: not valid JSON ({exc}); re-export the artifact") from None
+    try:
+        files = tuple(
+            ArtifactFile(format=f["format"], variant=f.get("variant", "fp32"), file=f["file"], bytes=int(f["bytes"]))
+            for f in m.get("files", [])
+        )
+        params, flops = m.get("params", {}), m.get("flops", {})
+        return ArtifactInfo(
+            run_id=m["run_id"], client_id=m["client_id"], kind=m.get("kind", "compacted"),
+            algorithm=m.get("algorithm"), model=m.get("model"), dataset=m.get("dataset"),
+            params_dense=params.get("dense"), params_compacted=params.get("compacted"),
+            flops_dense=flops.get("dense"), flops_compacted=flops.get("compacted"),
+            files=files, manifest=m,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptFileError(f"{path}: manifest lacks or mangles {exc}; re-export the artifact") from None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement to take. ``job_id`` is stable across runs of the same campaign: it keys resume."""
+
+    artifact: str  # "<run-id>/<client-id>"
+    format: str
+    variant: str
+    device: str
+    threads: int
+    repetition: int
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.artifact}|{self.format}|{self.variant}|{self.device}|t{self.threads}|r{self.repetition}"
+
+
+@dataclass(frozen=True)
+class SkippedJob:
+    """A (artifact, format, variant, device) combination the plan left out, and why."""
+
+    artifact: str
+    format: str
+    variant: str
+    device: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CampaignPlan:
+    jobs: tuple[Job, ...]
+    skipped: tuple[SkippedJob, ...]
+    artifacts: Mapping[str, ArtifactInfo]  # artifact -> manifest numbers
+
+
+def _select_clients(run_dir: Path, sel: ArtifactSelection) -> list[str]:
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no artifacts for run {sel.run!r}; run `edgemask export --run {sel.run}` first")
+    if sel.clients is None:
+        clients = sorted(p.name for p in run_dir.iterdir()
+                         if p.name != DENSE_CLIENT and (p / "manifest.json").is_file())
+        if not clients:
+            raise ConfigError(f"{run_dir}: run {sel.run!r} has no exported client artifacts")
+    else:
+        clients = list(sel.clients)
+        missing = [c for c in clients if not (run_dir / c / "manifest.json").is_file()]
+        if missing:
+            raise ConfigError(f"{run_dir}: no exported artifact for client(s) {', '.join(missing)}")
+    if sel.dense:
+        if not (run_dir / DENSE_CLIENT / "manifest.json").is_file():
+            raise ConfigError(f"{run_dir / DENSE_CLIENT}: run {sel.run!r} has no dense baseline; "
+                              f"export it or set dense = false")
+        clients = [DENSE_CLIENT, *clients]
+    return clients
+
+
+def plan_campaign(config: CampaignConfig, workspace: str | Path,
+                  inventory: Mapping[str, Any] | None = None) -> CampaignPlan:
+    """Expand the config into jobs. Formats a manifest lacks, or a device's runtimes lack, are skipped with why.
+
+    Order on one device: repetition outermost, so every repetition sweeps all artifacts and slow drift
+    (heat, background load) spreads over all of them instead of biasing the ones measured last.
+    """
+    workspace = Path(workspace)
+    infos: dict[str, ArtifactInfo] = {}
+    for sel in config.artifacts:
+        run_dir = workspace / "artifacts" / sel.run
+        for client in _select_clients(run_dir, sel):
+            info = read_manifest(run_dir / client / "manifest.json")
+            infos[f"{sel.run}/{client}"] = info
+
+    runnable: list[tuple[str, str, str, str]] = []
+    skipped: list[SkippedJob] = []
+    for device in config.devices:
+        runtimes = getattr(inventory.get(device), "runtimes", None) if inventory else None
+        for artifact, info in infos.items():
+            for fmt in config.formats:
+                for variant in config.variants:
+                    if info.file_for(fmt, variant) is None:
+                        have = ", ".join(f"{f.format}/{f.variant}" for f in info.files) or "none"
+                        skipped.append(SkippedJob(artifact, fmt, variant, device,
+                                                  f"manifest has no {fmt}/{variant} file (has: {have})"))
+                    elif runtimes is not None and FORMATS.get(fmt) not in runtimes:
+                        skipped.append(SkippedJob(artifact, fmt, variant, device,
+                                                  f"device has no {FORMATS.get(fmt)} runtime "
+                                                  f"(has: {', '.join(runtimes) or 'none'})"))
+                    else:
+                        runnable.append((artifact, fmt, variant, device))
+
+    jobs = [
+        Job(artifact, fmt, variant, device, threads, rep)
+        for device in config.devices
+        for rep in range(config.repetitions)
+        for (artifact, fmt, variant, dev) in runnable if dev == device
+        for threads in config.threads
+    ]
+    return CampaignPlan(jobs=tuple(jobs), skipped=tuple(skipped), artifacts=infos)
+
+
+def plan_jobs(config: CampaignConfig, workspace: str | Path) -> list[Job]:
+    """The campaign's jobs (see ``plan_campaign`` for the skipped combinations and why)."""
+    return list(plan_campaign(config, workspace).jobs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FailedJob:
+    job: Job
+    reason: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class CampaignResult:
+    name: str
+    store_path: Path
+    planned: int
+    already_done: int
+    recorded: tuple[str, ...]  # job ids recorded by this call
+    failed: tuple[FailedJob, ...]
+    skipped: tuple[SkippedJob, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed and self.already_done + len(self.recorded) == self.planned
+
+
+Benchmark = Callable[..., Measurement]
+Connect = Callable[[Any], contextlib.AbstractContextManager[Any]]
+
+
+def _default_benchmark() -> Benchmark:
+    from devices.benchmark import run_benchmark  # devices is imported only when a real campaign runs
+
+    return run_benchmark
+
+
+def _default_connect() -> Connect:
+    from devices.connection import open_connection
+
+    return open_connection
+
+
+def _default_retry_on() -> tuple[type[BaseException], ...]:
+    from devices.connection import DeviceError
+
+    return (DeviceError,)
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float = 60.0, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter in [0.5, 1.5) × base·2^attempt, capped (attempt counts from 0)."""
+    rng = rng or random
+    return min(cap_s, base_s * (2 ** attempt)) * (0.5 + rng.random())
+
+
+class _DeviceWorker:
+    """Runs one device's jobs one after another over one (re)opened connection."""
+
+    def __init__(self, device: str, spec: Any, jobs: list[Job], *, config: CampaignConfig, workspace: Path,
+                 store: Any, benchmark: Benchmark, connect: Connect, retry_on: tuple[type[BaseException], ...],
+                 stop: threading.Event, bar: Any, on_recorded: Callable[[Job], None] | None) -> None:
+        self.device, self.spec, self.jobs = device, spec, jobs
+        self.config, self.workspace, self.store = config, workspace, store
+        self.benchmark, self.connect, self.retry_on = benchmark, connect, retry_on
+        self.stop, self.bar, self.on_recorded = stop, bar, on_recorded
+        self.recorded: list[str] = []
+        self.failed: list[FailedJob] = []
+        self._stack: contextlib.ExitStack | None = None
+        self._conn: Any = None
+
+    def _connection(self) -> Any:
+        if self._stack is None:
+            stack = contextlib.ExitStack()
+            self._conn = stack.enter_context(self.connect(self.spec))
+            self._stack = stack
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        stack, self._stack, self._conn = self._stack, None, None
+        if stack is not None:
+            try:
+                stack.close()
+            except self.retry_on:
+                pass  # the link is already broken; a fresh one is opened on the next attempt
+
+    def run(self) -> None:
+        try:
+            for i, job in enumerate(self.jobs):
+                if self.stop.is_set():
+                    return
+                if i and self.config.cooldown_s and self.stop.wait(self.config.cooldown_s):
+                    return
+                self._run_job(job)
+                self.bar.update(1)
+        finally:
+            self._drop_connection()
+
+    def _run_job(self, job: Job) -> None:
+        settings = dataclasses.replace(self.config.runner, threads=job.threads)
+        artifact_dir = self.workspace / "artifacts" / job.artifact
+        attempts = self.config.retries + 1
+        for attempt in range(attempts):
+            try:
+                measurement = self.benchmark(self._connection(), self.spec, artifact_dir, job.format,
+                                             variant=job.variant, settings=settings,
+                                             timeout=self.config.timeout_s)
+            except self.retry_on as exc:
+                self._drop_connection()
+                reason = f"{type(exc).__name__}: {exc}"
+                if attempt + 1 == attempts:
+                    self._fail(job, reason, attempts)
+                    return
+                self.bar.set_postfix_str(f"retry {attempt + 1}/{self.config.retries}: {exc}"[:60], refresh=True)
+                if self.stop.wait(backoff_delay(attempt, self.config.retry_backoff_s)):
+                    return
+                continue
+            except EdgemaskError as exc:
+                # Not a link fault (a missing file, a runner that cannot load the model): retrying would repeat it.
+                self._fail(job, f"{type(exc).__name__}: {exc}", attempt + 1)
+                return
+            if self.store.record(job, measurement, attempts=attempt + 1):
+                self.recorded.append(job.job_id)
+                if self.on_recorded is not None:
+                    self.on_recorded(job)
+            return
+
+    def _fail(self, job: Job, reason: str, attempts: int) -> None:
+        self.store.record_failure(job, reason, attempts)
+        self.failed.append(FailedJob(job, reason, attempts))
+        self.bar.set_postfix_str(f"failed: {reason}"[:60], refresh=True)
+
+
+def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Benchmark | None = None,
+                 progress: bool = True, inventory: Mapping[str, Any] | None = None,
+                 connect: Connect | None = None, retry_on: tuple[type[BaseException], ...] | None = None,
+                 on_recorded: Callable[[Job], None] | None = None) -> CampaignResult:
+    """Run the jobs of ``config`` that its store does not hold yet; one worker thread per device.
+
+    ``benchmark`` defaults to ``devices.benchmark.run_benchmark``, ``connect`` to
+    ``devices.connection.open_connection`` and ``inventory`` to ``devices.inventory.load_inventory``; tests
+    inject their own. A ``DeviceError`` (``retry_on``) is retried ``config.retries`` times with jittered
+    backoff over a fresh connection; a job that still fails is recorded as failed and the campaign goes on.
+    ``on_recorded`` is called after a job's measurement is committed.
+    """
+    from tqdm.auto import tqdm
+
+    from profiling.store import ResultsStore
+
+    workspace = Path(workspace)
+    benchmark = benchmark or _default_benchmark()
+    connect = connect or _default_connect()
+    retry_on = retry_on or _default_retry_on()
+    if inventory is None:
+        from devices.inventory import load_inventory
+
+        inv_path = workspace / config.inventory if config.inventory else None
+        inventory = load_inventory(inv_path, workspace)
+    unknown = [d for d in config.devices if d not in inventory]
+    if unknown:
+        raise ConfigError(f"campaign {config.name!r}: unknown device {unknown[0]!r}; "
+                          f"valid names: {', '.join(sorted(inventory))}")
+
+    plan = plan_campaign(config, workspace, inventory)
+    store_path = config.results_dir(workspace) / "results.sqlite"
+    store = ResultsStore.open(store_path)
+    try:
+        store.save_campaign(config)
+        store.save_artifacts(plan.artifacts.values())
+        store.save_skipped(plan.skipped)
+        done = store.done_job_ids()
+        todo = [j for j in plan.jobs if j.job_id not in done]
+        already_done = len(plan.jobs) - len(todo)
+
+        stop = threading.Event()
+        workers: list[_DeviceWorker] = []
+        bars = []
+        for pos, device in enumerate(config.devices):
+            jobs = [j for j in todo if j.device == device]
+            bar = tqdm(total=len(jobs), desc=device, position=pos, leave=True, disable=not progress,
+                       unit="job", dynamic_ncols=True)
+            bars.append(bar)
+            workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
+                                         store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
+                                         stop=stop, bar=bar, on_recorded=on_recorded))
+        with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
+            futures = [pool.submit(w.run) for w in workers]
+            try:
+                for fut in futures:
+                    fut.result()
+            except BaseException:
+                # A bug in one worker, or Ctrl-C: the others stop after their current job, which is kept.
+                stop.set()
+                raise
+            finally:
+                for bar in bars:
+                    bar.close()
+        return CampaignResult(
+            name=config.name, store_path=store_path, planned=len(plan.jobs), already_done=already_done,
+            recorded=tuple(j for w in workers for j in w.recorded),
+            failed=tuple(f for w in workers for f in w.failed),
+            skipped=plan.skipped,
+        )
+    finally:
+        store.close()
+

@@ -1,0 +1,208 @@
+"""Statistics derived from raw samples: plain functions, then pandas at the edge (``summarize``).
+
+Percentiles use linear interpolation between order statistics (numpy's default, the same rule as
+``Measurement.percentile``); the standard deviation is the sample one (ddof=1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+DEFAULT_CV_THRESHOLD = 0.1
+GROUP_KEYS = ["artifact", "format", "variant", "device", "threads"]
+
+
+# -- samples --------------------------------------------------------------------------------------
+def _arr(samples: Sequence[float]) -> np.ndarray:
+    return np.asarray(samples, dtype=np.float64)
+
+
+def mean(samples: Sequence[float]) -> float:
+    a = _arr(samples)
+    return float(a.mean()) if a.size else math.nan
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear interpolation; NaN for no samples."""
+    a = _arr(samples)
+    return float(np.percentile(a, q)) if a.size else math.nan
+
+
+def std(samples: Sequence[float]) -> float:
+    """Sample standard deviation (ddof=1); NaN for fewer than two samples."""
+    a = _arr(samples)
+    return float(a.std(ddof=1)) if a.size > 1 else math.nan
+
+
+def cv(samples: Sequence[float]) -> float:
+    """Coefficient of variation: sample std ÷ mean."""
+    m = mean(samples)
+    return std(samples) / m if m else math.nan
+
+
+def latency_stats(samples: Sequence[float]) -> dict[str, float]:
+    return {"runs": len(samples), "mean_ms": mean(samples), "p50_ms": percentile(samples, 50),
+            "p90_ms": percentile(samples, 90), "p99_ms": percentile(samples, 99),
+            "std_ms": std(samples), "cv": cv(samples)}
+
+
+# -- energy ---------------------------------------------------------------------------------------
+def energy_per_inference_mj(power_w: Sequence[float], window_s: float, runs: int) -> float:
+    """Mean power over the timed window × its length ÷ inferences, in mJ. NaN when energy was not measured."""
+    if not len(power_w) or not runs or not (window_s > 0):
+        return math.nan
+    return mean(power_w) * window_s / runs * 1e3
+
+
+def energy_above_idle_mj(power_w: Sequence[float], idle_w: float, window_s: float, runs: int) -> float:
+    """Energy per inference above the board's idle draw, in mJ: what the inference itself costs."""
+    if idle_w is None or math.isnan(idle_w):
+        return math.nan
+    total = energy_per_inference_mj(power_w, window_s, runs)
+    return total - idle_w * window_s / runs * 1e3 if not math.isnan(total) else math.nan
+
+
+# -- device state ---------------------------------------------------------------------------------
+def _truthy_flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "0", "0x0", "no", "false", "none"):
+            return False
+        try:
+            return int(text, 0) != 0  # Raspberry Pi: vcgencmd get_throttled -> "0x50005"
+        except ValueError:
+            return text in ("1", "yes", "true", "throttled")
+    if isinstance(value, Mapping):
+        return any(_truthy_flag(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_truthy_flag(v) for v in value)
+    return False
+
+
+def throttled(state: Mapping[str, Any] | str) -> bool:
+    """Whether a device state reports throttling: any field whose name contains "throttl" set (recursively)."""
+    if isinstance(state, str):
+        state = json.loads(state) if state else {}
+    for key, value in state.items():
+        if "throttl" in str(key).lower() and _truthy_flag(value):
+            return True
+        if isinstance(value, Mapping) and throttled(value):
+            return True
+    return False
+
+
+# -- tables ---------------------------------------------------------------------------------------
+_CARRIED = ["run_id", "client_id", "kind", "algorithm", "model", "dataset", "params_dense", "params_compacted",
+            "flops_dense", "flops_compacted", "model_bytes"]
+
+
+def _median(values: pd.Series) -> float:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    return float(v.median()) if len(v) else math.nan
+
+
+def _summarize_group(g: pd.DataFrame, cv_threshold: float) -> dict[str, Any]:
+    ok = g[g["ok"].astype(bool)]
+    samples = [x for xs in ok["latency_ms"] for x in xs]
+    row: dict[str, Any] = {"repetitions": len(ok), "n_failed": int(len(g) - len(ok))}
+    row.update(latency_stats(samples))
+    energies, above = [], []
+    for m in ok.itertuples():
+        runs = len(m.latency_ms)
+        energies.append(energy_per_inference_mj(m.power_w, m.timed_window_s, runs))
+        above.append(energy_above_idle_mj(m.power_w, m.idle_power_w, m.timed_window_s, runs))
+    finite = [e for e in energies if not math.isnan(e)]
+    finite_above = [e for e in above if not math.isnan(e)]
+    row["energy_mj"] = float(np.mean(finite)) if finite else math.nan
+    row["energy_above_idle_mj"] = float(np.mean(finite_above)) if finite_above else math.nan
+    row["mean_power_w"] = mean([p for ps in ok["power_w"] for p in ps])
+    row["load_ms"] = _median(ok["load_ms"])
+    row["first_inference_ms"] = _median(ok["first_inference_ms"])
+    row["peak_rss_kb"] = _median(ok["peak_rss_kb"])
+    row["rss_growth_kb"] = _median(ok["rss_growth_kb"])
+    row["accuracy"] = _median(ok["accuracy"])
+    row["output_max_abs_diff"] = float(pd.to_numeric(ok["output_max_abs_diff"]).max()) if len(ok) else math.nan
+    sources = [s for s in ok["power_source"] if s]
+    row["power_source"] = sources[0] if sources else None
+    reasons = [r for r in g["energy_missing_reason"] if r]
+    errors = [e for e in g["error"] if e]
+    row["energy_missing_reason"] = reasons[0] if reasons else None
+    row["error"] = errors[0] if errors else None
+
+    row["flag_high_cv"] = bool(row["cv"] > cv_threshold)  # NaN compares False
+    row["flag_throttled"] = bool(g["throttled"].astype(bool).any())
+    row["flag_output_check_failed"] = bool(len(ok) and not ok["output_check_passed"].astype(bool).all())
+    row["flag_energy_missing"] = bool(len(ok) and len(finite) < len(ok))
+    row["flag_failed"] = bool(len(ok) == 0)
+    return row
+
+
+_FLAG_NAMES = {"flag_high_cv": "high-cv", "flag_throttled": "throttled",
+               "flag_output_check_failed": "output-check-failed", "flag_energy_missing": "energy-missing",
+               "flag_failed": "failed"}
+
+
+def summarize(df: pd.DataFrame, cv_threshold: float = DEFAULT_CV_THRESHOLD) -> pd.DataFrame:
+    """One row per artifact × format × variant × device × threads from ``ResultsStore.to_dataframe()``.
+
+    Latency statistics pool the raw samples of all repetitions; memory is the median over repetitions;
+    energy per inference is the mean of the repetitions that measured it. Then the dense comparison
+    (``compare_to_dense``) and the flags (``flags``: a ';'-joined summary of the ``flag_*`` columns).
+    """
+    if df.empty:
+        return pd.DataFrame(columns=[*GROUP_KEYS, *_CARRIED, "p50_ms"])
+    rows = []
+    for keys, g in df.groupby(GROUP_KEYS, sort=True, dropna=False):
+        row = dict(zip(GROUP_KEYS, keys))
+        first = g.iloc[0]
+        row.update({c: first[c] for c in _CARRIED if c in g.columns})
+        row.update(_summarize_group(g, cv_threshold))
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out = compare_to_dense(out)
+    flag_cols = list(_FLAG_NAMES)
+    out["flags"] = out[flag_cols].apply(
+        lambda r: ";".join(_FLAG_NAMES[c] for c in flag_cols if r[c]), axis=1)
+    return out
+
+
+def compare_to_dense(summary: pd.DataFrame) -> pd.DataFrame:
+    """Add comparisons against the dense baseline of the same run, format, variant, device and threads.
+
+    speedup = dense p50 ÷ p50; memory_reduction = 1 − RSS growth ÷ dense RSS growth (the memory the model
+    itself takes once loaded); size_reduction likewise for the model file; energy_reduction for energy per
+    inference; flop_bound = dense FLOPs ÷ compacted FLOPs (the most compaction can buy if time followed
+    FLOPs); speedup_vs_bound = speedup ÷ flop_bound.
+    """
+    out = summary.copy()
+    dense = out[out["kind"] == "dense"]
+    match = ["run_id", "format", "variant", "device", "threads"]
+    base = dense[match + ["p50_ms", "rss_growth_kb", "model_bytes", "energy_mj"]].rename(
+        columns={"p50_ms": "dense_p50_ms", "rss_growth_kb": "dense_rss_growth_kb",
+                 "model_bytes": "dense_model_bytes", "energy_mj": "dense_energy_mj"})
+    base = base.drop_duplicates(match)
+    out = out.merge(base, on=match, how="left")
+
+    def ratio(a: str, b: str) -> pd.Series:
+        num = pd.to_numeric(out[a], errors="coerce").astype(float)
+        den = pd.to_numeric(out[b], errors="coerce").astype(float)
+        return num / den.where(den != 0)
+
+    out["speedup"] = ratio("dense_p50_ms", "p50_ms")
+    out["memory_reduction"] = 1.0 - ratio("rss_growth_kb", "dense_rss_growth_kb")
+    out["size_reduction"] = 1.0 - ratio("model_bytes", "dense_model_bytes")
+    out["energy_reduction"] = 1.0 - ratio("energy_mj", "dense_energy_mj")
+    out["flop_bound"] = ratio("flops_dense", "flops_compacted")
+    out.loc[out["kind"] == "dense", "flop_bound"] = 1.0
+    out["speedup_vs_bound"] = out["speedup"] / out["flop_bound"]
+    return out

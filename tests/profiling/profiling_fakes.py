@@ -1,0 +1,166 @@
+"""Helpers for the profiling tests: a workspace with manifests, a deterministic benchmark, a fake fleet.
+
+Also imported by ``campaign_child.py``, which runs a campaign in a subprocess that the tests kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devices.records import Measurement, RunnerSettings
+from edgemask.errors import EdgemaskError
+
+try:
+    from devices.connection import DeviceError
+
+    RETRY_ON = None  # the real default of run_campaign is what the tests exercise
+except ImportError:  # devices.connection is written in parallel; stand in until it lands
+
+    class DeviceError(EdgemaskError):  # type: ignore[no-redef]
+        """Stand-in for devices.connection.DeviceError."""
+
+    RETRY_ON = (DeviceError,)
+
+
+@dataclass(frozen=True)
+class FakeSpec:
+    name: str
+    runtimes: tuple[str, ...] | None = None
+
+
+def fleet(*names: str, runtimes: tuple[str, ...] | None = None) -> dict[str, FakeSpec]:
+    return {n: FakeSpec(n, runtimes) for n in names}
+
+
+class FakeConnect:
+    """A connect() that counts opened and closed connections."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+        self.closed = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, spec: Any):
+        with self._lock:
+            self.opened += 1
+        try:
+            yield f"conn-{spec.name}"
+        finally:
+            with self._lock:
+                self.closed += 1
+
+
+def write_manifest(workspace: Path, run: str, client: str, *, kind: str, algorithm: str = "fedmask",
+                   model: str = "cnn", dataset: str = "digits", formats=(("onnx", "fp32"), ("pte", "fp32")),
+                   params=(1000, 400), flops=(10_000, 2_000), nbytes: int = 4000) -> Path:
+    d = workspace / "artifacts" / run / client
+    d.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "schema": 1, "run_id": run, "client_id": client, "kind": kind, "algorithm": algorithm, "model": model,
+        "dataset": dataset,
+        "files": [{"format": f, "variant": v, "file": f"model.{v}.{f}", "sha256": "0" * 64, "bytes": nbytes}
+                  for f, v in formats],
+        "params": {"dense": params[0], "compacted": params[1]},
+        "flops": {"dense": flops[0], "compacted": flops[1]},
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return d
+
+
+def small_workspace(root: Path, run: str = "run-a", clients=("client-000", "client-001"), **kw) -> Path:
+    write_manifest(root, run, "dense", kind="dense", params=(1000, 1000), flops=(10_000, 10_000), nbytes=8000, **kw)
+    for c in clients:
+        write_manifest(root, run, c, kind="compacted", **kw)
+    return root
+
+
+def campaign_toml(name: str = "camp", *, run: str = "run-a", devices=("dev-a", "dev-b"), formats=("onnx", "pte"),
+                  threads=(1,), repetitions: int = 2, retries: int = 2, cooldown_s: float = 0.0,
+                  backoff: float = 0.001) -> str:
+    q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    return f"""
+[campaign]
+name = "{name}"
+formats = {q(formats)}
+devices = {q(devices)}
+threads = {q(threads)}
+repetitions = {repetitions}
+retries = {retries}
+cooldown_s = {cooldown_s}
+retry_backoff_s = {backoff}
+timeout_s = 30
+
+[[artifacts]]
+run = "{run}"
+clients = "all"
+dense = true
+
+[runner]
+min_runs = 5
+min_seconds = 0.01
+"""
+
+
+def expected_latency(artifact: str, fmt: str, threads: int) -> tuple[float, ...]:
+    """Deterministic samples: the dense model is slower than the compacted ones."""
+    seed = int(hashlib.sha256(f"{artifact}|{fmt}|{threads}".encode()).hexdigest()[:8], 16)
+    base = 10.0 if artifact.endswith("/dense") else 4.0
+    return tuple(base + ((seed >> i) % 7) * 0.01 for i in range(5))
+
+
+def fake_measurement(spec: Any, artifact_dir: Path, fmt: str, variant: str, settings: RunnerSettings,
+                     **overrides: Any) -> Measurement:
+    artifact = f"{artifact_dir.parent.name}/{artifact_dir.name}"
+    latency = expected_latency(artifact, fmt, settings.threads)
+    fields = dict(
+        device=spec.name, artifact=artifact, format=fmt, variant=variant, threads=settings.threads, ok=True,
+        latency_ms=latency, load_ms=12.0, first_inference_ms=20.0,
+        peak_rss_kb=50_000, rss_growth_kb=8000 if artifact.endswith("/dense") else 2000,
+        output_max_abs_diff=1e-7, output_check_passed=True, accuracy=0.9,
+        power_source="ina3221:VDD_IN", power_w=(3.0, 3.0, 5.0, 5.0), power_rate_hz=50.0, idle_power_w=2.0,
+        timed_window_s=sum(latency) / 1e3, state_before={"governor": "performance", "temp_c": 40.0},
+        state_after={"governor": "performance", "temp_c": 41.0}, runtime_version="1.31.1",
+    )
+    fields.update(overrides)
+    return Measurement(**fields)
+
+
+class FakeBenchmark:
+    """Deterministic benchmark; raises DeviceError on the first ``fail_first`` calls for matching jobs."""
+
+    def __init__(self, sleep_s: float = 0.0, fail_first: int = 0, fail_when=lambda artifact, fmt: True) -> None:
+        self.sleep_s, self.fail_first, self.fail_when = sleep_s, fail_first, fail_when
+        self.calls: list[tuple[str, str, str, int]] = []
+        self.active: dict[str, int] = {}
+        self.max_active: dict[str, int] = {}
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, conn, spec, artifact_dir: Path, fmt: str, variant: str = "fp32",
+                 settings: RunnerSettings = RunnerSettings(), timeout: float = 600) -> Measurement:
+        assert conn == f"conn-{spec.name}"
+        artifact = f"{artifact_dir.parent.name}/{artifact_dir.name}"
+        with self._lock:
+            self.calls.append((spec.name, artifact, fmt, settings.threads))
+            self.active[spec.name] = self.active.get(spec.name, 0) + 1
+            self.max_active[spec.name] = max(self.max_active.get(spec.name, 0), self.active[spec.name])
+            fail = self.fail_when(artifact, fmt) and self.failures < self.fail_first
+            if fail:
+                self.failures += 1
+        try:
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+            if fail:
+                raise DeviceError(f"{spec.name}: connection reset by peer")
+            return fake_measurement(spec, artifact_dir, fmt, variant, settings)
+        finally:
+            with self._lock:
+                self.active[spec.name] -= 1
