@@ -12,7 +12,12 @@ from typing import Any, Callable
 
 import torch
 
+from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
+
+
+class DatasetMissingError(EdgemaskError):
+    """A real dataset's files are not where the config says; the message names the files and where to put them."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class ClientData:
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    user: str | None = None  # the writer / subject / role / source dataset behind a natural split
 
     @property
     def num_train(self) -> int:

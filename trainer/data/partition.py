@@ -108,3 +108,45 @@ def train_test_split(idx: np.ndarray, labels: np.ndarray, test_fraction: float,
         test.extend(ik[:n_test].tolist())
         train.extend(ik[n_test:].tolist())
     return np.sort(np.asarray(train, dtype=np.int64)), np.sort(np.asarray(test, dtype=np.int64))
+
+
+def split_like(train_labels: list[np.ndarray], test_labels: np.ndarray,
+               rng: np.random.Generator) -> list[np.ndarray]:
+    """Partition a separate test pool so each client's test split follows its train distribution.
+
+    ``train_labels[c]`` are client c's train labels. Each class's test samples are shared, disjointly and in
+    full, among the clients that train on that class, in proportion to how many train samples of it they hold
+    (so a client with classes {3: 300, 7: 75} gets test samples of 3 and 7 in about that 4:1 ratio).
+    Classes no client trains on are left out. Returns indices into ``test_labels``, one sorted array per client.
+    """
+    counts = [{int(k): int(n) for k, n in zip(*np.unique(t, return_counts=True))} for t in train_labels]
+    parts: list[list[int]] = [[] for _ in train_labels]
+    for k in np.unique(test_labels):
+        k = int(k)
+        holders = [c for c, cnt in enumerate(counts) if cnt.get(k, 0) > 0]
+        if not holders:
+            continue
+        idx = rng.permutation(np.flatnonzero(test_labels == k))
+        weights = np.array([counts[c][k] for c in holders], dtype=np.float64)
+        cuts = np.round(np.cumsum(weights) / weights.sum() * len(idx)).astype(int)[:-1]
+        for c, chunk in zip(holders, np.split(idx, cuts)):
+            parts[c].extend(chunk.tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def take_per_class(idx: np.ndarray, labels: np.ndarray, train_per_class: int, test_per_class: int,
+                   rng: np.random.Generator, who: str = "a client") -> tuple[np.ndarray, np.ndarray]:
+    """FedSelect's setting (Tamirisa et al., §5): from a client's samples take exactly ``train_per_class``
+    train and ``test_per_class`` test samples of every class it holds (20 / 100 in the paper)."""
+    train, test = [], []
+    need = train_per_class + test_per_class
+    for k in np.unique(labels[idx]):
+        ik = rng.permutation(idx[labels[idx] == k])
+        if len(ik) < need:
+            raise ConfigError(
+                f"{who} holds {len(ik)} samples of class {int(k)} but data.options train_per_class + "
+                f"test_per_class = {need}; lower them or data.num_clients"
+            )
+        train.extend(ik[:train_per_class].tolist())
+        test.extend(ik[train_per_class:need].tolist())
+    return np.sort(np.asarray(train, dtype=np.int64)), np.sort(np.asarray(test, dtype=np.int64))
