@@ -1,0 +1,130 @@
+"""One benchmark job: deploy an artifact's model, its sample_io.npz and the runner; run; parse the JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from devices.connection import Connection
+from devices.deploy import deploy, deploy_runner
+from devices.errors import DeviceError
+from devices.inventory import FORMAT_RUNTIME, DeviceSpec
+from devices.records import Measurement, RunnerSettings
+from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.fileio import sha256_file
+
+_FLOAT_FIELDS = {f.name for f in fields(Measurement) if f.type in ("float", float)}
+
+
+def read_manifest(artifact_dir: Path) -> dict[str, Any]:
+    path = Path(artifact_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CorruptFileError(f"{path}: no manifest; export the artifact first (`edgemask export`)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptFileError(f"{path}: not valid JSON ({e}); export the artifact again") from None
+    for key in ("run_id", "client_id", "files", "sample_io"):
+        if key not in manifest:
+            raise CorruptFileError(f"{path}: missing key {key!r}; export the artifact again")
+    return manifest
+
+
+def manifest_entry(manifest: dict[str, Any], artifact_dir: Path, fmt: str, variant: str) -> dict[str, Any]:
+    for entry in manifest["files"]:
+        if entry.get("format") == fmt and entry.get("variant", "fp32") == variant:
+            return entry
+    have = ", ".join(sorted(f"{e.get('format')}/{e.get('variant', 'fp32')}" for e in manifest["files"])) or "none"
+    raise UnknownNameError(f"{artifact_dir}: no {fmt}/{variant} file in the manifest; it has: {have}")
+
+
+def _checked_file(artifact_dir: Path, name: str, sha256: str | None) -> tuple[Path, str]:
+    path = Path(artifact_dir) / name
+    if not path.is_file():
+        raise CorruptFileError(f"{path}: named in manifest.json but missing; export the artifact again")
+    digest = sha256_file(path)
+    if sha256 and digest != sha256:
+        raise CorruptFileError(f"{path}: sha256 {digest} differs from manifest.json ({sha256}); export again")
+    return path, digest
+
+
+def unsupported_reason(spec: DeviceSpec, fmt: str, entry: dict[str, Any]) -> str | None:
+    """Why ``spec`` cannot run this file, judged from the inventory and the board's profile; None if it can."""
+    runtime = FORMAT_RUNTIME.get(fmt)
+    if runtime is None:
+        return f"unknown format {fmt!r}; valid: {', '.join(sorted(FORMAT_RUNTIME))}"
+    if spec.runtimes and runtime not in spec.runtimes:
+        return f"device {spec.name} has no {runtime} (its runtimes: {', '.join(spec.runtimes)})"
+    limit = spec.profile.max_onnx_opset
+    opset = entry.get("opset")
+    if fmt == "onnx" and limit is not None and isinstance(opset, int) and opset > limit:
+        return f"{entry.get('file')} has ONNX opset {opset}; a {spec.kind} runs opset <= {limit}; export for it"
+    return None
+
+
+def parse_runner_output(stdout: str) -> dict[str, Any]:
+    """The runner's one JSON document (the last non-empty line of stdout)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("no output")
+    doc = json.loads(lines[-1])
+    if not isinstance(doc, dict) or "ok" not in doc:
+        raise ValueError("not a runner result")
+    return doc
+
+
+def measurement_from_runner(doc: dict[str, Any], **ids: Any) -> Measurement:
+    """Runner JSON + the job's identity -> Measurement. JSON null in a float field becomes NaN."""
+    known = {f.name for f in fields(Measurement)}
+    kw = {k: v for k, v in doc.items() if k in known and not (v is None and k in _FLOAT_FIELDS)}
+    kw.update(ids)
+    if not kw.get("ok"):
+        kw["ok"] = False
+        kw["error"] = kw.get("error") or "the runner failed without a reason"
+    kw["latency_ms"] = tuple(float(x) for x in kw.get("latency_ms", ()))
+    kw["power_w"] = tuple(float(x) for x in kw.get("power_w", ()))
+    for k in ("state_before", "state_after"):
+        kw[k] = kw.get(k) or {}
+    return Measurement(**kw)
+
+
+def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: str, variant: str = "fp32",
+                  settings: RunnerSettings = RunnerSettings(), timeout: float = 600) -> Measurement:
+    """Measure one artifact file on one device.
+
+    A model that cannot run or gives wrong outputs: ``Measurement(ok=False, error=...)``.
+    A device that cannot be reached or drops the link: ``DeviceError`` (retry the job).
+    """
+    artifact_dir = Path(artifact_dir)
+    manifest = read_manifest(artifact_dir)
+    entry = manifest_entry(manifest, artifact_dir, fmt, variant)
+    ids = dict(device=spec.name, artifact=f"{manifest['run_id']}/{manifest['client_id']}", format=fmt,
+               variant=variant, threads=settings.threads)
+    why_not = unsupported_reason(spec, fmt, entry)
+    if why_not:
+        return Measurement(ok=False, error=why_not, **ids)
+
+    model, model_sha = _checked_file(artifact_dir, entry["file"], entry.get("sha256"))
+    sample_io, sample_sha = _checked_file(artifact_dir, manifest["sample_io"].get("file", "sample_io.npz"),
+                                          manifest["sample_io"].get("sha256"))
+    remote_runner = deploy_runner(conn, spec)
+    remote_model = deploy(conn, spec, model, model_sha)
+    remote_sample = deploy(conn, spec, sample_io, sample_sha)
+
+    argv = [spec.python, remote_runner, "--model", remote_model, "--format", fmt, "--sample-io", remote_sample,
+            *settings.to_args(), "--power-sensor", spec.power_sensor]
+    res = conn.run(argv, timeout=timeout)
+    try:
+        doc = parse_runner_output(res.stdout)
+    except ValueError:
+        # No JSON: the runner died (killed for memory, crashed in native code) or the Python is broken.
+        if res.rc == 127:
+            raise DeviceError(f"{spec.name}: {spec.python!r} not found on the device; fix `python` in the "
+                              "inventory") from None
+        return Measurement(ok=False, error=f"runner exited with rc={res.rc} and no result: {res.tail()}", **ids)
+    if doc.get("ok") and not math.isfinite(float(doc.get("timed_window_s") or math.nan)):
+        return Measurement(ok=False, error="runner result has no timed window; not a full result", **ids)
+    return measurement_from_runner(doc, **ids)

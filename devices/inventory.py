@@ -1,0 +1,262 @@
+"""The device inventory (`devices.toml`): one frozen DeviceSpec per board, validated once on load.
+
+    [devices.tx2]
+    kind = "jetson-tx2"
+    host = "192.168.1.40"
+    user = "nvidia"
+    key_file = "~/.ssh/id_ed25519"
+    known_hosts = "~/.ssh/known_hosts"     # default; unknown host keys are refused
+    workdir = "edgemask"                   # relative to the login directory, or absolute
+    power_sensor = "auto"                  # ina3221 | hwmon | rapl | auto | none
+
+The built-in `local` device (this machine, this Python) always exists.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgemask.errors import ConfigError
+
+KINDS = ("local", "linux", "jetson-tx2", "rpi4")
+RUNTIME_NAMES = ("onnxruntime", "executorch", "tflite")
+POWER_SENSORS = ("auto", "none", "ina3221", "hwmon", "rapl")  # the runner's registry + auto/none
+GOVERNORS = ("performance", "powersave", "ondemand", "schedutil", "conservative", "userspace")
+FORMAT_RUNTIME = {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite"}
+
+
+@dataclass(frozen=True)
+class KindProfile:
+    """What a kind of board ships with: the facts that decide which artifacts it can run."""
+
+    kind: str
+    os: str
+    python: str
+    runtimes: tuple[str, ...]
+    max_onnx_opset: int | None  # None: the newest onnxruntime, no limit known here
+    power_sensors: tuple[str, ...]
+    notes: str = ""
+
+
+KIND_PROFILES: dict[str, KindProfile] = {
+    "jetson-tx2": KindProfile(
+        kind="jetson-tx2",
+        os="JetPack 4.6 / L4T 32.7 (Ubuntu 18.04, glibc 2.27), aarch64",
+        python="3.6",
+        runtimes=("onnxruntime",),
+        max_onnx_opset=15,  # onnxruntime 1.10.0 is the last cp36 aarch64 wheel
+        power_sensors=("ina3221",),
+        notes="onnxruntime 1.10.0 + numpy 1.19.5; no TFLite or ExecuTorch wheel for Python 3.6; "
+        "INA3221 input rail VDD_IN in sysfs",
+    ),
+    "rpi4": KindProfile(
+        kind="rpi4",
+        os="Raspberry Pi OS bookworm (glibc 2.36), aarch64",
+        python="3.11",
+        runtimes=("onnxruntime", "tflite", "executorch"),
+        max_onnx_opset=None,
+        power_sensors=("hwmon",),
+        notes="onnxruntime 1.31.1; tflite-runtime 2.14 (numpy<2) or ai-edge-litert 2.3; executorch 1.4.1 needs "
+        "torch on the board; power only with an INA219/INA226 hwmon board; vcgencmd for throttling",
+    ),
+    "linux": KindProfile(
+        kind="linux", os="any Linux", python="3", runtimes=("onnxruntime",), max_onnx_opset=None,
+        power_sensors=("rapl", "hwmon"),
+    ),
+    "local": KindProfile(
+        kind="local", os=sys.platform, python=".".join(map(str, sys.version_info[:2])),
+        runtimes=("onnxruntime", "executorch", "tflite"), max_onnx_opset=None, power_sensors=("rapl", "hwmon"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device of the inventory. Paths are resolved; remote paths are POSIX strings on the device."""
+
+    name: str
+    kind: str
+    host: str | None = None
+    port: int = 22
+    user: str | None = None
+    key_file: Path | None = None  # None: the SSH agent (or ~/.ssh/id_*)
+    known_hosts: Path | None = None  # None: ~/.ssh/known_hosts
+    python: str = "python3"
+    workdir: str = "edgemask"  # on the device; relative paths are under the login directory
+    runtimes: tuple[str, ...] = ()
+    power_sensor: str = "auto"
+    trust_on_first_use: bool = False
+    governor: str | None = None  # set before a campaign (needs passwordless sudo); None: leave it
+    jetson_clocks: bool = False  # run `jetson_clocks` before a campaign (Jetson only)
+    connect_timeout: float = 10.0
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind == "local"
+
+    @property
+    def profile(self) -> KindProfile:
+        return KIND_PROFILES[self.kind]
+
+    @property
+    def address(self) -> str:
+        """user@host:port, for messages."""
+        if self.is_local:
+            return "local"
+        return f"{self.user}@{self.host}:{self.port}"
+
+    def known_hosts_path(self) -> Path:
+        return self.known_hosts or Path.home() / ".ssh" / "known_hosts"
+
+    def can_run(self, fmt: str) -> bool:
+        return FORMAT_RUNTIME.get(fmt) in self.runtimes
+
+
+def local_device(workspace: Path, name: str = "local", **overrides: Any) -> DeviceSpec:
+    """This machine, run with this Python, working under <workspace>/devices/<name>."""
+    kw: dict[str, Any] = dict(
+        name=name, kind="local", python=sys.executable,
+        workdir=str((Path(workspace) / "devices" / name).resolve()),
+        runtimes=KIND_PROFILES["local"].runtimes,
+    )
+    kw.update(overrides)
+    return DeviceSpec(**kw)
+
+
+_FIELD_TYPES = {
+    "kind": str, "host": str, "port": int, "user": str, "key_file": str, "known_hosts": str, "python": str,
+    "workdir": str, "runtimes": list, "power_sensor": str, "trust_on_first_use": bool, "governor": str,
+    "jetson_clocks": bool, "connect_timeout": (int, float),
+}
+
+
+def _type_name(t: Any) -> str:
+    names = {str: "a string", int: "an integer", list: "a list of strings", bool: "true or false"}
+    return names.get(t, "a number")
+
+
+def _check_remote_path(value: str, where: str) -> str:
+    if "~" in value or "$" in value:
+        raise ConfigError(f"{where}: {value!r} must not use ~ or $ (they are not expanded); "
+                          "give a path relative to the login directory, or an absolute one")
+    if ".." in value.split("/"):
+        raise ConfigError(f"{where}: {value!r} must not contain '..'")
+    return posixpath.normpath(value)
+
+
+def parse_device(name: str, table: dict[str, Any], source: Path, workspace: Path) -> DeviceSpec:
+    """One `[devices.NAME]` table -> DeviceSpec; every problem names the file, device and field."""
+    where = f"{source}: [devices.{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table of fields")
+    unknown = sorted(set(table) - set(_FIELD_TYPES))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(sorted(_FIELD_TYPES))}")
+    for key, value in table.items():
+        want = _FIELD_TYPES[key]
+        ok = isinstance(value, want) and not (want in (int, (int, float)) and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"{where}.{key} = {value!r} must be {_type_name(want)}")
+    if "kind" not in table:
+        raise ConfigError(f"{where}: missing field 'kind'; one of {', '.join(KINDS)}")
+    kind = table["kind"]
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.kind = {kind!r} is unknown; valid kinds: {', '.join(KINDS)}")
+    if kind == "local":
+        for key in ("host", "port", "user", "key_file", "known_hosts", "trust_on_first_use"):
+            if key in table:
+                raise ConfigError(f"{where}.{key}: a local device has no {key}; remove it or use kind = \"linux\"")
+    else:
+        for key in ("host", "user"):
+            if not table.get(key):
+                raise ConfigError(f"{where}: missing field {key!r} (needed to reach a {kind} over SSH)")
+    port = table.get("port", 22)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{where}.port = {port} must be between 1 and 65535")
+
+    def local_path(key: str) -> Path | None:
+        if key not in table:
+            return None
+        p = Path(table[key]).expanduser()
+        return p if p.is_absolute() else (source.parent / p).resolve()
+
+    key_file = local_path("key_file")
+    if key_file is not None and not key_file.is_file():
+        raise ConfigError(f"{where}.key_file: no such file {key_file}; create one with "
+                          f"`ssh-keygen -t ed25519 -f {key_file}` or leave the field out to use the SSH agent")
+    known_hosts = local_path("known_hosts")
+
+    profile = KIND_PROFILES[kind]
+    runtimes = tuple(table.get("runtimes", profile.runtimes))
+    for rt in runtimes:
+        if rt not in RUNTIME_NAMES:
+            raise ConfigError(f"{where}.runtimes: unknown runtime {rt!r}; valid: {', '.join(RUNTIME_NAMES)}")
+    sensor = table.get("power_sensor", "auto")
+    if sensor not in POWER_SENSORS:
+        raise ConfigError(f"{where}.power_sensor = {sensor!r} is unknown; valid: {', '.join(POWER_SENSORS)}")
+    governor = table.get("governor")
+    if governor is not None and governor not in GOVERNORS:
+        raise ConfigError(f"{where}.governor = {governor!r} is unknown; valid: {', '.join(GOVERNORS)}")
+    if table.get("jetson_clocks") and kind != "jetson-tx2":
+        raise ConfigError(f"{where}.jetson_clocks: only a Jetson has jetson_clocks; remove it for kind {kind!r}")
+    timeout = float(table.get("connect_timeout", 10.0))
+    if timeout <= 0:
+        raise ConfigError(f"{where}.connect_timeout = {timeout} must be positive")
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{where}: device names may hold letters, digits, '-' and '_' only")
+
+    if kind == "local":
+        overrides: dict[str, Any] = {"runtimes": runtimes, "power_sensor": sensor}
+        if "python" in table:
+            overrides["python"] = table["python"]
+        if "workdir" in table:
+            overrides["workdir"] = str(Path(_check_remote_path(table["workdir"], f"{where}.workdir")).resolve())
+        if governor is not None:
+            overrides["governor"] = governor
+        return local_device(workspace, name, **overrides)
+
+    return DeviceSpec(
+        name=name, kind=kind, host=table["host"], port=port, user=table["user"], key_file=key_file,
+        known_hosts=known_hosts, python=table.get("python", "python3"),
+        workdir=_check_remote_path(table.get("workdir", "edgemask"), f"{where}.workdir"),
+        runtimes=runtimes, power_sensor=sensor, trust_on_first_use=table.get("trust_on_first_use", False),
+        governor=governor, jetson_clocks=table.get("jetson_clocks", False), connect_timeout=timeout,
+    )
+
+
+def load_inventory(path: Path | None = None, workspace: Path | None = None) -> dict[str, DeviceSpec]:
+    """All devices by name: the built-in `local` plus those of ``path``.
+
+    ``path`` None means ``<workspace>/devices.toml`` when it exists. ``workspace`` defaults to ./workspace.
+    """
+    workspace = Path(workspace) if workspace is not None else Path("workspace")
+    devices = {"local": local_device(workspace)}
+    if path is None:
+        candidate = workspace / "devices.toml"
+        if not candidate.is_file():
+            return devices
+        path = candidate
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such inventory file; write one with [devices.NAME] tables") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    extra = sorted(set(data) - {"devices"})
+    if extra:
+        raise ConfigError(f"{path}: unknown top-level table {extra[0]!r}; devices go in [devices.NAME] tables")
+    tables = data.get("devices", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{path}: 'devices' must hold [devices.NAME] tables")
+    for name, table in tables.items():
+        if name == "local":
+            raise ConfigError(f"{path}: [devices.local] is the built-in device; give yours another name "
+                              "(kind = \"local\" is allowed under any other name)")
+        devices[name] = parse_device(name, table, path, workspace)
+    return devices

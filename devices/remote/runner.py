@@ -1,0 +1,735 @@
+#!/usr/bin/env python3
+"""edgemask remote runner: load one model, check it against sample_io.npz, time it, print one JSON document.
+
+This file is copied to the device and run with the device's own Python, so it must stay self-contained:
+standard library + numpy + the one runtime it uses (onnxruntime, ExecuTorch's runtime or a TFLite interpreter),
+and valid on Python 3.6 (Jetson TX2, JetPack 4.6). `vermin -t=3.6- devices/remote/runner.py` checks that.
+
+    python3 runner.py --model FILE --format onnx|pte|tflite --sample-io FILE [settings] [--power-sensor NAME]
+    python3 runner.py --probe
+
+Output on stdout is exactly one JSON object: {"ok": true, ...fields of devices.records.Measurement...} or
+{"ok": false, "error": "one-line reason"}. Anything a runtime prints is sent to stderr instead.
+
+The host imports this module too (devices.sensors) for the pure parsers; nothing runs on import.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+SYSFS_ROOT_ENV = "EDGEMASK_SYSFS_ROOT"
+
+
+def sysfs_root():
+    """Prefix for every /sys and /proc path read here, so tests can point at a fake tree."""
+    return os.environ.get(SYSFS_ROOT_ENV, "/")
+
+
+def _p(root, path):
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _read(path, default=None):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except (IOError, OSError):
+        return default
+
+
+def _read_number(path):
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Power sensors. Each class: discover(root) -> sensor or raises SensorMissing(reason); sample() -> watts.
+# ------------------------------------------------------------------------------------------------
+
+
+class SensorMissing(Exception):
+    """No sensor of this kind on this device; the message says why."""
+
+
+# The rail that carries the whole board's input power: already the total, so rails are never summed.
+INPUT_RAIL_NAMES = ("VDD_IN", "POM_5V_IN", "VIN_SYS_5V0", "VDD_5V_IN")
+
+# INA3221 IIO directories: L4T 32 (JetPack 4.x) under the bus driver, L4T 28 (JetPack 3.x) under iio_device.
+INA3221_DIR_PATTERNS = (
+    "sys/bus/i2c/drivers/ina3221x/*/iio:device*",
+    "sys/bus/i2c/drivers/ina3221x/*/iio_device",
+    "sys/devices/*.i2c/i2c-*/*-004*/iio_device",
+    "sys/devices/*.i2c/i2c-*/*-004*/iio:device*",
+)
+
+
+def ina3221_rails(root):
+    """All INA3221 rails as {name: power file}, names read from rail_name_N at run time."""
+    rails = {}
+    seen = set()
+    for pattern in INA3221_DIR_PATTERNS:
+        for d in sorted(glob.glob(_p(root, pattern))):
+            real = os.path.realpath(d)
+            if real in seen:
+                continue
+            seen.add(real)
+            for name_file in sorted(glob.glob(os.path.join(d, "rail_name_*"))):
+                idx = name_file.rsplit("_", 1)[1]
+                name = _read(name_file)
+                power_file = os.path.join(d, "in_power%s_input" % idx)
+                if name and os.path.exists(power_file):
+                    rails[name] = power_file
+    return rails
+
+
+class Ina3221Sensor(object):
+    """Jetson INA3221 (TX1/TX2/Nano/Xavier on L4T 28-32): the input rail in mW from sysfs."""
+
+    name = "ina3221"
+
+    def __init__(self, rail, path):
+        self.rail = rail
+        self.path = path
+        self.source = "ina3221:%s" % rail
+
+    @classmethod
+    def discover(cls, root):
+        rails = ina3221_rails(root)
+        if not rails:
+            raise SensorMissing("no INA3221 rails under %s" % _p(root, "sys/bus/i2c/drivers/ina3221x"))
+        for rail in INPUT_RAIL_NAMES:
+            if rail in rails:
+                return cls(rail, rails[rail])
+        raise SensorMissing(
+            "INA3221 found but none of its rails is an input rail %s (rails: %s); rails are never summed"
+            % (", ".join(INPUT_RAIL_NAMES), ", ".join(sorted(rails)))
+        )
+
+    def sample(self):
+        mw = _read_number(self.path)
+        return None if mw is None else mw / 1000.0
+
+
+HWMON_POWER_CHIPS = ("ina219", "ina226", "ina2xx", "ina209", "ina230", "ina231", "ina260")
+
+
+class HwmonSensor(object):
+    """Linux hwmon power monitors (INA219/INA226 boards on a Raspberry Pi): power1_input in uW, else I x V."""
+
+    name = "hwmon"
+
+    def __init__(self, directory, chip):
+        self.dir = directory
+        self.chip = chip
+        self.source = "hwmon:%s:%s" % (chip, os.path.basename(directory))
+        self.power_file = os.path.join(directory, "power1_input")
+        if not os.path.exists(self.power_file):
+            self.power_file = None
+
+    @classmethod
+    def discover(cls, root):
+        found = []
+        for d in sorted(glob.glob(_p(root, "sys/class/hwmon/hwmon*"))):
+            chip = _read(os.path.join(d, "name"), "")
+            found.append(chip)
+            if chip in HWMON_POWER_CHIPS:
+                has_power = os.path.exists(os.path.join(d, "power1_input"))
+                has_iv = os.path.exists(os.path.join(d, "curr1_input")) and os.path.exists(
+                    os.path.join(d, "in1_input"))
+                if has_power or has_iv:
+                    return cls(d, chip)
+        raise SensorMissing("no hwmon power chip (%s) among hwmon devices [%s]"
+                            % ("/".join(HWMON_POWER_CHIPS), ", ".join(found)))
+
+    def sample(self):
+        if self.power_file is not None:
+            uw = _read_number(self.power_file)
+            return None if uw is None else uw / 1e6
+        ma = _read_number(os.path.join(self.dir, "curr1_input"))  # mA
+        mv = _read_number(os.path.join(self.dir, "in1_input"))  # bus voltage, mV
+        if ma is None or mv is None:
+            return None
+        return ma * mv / 1e6
+
+
+def rapl_delta_uj(e0, e1, max_range_uj):
+    """Energy between two RAPL counter reads in uJ; the counter wraps to 0 after max_energy_range_uj."""
+    if e1 >= e0:
+        return e1 - e0
+    return (max_range_uj - e0) + e1
+
+
+class RaplSensor(object):
+    """Intel RAPL package energy counter; power is the energy difference over the time between samples."""
+
+    name = "rapl"
+
+    def __init__(self, directory):
+        self.dir = directory
+        self.energy_file = os.path.join(directory, "energy_uj")
+        self.max_range = _read_number(os.path.join(directory, "max_energy_range_uj")) or float(2 ** 32)
+        self.source = "rapl:%s" % (_read(os.path.join(directory, "name")) or os.path.basename(directory))
+        self._last = None
+
+    @classmethod
+    def discover(cls, root):
+        d = _p(root, "sys/class/powercap/intel-rapl:0")
+        if not os.path.isdir(d):
+            raise SensorMissing("no Intel RAPL domain at %s" % d)
+        if _read_number(os.path.join(d, "energy_uj")) is None:
+            raise SensorMissing("%s is not readable (RAPL energy needs root on Linux >= 5.10)"
+                                % os.path.join(d, "energy_uj"))
+        return cls(d)
+
+    def sample(self):
+        e = _read_number(self.energy_file)
+        t = time.monotonic()
+        if e is None:
+            return None
+        last, self._last = self._last, (t, e)
+        if last is None or t <= last[0]:
+            return None
+        return rapl_delta_uj(last[1], e, self.max_range) / 1e6 / (t - last[0])
+
+
+# One registry: name -> sensor class. "auto" tries them in this order.
+SENSORS = {"ina3221": Ina3221Sensor, "hwmon": HwmonSensor, "rapl": RaplSensor}
+SENSOR_ORDER = ("ina3221", "hwmon", "rapl")
+
+
+def find_sensor(choice, root=None):
+    """(sensor, None) or (None, reason). choice: a name in SENSORS, "auto" or "none"."""
+    root = sysfs_root() if root is None else root
+    if choice == "none":
+        return None, "power sensor disabled for this device (power_sensor = \"none\")"
+    if choice == "auto":
+        names = SENSOR_ORDER
+    elif choice in SENSORS:
+        names = (choice,)
+    else:
+        return None, "unknown power sensor %r; valid: auto, none, %s" % (choice, ", ".join(sorted(SENSORS)))
+    reasons = []
+    for name in names:
+        try:
+            sensor = SENSORS[name].discover(root)
+        except SensorMissing as e:
+            reasons.append("%s: %s" % (name, e))
+            continue
+        return sensor, None
+    return None, "no power sensor: " + "; ".join(reasons)
+
+
+class PowerSampler(object):
+    """Samples one sensor at a fixed rate in a background thread; keeps every sample."""
+
+    def __init__(self, sensor, rate_hz):
+        self.sensor = sensor
+        self.period = 1.0 / rate_hz
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = None
+        self.started = None
+        self.stopped = None
+
+    def _loop(self):
+        self.sensor.sample()  # prime differencing sensors (RAPL)
+        nxt = time.monotonic() + self.period
+        while not self._stop.is_set():
+            delay = nxt - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            w = self.sensor.sample()
+            if w is not None:
+                self.samples.append(w)
+            nxt += self.period
+
+    def start(self):
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="power-sampler")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self.stopped = time.monotonic()
+        return self.samples
+
+    @property
+    def achieved_rate_hz(self):
+        span = (self.stopped or time.monotonic()) - self.started
+        return len(self.samples) / span if span > 0 else float("nan")
+
+
+# ------------------------------------------------------------------------------------------------
+# Pure parsers (imported by the host as devices.sensors and tested there).
+# ------------------------------------------------------------------------------------------------
+
+_TEGRA_RAIL = re.compile(r"\b([A-Z][A-Z0-9_]*) (\d+)(?:mW)?/(\d+)(?:mW)?(?=\s|$)")
+_TEGRA_TEMP = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*)@(-?\d+(?:\.\d+)?)C\b")
+_TEGRA_RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
+_TEGRA_CPU = re.compile(r"\bCPU \[([^\]]*)\]")
+
+
+def parse_tegrastats(line):
+    """One tegrastats line -> {"ram_used_mb", "ram_total_mb", "cpus", "temps_c", "rails_mw", "input_power_w"}.
+
+    rails_mw maps rail -> (current mW, average mW); input_power_w is the input rail's current value (the
+    board's total), None when the line has no input rail. Works for L4T 28/32 ("VDD_IN 3712/3712") and
+    L4T 34+ ("VDD_IN 3712mW/3712mW") lines.
+    """
+    out = {"ram_used_mb": None, "ram_total_mb": None, "cpus": [], "temps_c": {}, "rails_mw": {},
+           "input_power_w": None}
+    m = _TEGRA_RAM.search(line)
+    if m:
+        out["ram_used_mb"], out["ram_total_mb"] = int(m.group(1)), int(m.group(2))
+    m = _TEGRA_CPU.search(line)
+    if m:
+        for core in m.group(1).split(","):
+            core = core.strip()
+            if core == "off":
+                out["cpus"].append(None)
+                continue
+            cm = re.match(r"(\d+)%@(\d+)", core)
+            if cm:
+                out["cpus"].append({"load_pct": int(cm.group(1)), "freq_mhz": int(cm.group(2))})
+    for name, temp in _TEGRA_TEMP.findall(line):
+        out["temps_c"][name] = float(temp)
+    for name, cur, avg in _TEGRA_RAIL.findall(line):
+        if name in ("RAM", "SWAP", "IRAM"):
+            continue
+        out["rails_mw"][name] = (int(cur), int(avg))
+    for rail in INPUT_RAIL_NAMES:
+        if rail in out["rails_mw"]:
+            out["input_power_w"] = out["rails_mw"][rail][0] / 1000.0
+            break
+    return out
+
+
+THROTTLE_BITS = {
+    0: "under_voltage", 1: "freq_capped", 2: "throttled", 3: "soft_temp_limit",
+    16: "under_voltage_occurred", 17: "freq_capped_occurred", 18: "throttled_occurred",
+    19: "soft_temp_limit_occurred",
+}
+
+
+def decode_throttled(text):
+    """`vcgencmd get_throttled` output ("throttled=0x50005") -> {"raw": int, flag name: bool, ...}."""
+    m = re.search(r"throttled=(0x[0-9a-fA-F]+|\d+)", text)
+    if not m:
+        raise ValueError("not a get_throttled answer: %r" % text)
+    raw = int(m.group(1), 0)
+    out = {"raw": raw}
+    for bit, name in sorted(THROTTLE_BITS.items()):
+        out[name] = bool(raw >> bit & 1)
+    return out
+
+
+def parse_nvpmodel(text):
+    """`nvpmodel -q` output ("NV Power Mode: MAXN\\n0") -> {"mode": "MAXN", "id": 0}."""
+    m = re.search(r"NV Power Mode:\s*(\S+)", text)
+    ids = re.findall(r"^\s*(\d+)\s*$", text, re.M)
+    return {"mode": m.group(1) if m else None, "id": int(ids[-1]) if ids else None}
+
+
+def parse_meminfo_kb(text, key):
+    m = re.search(r"^%s:\s+(\d+) kB" % re.escape(key), text, re.M)
+    return int(m.group(1)) if m else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Device state and memory
+# ------------------------------------------------------------------------------------------------
+
+
+def _cpu_index(path):
+    m = re.search(r"cpu(\d+)", path)
+    return int(m.group(1)) if m else -1
+
+
+def _command(argv, timeout=5):
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        out, _ = p.communicate(timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.strip() if p.returncode == 0 else None
+
+
+def device_state(root=None):
+    """Governor, clocks (kHz), temperatures (deg C), throttling flags and power mode, where the board has them."""
+    root = sysfs_root() if root is None else root
+    state = {"governors": {}, "cpu_khz": {}, "temps_c": {}}
+    for d in sorted(glob.glob(_p(root, "sys/devices/system/cpu/cpu[0-9]*/cpufreq")), key=_cpu_index):
+        cpu = "cpu%d" % _cpu_index(d)
+        gov = _read(os.path.join(d, "scaling_governor"))
+        if gov is not None:
+            state["governors"][cpu] = gov
+        khz = _read_number(os.path.join(d, "scaling_cur_freq"))
+        if khz is not None:
+            state["cpu_khz"][cpu] = int(khz)
+    govs = sorted(set(state["governors"].values()))
+    state["governor"] = govs[0] if len(govs) == 1 else (",".join(govs) or None)
+    for d in sorted(glob.glob(_p(root, "sys/class/thermal/thermal_zone*"))):
+        kind = _read(os.path.join(d, "type")) or os.path.basename(d)
+        milli = _read_number(os.path.join(d, "temp"))
+        if milli is not None:
+            state["temps_c"][kind] = milli / 1000.0
+    load = _read(_p(root, "proc/loadavg"))
+    if load:
+        state["loadavg_1m"] = float(load.split()[0])
+    throttled = _command(["vcgencmd", "get_throttled"])
+    if throttled:
+        try:
+            state["throttled"] = decode_throttled(throttled)
+        except ValueError:
+            state["throttled"] = {"unparsed": throttled}
+    nvp = _command(["nvpmodel", "-q"])
+    if nvp:
+        state["nvpmodel"] = parse_nvpmodel(nvp)
+    return state
+
+
+def rss_kb():
+    """(current RSS, peak RSS) of this process in kB."""
+    text = _read("/proc/self/status", "")
+    cur = parse_meminfo_kb(text, "VmRSS")
+    peak = parse_meminfo_kb(text, "VmHWM")
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+    return (cur if cur is not None else 0), peak
+
+
+# ------------------------------------------------------------------------------------------------
+# Runtimes: name -> class with load(path, threads), run(x) -> output array, version()
+# ------------------------------------------------------------------------------------------------
+
+
+class OnnxRuntime(object):
+    runtime = "onnxruntime"
+
+    def __init__(self):
+        import onnxruntime  # noqa: F401  (imported before the RSS baseline)
+        self.ort = onnxruntime
+
+    def version(self):
+        return "onnxruntime " + self.ort.__version__
+
+    def load(self, path, threads):
+        opts = self.ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
+        self.sess = self.ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+        self.input_name = self.sess.get_inputs()[0].name
+
+    def run(self, x):
+        return self.sess.run(None, {self.input_name: x})[0]
+
+
+class ExecuTorchRuntime(object):
+    runtime = "executorch"
+
+    def __init__(self):
+        import torch
+        from executorch.runtime import Runtime
+        self.torch = torch
+        self.et = Runtime.get()
+
+    def version(self):
+        try:
+            from executorch.version import __version__
+        except ImportError:
+            __version__ = "unknown"
+        return "executorch " + __version__
+
+    def load(self, path, threads):
+        try:
+            from executorch.extension.pybindings import portable_lib
+            portable_lib._unsafe_reset_threadpool(threads)
+        except (ImportError, AttributeError):
+            pass
+        self.program = self.et.load_program(path)
+        self.method = self.program.load_method("forward")
+
+    def run(self, x):
+        out = self.method.execute([self.torch.from_numpy(x)])[0]
+        return out.numpy()
+
+
+class TfliteRuntime(object):
+    runtime = "tflite"
+
+    def __init__(self):
+        try:
+            from tflite_runtime.interpreter import Interpreter
+            import tflite_runtime as mod
+        except ImportError:
+            from ai_edge_litert.interpreter import Interpreter
+            import ai_edge_litert as mod
+        self.Interpreter = Interpreter
+        self.mod = mod
+
+    def version(self):
+        return "%s %s" % (self.mod.__name__, getattr(self.mod, "__version__", "unknown"))
+
+    def load(self, path, threads):
+        self.interp = self.Interpreter(model_path=path, num_threads=threads)
+        self.interp.allocate_tensors()
+        self.inp = self.interp.get_input_details()[0]["index"]
+        self.out = self.interp.get_output_details()[0]["index"]
+
+    def run(self, x):
+        self.interp.set_tensor(self.inp, x)
+        self.interp.invoke()
+        return self.interp.get_tensor(self.out)
+
+
+RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRuntime}
+
+
+# ------------------------------------------------------------------------------------------------
+# The benchmark
+# ------------------------------------------------------------------------------------------------
+
+
+class RunFailed(Exception):
+    """The model cannot be measured (bad output, missing runtime, unreadable file)."""
+
+
+def _ms(t0, t1):
+    return (t1 - t0) * 1000.0
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def benchmark(args):
+    import numpy as np
+
+    state_before = device_state()
+    try:
+        rt = RUNTIMES[args.format]()
+    except ImportError as e:
+        raise RunFailed("runtime for format %s is not installed on this device: %s" % (args.format, e))
+
+    with np.load(args.sample_io, allow_pickle=False) as npz:
+        for key in ("input", "output"):
+            if key not in npz.files:
+                raise RunFailed("%s has no array %r (has %s)" % (args.sample_io, key, ", ".join(npz.files)))
+        inputs = np.ascontiguousarray(npz["input"], dtype=np.float32)  # (N, *input_shape[1:])
+        expected = np.asarray(npz["output"], dtype=np.float32)  # (N, n_out)
+        labels = npz["label"] if "label" in npz.files else None  # (N,)
+    n = inputs.shape[0]
+    if n == 0:
+        raise RunFailed("%s holds no samples" % args.sample_io)
+    batches = [inputs[i:i + 1] for i in range(n)]  # each (1, *input_shape[1:])
+
+    rss_before, _ = rss_kb()
+    t0 = time.perf_counter()
+    rt.load(args.model, args.threads)
+    load_ms = _ms(t0, time.perf_counter())
+    rss_loaded, _ = rss_kb()
+
+    t0 = time.perf_counter()
+    first = rt.run(batches[0])
+    first_ms = _ms(t0, time.perf_counter())
+
+    # Check every sample, batch 1, against the host's reference outputs.
+    max_diff = 0.0
+    correct = 0
+    for i in range(n):
+        out = first if i == 0 else rt.run(batches[i])
+        out = np.asarray(out, dtype=np.float32).reshape(1, -1)
+        ref = expected[i].reshape(1, -1)
+        if out.shape != ref.shape:
+            raise RunFailed("output shape %s differs from sample_io output shape %s" % (out.shape, ref.shape))
+        max_diff = max(max_diff, float(np.max(np.abs(out - ref))))
+        if labels is not None and int(np.argmax(out)) == int(labels[i]):
+            correct += 1
+    if not max_diff <= args.tolerance:  # also catches NaN
+        return {"ok": False, "output_max_abs_diff": max_diff if math.isfinite(max_diff) else None,
+                "error": "output differs from sample_io by %.3g > tolerance %.3g on %d samples"
+                         % (max_diff, args.tolerance, n)}
+    accuracy = correct / float(n) if labels is not None else None
+
+    sensor, missing = find_sensor(args.power_sensor)
+    idle_w = None
+    if sensor is not None and args.idle_seconds > 0:
+        idle = PowerSampler(sensor, args.power_rate_hz)
+        idle.start()
+        time.sleep(args.idle_seconds)
+        idle_w = _mean(idle.stop())
+
+    # Warm-up: at least warmup_runs runs and at least warmup_seconds.
+    k = 0
+    t_end = time.perf_counter() + args.warmup_seconds
+    while k < args.warmup_runs or time.perf_counter() < t_end:
+        rt.run(batches[k % n])
+        k += 1
+
+    sampler = PowerSampler(sensor, args.power_rate_hz) if sensor is not None else None
+    if sampler is not None:
+        sampler.start()
+    latencies = []
+    clock = time.perf_counter
+    w0 = clock()
+    t_end = w0 + args.min_seconds
+    i = 0
+    while len(latencies) < args.min_runs or clock() < t_end:
+        x = batches[i % n]
+        t0 = clock()
+        rt.run(x)
+        latencies.append(_ms(t0, clock()))
+        i += 1
+    window_s = clock() - w0
+    power = sampler.stop() if sampler is not None else []
+
+    _, peak = rss_kb()
+    result = {
+        "ok": True,
+        "latency_ms": latencies,
+        "load_ms": load_ms,
+        "first_inference_ms": first_ms,
+        "peak_rss_kb": int(peak),
+        "rss_growth_kb": int(rss_loaded - rss_before),
+        "output_max_abs_diff": max_diff,
+        "output_check_passed": True,
+        "accuracy": accuracy,
+        "samples_checked": n,
+        "timed_window_s": window_s,
+        "runtime_version": rt.version(),
+        "threads": args.threads,
+        "state_before": state_before,
+    }
+    if sensor is not None and power:
+        result.update({"power_source": sensor.source, "power_w": power,
+                       "power_rate_hz": sampler.achieved_rate_hz, "idle_power_w": idle_w})
+    else:
+        result.update({"power_source": None, "power_w": [],
+                       "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
+    result["state_after"] = device_state()
+    return result
+
+
+def probe():
+    """What this device offers: platform, Python, numpy and runtime versions, free disk/mem, sensors, state."""
+    info = {"ok": True, "arch": platform.machine(), "os": platform.platform(), "python": platform.python_version(),
+            "python_executable": sys.executable, "runtimes": {}}
+    try:
+        import numpy
+        info["numpy"] = numpy.__version__
+    except ImportError as e:
+        info["numpy"] = None
+        info["numpy_error"] = str(e)
+    for fmt, cls in sorted(RUNTIMES.items()):
+        try:
+            info["runtimes"][cls.runtime] = cls().version()
+        except ImportError as e:
+            info["runtimes"][cls.runtime] = None
+            info.setdefault("runtime_errors", {})[cls.runtime] = str(e).splitlines()[0] if str(e) else "ImportError"
+    here = os.path.dirname(os.path.abspath(__file__))
+    st = os.statvfs(here)
+    info["disk_free_mb"] = st.f_bavail * st.f_frsize // (1 << 20)
+    mem = _read("/proc/meminfo", "")
+    avail = parse_meminfo_kb(mem, "MemAvailable")
+    total = parse_meminfo_kb(mem, "MemTotal")
+    info["mem_available_mb"] = avail // 1024 if avail is not None else None
+    info["mem_total_mb"] = total // 1024 if total is not None else None
+    sensors = {}
+    for name in SENSOR_ORDER:
+        s, why = find_sensor(name)
+        sensors[name] = s.source if s is not None else None
+        if s is None:
+            sensors[name + "_missing"] = why
+    info["power_sensors"] = sensors
+    info["state"] = device_state()
+    return info
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="edgemask remote runner")
+    p.add_argument("--probe", action="store_true", help="describe this device and exit")
+    p.add_argument("--model")
+    p.add_argument("--format", choices=sorted(RUNTIMES))
+    p.add_argument("--sample-io")
+    p.add_argument("--warmup-runs", type=int, default=1)
+    p.add_argument("--warmup-seconds", type=float, default=0.5)
+    p.add_argument("--min-runs", type=int, default=50)
+    p.add_argument("--min-seconds", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tolerance", type=float, default=1e-5)
+    p.add_argument("--power-rate-hz", type=float, default=50.0)
+    p.add_argument("--idle-seconds", type=float, default=0.5)
+    p.add_argument("--power-sensor", default="auto")
+    return p
+
+
+def _clean(obj):
+    """NaN and infinities become null: the output is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return dict((k, _clean(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def main(argv=None):
+    # Keep the real stdout for the one JSON document; whatever a runtime prints goes to stderr.
+    out_fd = os.dup(1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        result = {"ok": False, "error": "bad runner arguments (exit %s); see stderr" % e.code}
+        args = None
+    if args is not None:
+        try:
+            if args.probe:
+                result = probe()
+            else:
+                for name in ("model", "format", "sample_io"):
+                    if getattr(args, name) is None:
+                        raise RunFailed("--%s is required" % name.replace("_", "-"))
+                for path in (args.model, args.sample_io):
+                    if not os.path.isfile(path):
+                        raise RunFailed("no such file: %s" % path)
+                result = benchmark(args)
+        except RunFailed as e:
+            result = {"ok": False, "error": str(e)}
+        except Exception as e:  # the JSON must say what broke, whatever it was
+            traceback.print_exc(file=sys.stderr)
+            msg = " ".join(str(e).split()) or type(e).__name__
+            result = {"ok": False, "error": "%s: %s" % (type(e).__name__, msg[:500])}
+    sys.stdout.flush()
+    with os.fdopen(out_fd, "w") as out:
+        out.write(json.dumps(_clean(result), sort_keys=True))
+        out.write("\n")
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
