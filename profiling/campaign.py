@@ -399,7 +399,7 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
                         have = ", ".join(f"{f.format}/{f.variant}" for f in info.files) or "none"
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
                                                   f"manifest has no {fmt}/{variant} file (has: {have})"))
-                    elif runtimes is not None and FORMATS.get(fmt) not in runtimes:
+                    elif runtimes and FORMATS.get(fmt) not in runtimes:  # empty: not declared
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
                                                   f"device has no {FORMATS.get(fmt)} runtime "
                                                   f"(has: {', '.join(runtimes) or 'none'})"))
@@ -440,10 +440,11 @@ class CampaignResult:
     recorded: tuple[str, ...]  # job ids recorded by this call
     failed: tuple[FailedJob, ...]
     skipped: tuple[SkippedJob, ...]
+    aborted: Mapping[str, str] = field(default_factory=dict)  # device -> why it stopped early
 
     @property
     def complete(self) -> bool:
-        return not self.failed and self.already_done + len(self.recorded) == self.planned
+        return not self.failed and not self.aborted and self.already_done + len(self.recorded) == self.planned
 
 
 Benchmark = Callable[..., Measurement]
@@ -463,9 +464,15 @@ def _default_connect() -> Connect:
 
 
 def _default_retry_on() -> tuple[type[BaseException], ...]:
-    from devices.connection import DeviceError
+    from devices.errors import DeviceError
 
     return (DeviceError,)
+
+
+def _default_fatal_on() -> tuple[type[BaseException], ...]:
+    from devices.errors import HostKeyError
+
+    return (HostKeyError,)
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float = 60.0, rng: random.Random | None = None) -> float:
@@ -479,13 +486,15 @@ class _DeviceWorker:
 
     def __init__(self, device: str, spec: Any, jobs: list[Job], *, config: CampaignConfig, workspace: Path,
                  store: Any, benchmark: Benchmark, connect: Connect, retry_on: tuple[type[BaseException], ...],
-                 stop: threading.Event, bar: Any, on_recorded: Callable[[Job], None] | None) -> None:
+                 fatal_on: tuple[type[BaseException], ...], stop: threading.Event, bar: Any,
+                 on_recorded: Callable[[Job], None] | None) -> None:
         self.device, self.spec, self.jobs = device, spec, jobs
         self.config, self.workspace, self.store = config, workspace, store
-        self.benchmark, self.connect, self.retry_on = benchmark, connect, retry_on
+        self.benchmark, self.connect, self.retry_on, self.fatal_on = benchmark, connect, retry_on, fatal_on
         self.stop, self.bar, self.on_recorded = stop, bar, on_recorded
         self.recorded: list[str] = []
         self.failed: list[FailedJob] = []
+        self.aborted: str | None = None  # why this device stopped before its last job
         self._stack: contextlib.ExitStack | None = None
         self._conn: Any = None
 
@@ -507,7 +516,7 @@ class _DeviceWorker:
     def run(self) -> None:
         try:
             for i, job in enumerate(self.jobs):
-                if self.stop.is_set():
+                if self.stop.is_set() or self.aborted:
                     return
                 if i and self.config.cooldown_s and self.stop.wait(self.config.cooldown_s):
                     return
@@ -525,6 +534,12 @@ class _DeviceWorker:
                 measurement = self.benchmark(self._connection(), self.spec, artifact_dir, job.format,
                                              variant=job.variant, settings=settings,
                                              timeout=self.config.timeout_s)
+            except self.fatal_on as exc:
+                # e.g. a changed host key: no retry can fix it and every later job would hit it too.
+                self._drop_connection()
+                self.aborted = f"{type(exc).__name__}: {exc}"
+                self._fail(job, self.aborted, attempt + 1)
+                return
             except self.retry_on as exc:
                 self._drop_connection()
                 reason = f"{type(exc).__name__}: {exc}"
@@ -554,6 +569,7 @@ class _DeviceWorker:
 def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Benchmark | None = None,
                  progress: bool = True, inventory: Mapping[str, Any] | None = None,
                  connect: Connect | None = None, retry_on: tuple[type[BaseException], ...] | None = None,
+                 fatal_on: tuple[type[BaseException], ...] | None = None,
                  on_recorded: Callable[[Job], None] | None = None) -> CampaignResult:
     """Run the jobs of ``config`` that its store does not hold yet; one worker thread per device.
 
@@ -561,6 +577,7 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     ``devices.connection.open_connection`` and ``inventory`` to ``devices.inventory.load_inventory``; tests
     inject their own. A ``DeviceError`` (``retry_on``) is retried ``config.retries`` times with jittered
     backoff over a fresh connection; a job that still fails is recorded as failed and the campaign goes on.
+    A ``HostKeyError`` (``fatal_on``) is never retried: that device's worker records it and stops.
     ``on_recorded`` is called after a job's measurement is committed.
     """
     from tqdm.auto import tqdm
@@ -571,6 +588,7 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     benchmark = benchmark or _default_benchmark()
     connect = connect or _default_connect()
     retry_on = retry_on or _default_retry_on()
+    fatal_on = fatal_on or _default_fatal_on()
     if inventory is None:
         from devices.inventory import load_inventory
 
@@ -602,7 +620,7 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
             bars.append(bar)
             workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
                                          store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
-                                         stop=stop, bar=bar, on_recorded=on_recorded))
+                                         fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded))
         with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
             futures = [pool.submit(w.run) for w in workers]
             try:
@@ -620,6 +638,7 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
             recorded=tuple(j for w in workers for j in w.recorded),
             failed=tuple(f for w in workers for f in w.failed),
             skipped=plan.skipped,
+            aborted={w.device: w.aborted for w in workers if w.aborted},
         )
     finally:
         store.close()

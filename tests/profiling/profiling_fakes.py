@@ -15,18 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from devices.records import Measurement, RunnerSettings
-from edgemask.errors import EdgemaskError
 
-try:
-    from devices.connection import DeviceError
-
-    RETRY_ON = None  # the real default of run_campaign is what the tests exercise
-except ImportError:  # devices.connection is written in parallel; stand in until it lands
-
-    class DeviceError(EdgemaskError):  # type: ignore[no-redef]
-        """Stand-in for devices.connection.DeviceError."""
-
-    RETRY_ON = (DeviceError,)
+from devices.errors import DeviceError, HostKeyError  # noqa: F401  (re-exported for the tests)
 
 
 @dataclass(frozen=True)
@@ -136,7 +126,9 @@ def fake_measurement(spec: Any, artifact_dir: Path, fmt: str, variant: str, sett
 class FakeBenchmark:
     """Deterministic benchmark; raises DeviceError on the first ``fail_first`` calls for matching jobs."""
 
-    def __init__(self, sleep_s: float = 0.0, fail_first: int = 0, fail_when=lambda artifact, fmt: True) -> None:
+    def __init__(self, sleep_s: float = 0.0, fail_first: int = 0, fail_when=lambda artifact, fmt: True,
+                 exc_type: type[Exception] = DeviceError) -> None:
+        self.exc_type = exc_type
         self.sleep_s, self.fail_first, self.fail_when = sleep_s, fail_first, fail_when
         self.calls: list[tuple[str, str, str, int]] = []
         self.active: dict[str, int] = {}
@@ -159,7 +151,7 @@ class FakeBenchmark:
             if self.sleep_s:
                 time.sleep(self.sleep_s)
             if fail:
-                raise DeviceError(f"{spec.name}: connection reset by peer")
+                raise self.exc_type(f"{spec.name}: connection reset by peer")
             return fake_measurement(spec, artifact_dir, fmt, variant, settings)
         finally:
             with self._lock:

@@ -1,0 +1,308 @@
+"""The campaign report: one self-contained HTML page (plots embedded as PNG) and a Markdown summary.
+
+The main table follows the FedMask paper's runtime evaluation (Li et al., "FedMask: Joint Computation and
+Communication-Efficient Personalized Federated Learning via Heterogeneous Masking", SenSys 2021, §7): per
+application (dataset / model), each algorithm's model size, inference time and energy per inference, here
+split further into the dense baseline and the compacted personalized models, per device and format.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from edgemask.errors import CorruptFileError
+from edgemask.fileio import write_bytes_atomic, write_text_atomic
+from profiling import plots
+from profiling.stats import DEFAULT_CV_THRESHOLD, summarize
+from profiling.store import ResultsStore
+
+
+# -- number formatting (one place, so HTML and Markdown agree) ----------------------------------------
+def _is_missing(x: Any) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_ms(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{float(x):.3f}"
+
+
+def fmt_ratio(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{float(x):.2f}×"
+
+
+def fmt_pct(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{100 * float(x):.1f}%"
+
+
+def fmt_kb(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{float(x) / 1024:.1f}"
+
+
+def fmt_int(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{int(round(float(x))):,}"
+
+
+def fmt_text(x: Any) -> str:
+    return "—" if _is_missing(x) or x == "" else str(x)
+
+
+# -- tables ---------------------------------------------------------------------------------------------
+def runtime_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """FedMask-style runtime table: per application × device × format × variant × threads × algorithm ×
+    dense/compacted, the mean over that group's artifacts (clients) of size, latency and energy."""
+    if summary.empty:
+        return pd.DataFrame()
+    s = summary.copy()
+    s["application"] = s["dataset"].fillna("?").astype(str) + " / " + s["model"].fillna("?").astype(str)
+    s["params"] = s["params_compacted"].where(s["kind"] != "dense", s["params_dense"]).astype("Float64")
+    keys = ["application", "device", "format", "variant", "threads", "algorithm", "kind"]
+    numeric = ["params", "model_bytes", "p50_ms", "p90_ms", "energy_mj", "energy_above_idle_mj",
+               "speedup", "flop_bound", "speedup_vs_bound"]
+    for col in numeric:
+        s[col] = pd.to_numeric(s[col], errors="coerce").astype(float)
+    g = s.groupby(keys, sort=True, dropna=False)
+    out = g[numeric].mean()
+    out["clients"] = g["artifact"].nunique()
+    out = out.reset_index()
+    # dense baseline first within each application and setting
+    out["_order"] = (out["kind"] != "dense").astype(int)
+    return out.sort_values(keys[:6] + ["_order"]).drop(columns="_order").reset_index(drop=True)
+
+
+_RUNTIME_COLUMNS = [
+    ("algorithm", "algorithm", fmt_text), ("kind", "model", fmt_text), ("clients", "clients", fmt_int),
+    ("params", "params", fmt_int), ("model_bytes", "size (KB)", fmt_kb), ("p50_ms", "p50 (ms)", fmt_ms),
+    ("p90_ms", "p90 (ms)", fmt_ms), ("energy_mj", "energy (mJ/inf)", fmt_ms),
+    ("energy_above_idle_mj", "above idle (mJ/inf)", fmt_ms), ("speedup", "speedup", fmt_ratio),
+    ("flop_bound", "FLOP bound", fmt_ratio), ("speedup_vs_bound", "speedup ÷ bound", fmt_pct),
+]
+
+_DETAIL_COLUMNS = [
+    ("artifact", "artifact", fmt_text), ("device", "device", fmt_text), ("format", "format", fmt_text),
+    ("variant", "variant", fmt_text), ("threads", "threads", fmt_int), ("repetitions", "reps", fmt_int),
+    ("runs", "runs", fmt_int), ("p50_ms", "p50 (ms)", fmt_ms), ("p90_ms", "p90 (ms)", fmt_ms),
+    ("p99_ms", "p99 (ms)", fmt_ms), ("mean_ms", "mean (ms)", fmt_ms), ("cv", "CV", fmt_pct),
+    ("load_ms", "load (ms)", fmt_ms), ("peak_rss_kb", "peak RSS (KB)", fmt_int),
+    ("rss_growth_kb", "RSS growth (KB)", fmt_int), ("energy_mj", "energy (mJ/inf)", fmt_ms),
+    ("power_source", "power source", fmt_text), ("speedup", "speedup", fmt_ratio),
+    ("memory_reduction", "memory saved", fmt_pct), ("energy_reduction", "energy saved", fmt_pct),
+    ("flop_bound", "FLOP bound", fmt_ratio), ("accuracy", "accuracy", fmt_pct), ("flags", "flags", fmt_text),
+]
+
+
+def _formatted(df: pd.DataFrame, columns: list[tuple[str, str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame({title: [fn(v) for v in df[col]] if col in df else [] for col, title, fn in columns})
+
+
+def _markdown_table(df: pd.DataFrame) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |",
+             "| " + " | ".join("---" for _ in df.columns) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    return "<div class='wrap'>" + df.to_html(index=False, escape=True, border=0, classes="t") + "</div>"
+
+
+# -- inputs ---------------------------------------------------------------------------------------------
+def _run_curves(workspace: Path, artifacts: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    curves: dict[str, pd.DataFrame] = {}
+    notes: list[str] = []
+    for run_id, g in artifacts.groupby("run_id", sort=True):
+        path = workspace / "runs" / str(run_id) / "history.parquet"
+        label = f"{g['algorithm'].iloc[0] or '?'} ({run_id})"
+        if not path.is_file():
+            notes.append(f"no training history for run {run_id} ({path} is absent); its accuracy curve is left out")
+            continue
+        try:
+            history = pd.read_parquet(path)
+        except (OSError, ValueError) as exc:
+            notes.append(f"training history {path} is unreadable ({exc}); its accuracy curve is left out")
+            continue
+        missing = {"round", "client", "metric", "value"} - set(history.columns)
+        if missing:
+            notes.append(f"training history {path} lacks columns {', '.join(sorted(missing))}; left out")
+            continue
+        curve = plots.accuracy_curve(history)
+        if curve.empty:
+            notes.append(f"training history {path} has no accuracy rows; left out")
+            continue
+        curves[label] = curve
+    return curves, notes
+
+
+def _energy_notes(summary: pd.DataFrame) -> list[str]:
+    notes = []
+    missing = summary[summary["flag_energy_missing"]]
+    for device, g in missing.groupby("device", sort=True):
+        reasons = sorted({r for r in g["energy_missing_reason"] if r}) or ["the runner gave no reason"]
+        notes.append(f"energy is missing on {device} for {len(g)} of "
+                     f"{int((summary['device'] == device).sum())} settings: {'; '.join(reasons)}")
+    return notes
+
+
+@dataclass
+class _Figure:
+    name: str
+    title: str
+    png: bytes | None
+    note: str | None = None
+
+
+# -- the report -----------------------------------------------------------------------------------------
+def write_report(results_dir: str | Path, workspace: str | Path,
+                 cv_threshold: float = DEFAULT_CV_THRESHOLD) -> tuple[Path, Path]:
+    """Write ``report.html``, ``summary.md`` and ``plots/*.png`` into ``results_dir``; return the two paths."""
+    results_dir, workspace = Path(results_dir), Path(workspace)
+    store_path = results_dir / "results.sqlite"
+    if not store_path.is_file():
+        raise CorruptFileError(f"{store_path}: no results store; run `edgemask profile` first")
+    with ResultsStore.open(store_path) as store:
+        df = store.to_dataframe()
+        artifacts = store.artifacts()
+        failures = store.failures()
+        skipped = store.skipped()
+        config = store.campaign_config() or {}
+    name = config.get("name", results_dir.name)
+    summary = summarize(df, cv_threshold)
+    runtime = runtime_table(summary)
+    curves, history_notes = _run_curves(workspace, artifacts)
+    energy_notes = _energy_notes(summary) if not summary.empty else []
+
+    figures = [
+        _Figure("latency", "Latency distributions per device and format",
+                _png(plots.latency_distributions(df) if not df.empty else None),
+                "no successful measurements to plot"),
+        _Figure("speedup_vs_bound", "Measured speedup against the FLOP-reduction bound",
+                _png(plots.speedup_vs_bound(summary) if not summary.empty else None),
+                "no compacted artifact has both a measured dense baseline and FLOP counts"),
+        _Figure("accuracy_vs_communication", "Accuracy against communication cost per algorithm",
+                _png(plots.accuracy_vs_communication(curves)),
+                "no run has a training history with accuracy; " + "; ".join(history_notes)),
+        _Figure("energy", "Energy per inference",
+                _png(plots.energy_per_inference(summary) if not summary.empty else None),
+                "energy is missing for every measurement: " + ("; ".join(energy_notes) or "no measurements")),
+    ]
+    plot_dir = results_dir / "plots"
+    for f in figures:
+        if f.png is not None:
+            write_bytes_atomic(plot_dir / f"{f.name}.png", f.png)
+
+    notes = [*energy_notes, *history_notes]
+    if not failures.empty:
+        notes.append(f"{len(failures)} job(s) failed after their retries and are not in the tables "
+                     f"(rerun `edgemask profile` to retry them)")
+    flagged = summary[summary["flags"] != ""] if "flags" in summary else summary.iloc[0:0]
+    if not flagged.empty:
+        notes.append(f"{len(flagged)} setting(s) carry flags (high-cv: CV > {cv_threshold:g}; throttled; "
+                     f"output-check-failed; energy-missing) — see the flags column")
+
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections = _sections(runtime, summary, failures, skipped)
+    md = _markdown(name, generated, config, sections, figures, notes)
+    page = _html(name, generated, config, sections, figures, notes)
+    md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
+    write_text_atomic(md_path, md)
+    write_text_atomic(html_path, page)
+    return html_path, md_path
+
+
+def _png(fig: Any) -> bytes | None:
+    return None if fig is None else plots.to_png(fig)
+
+
+def _sections(runtime: pd.DataFrame, summary: pd.DataFrame, failures: pd.DataFrame,
+              skipped: pd.DataFrame) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """(heading level, heading, formatted table or None) in page order."""
+    out: list[tuple[int, str, pd.DataFrame | None]] = [(2, "Runtime per application (FedMask-style)", None)]
+    if runtime.empty:
+        out.append((3, "No successful measurements yet.", None))
+    for keys, g in runtime.groupby(["application", "device", "format", "variant", "threads"], sort=True):
+        app, device, fmt, variant, threads = keys
+        out.append((3, f"{app} — {device}, {fmt}/{variant}, {threads} thread(s)",
+                    _formatted(g, _RUNTIME_COLUMNS)))
+    if not summary.empty:
+        out.append((2, "Every artifact and setting", _formatted(summary, _DETAIL_COLUMNS)))
+    if not failures.empty:
+        out.append((2, "Failed jobs", failures[["job_id", "attempts", "reason"]].astype(str)))
+    if not skipped.empty:
+        out.append((2, "Skipped combinations", skipped.astype(str)))
+    return out
+
+
+def _config_line(config: dict[str, Any]) -> str:
+    if not config:
+        return "campaign configuration not recorded"
+    runner = config.get("runner", {})
+    return (f"formats {', '.join(config.get('formats', []))}; variants {', '.join(config.get('variants', []))}; "
+            f"devices {', '.join(config.get('devices', []))}; threads {config.get('threads')}; "
+            f"repetitions {config.get('repetitions')}; runner: warm-up {runner.get('warmup_runs')} runs / "
+            f"{runner.get('warmup_seconds')} s, at least {runner.get('min_runs')} runs and "
+            f"{runner.get('min_seconds')} s")
+
+
+def _markdown(name: str, generated: str, config: dict[str, Any], sections: list, figures: list[_Figure],
+              notes: list[str]) -> str:
+    parts = [f"# Campaign {name}", "", f"Generated {generated}. {_config_line(config)}.", ""]
+    for level, heading, table in sections:
+        parts += ["#" * level + " " + heading, ""]
+        if table is not None:
+            parts += [_markdown_table(table), ""]
+    parts += ["## Plots", ""]
+    for f in figures:
+        parts += [f"![{f.title}](plots/{f.name}.png)" if f.png is not None else f"- {f.title}: {f.note}", ""]
+    if notes:
+        parts += ["## Notes", "", *[f"- {n}" for n in notes], ""]
+    return "\n".join(parts)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1400px; }
+h1 { font-size: 1.6em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; } h3 { font-size: 1.05em; }
+table.t { border-collapse: collapse; font-size: 12px; margin: 8px 0 16px; }
+.wrap { overflow-x: auto; max-width: 100%; }
+table.t th, table.t td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }
+table.t th { background: #f3f3f3; } table.t td:first-child { text-align: left; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 6px 10px; margin: 6px 0; }
+figure { margin: 12px 0 24px; } figure img { max-width: 100%; border: 1px solid #eee; }
+.meta { color: #666; font-size: 0.9em; }
+"""
+
+
+def _html(name: str, generated: str, config: dict[str, Any], sections: list, figures: list[_Figure],
+          notes: list[str]) -> str:
+    e = html.escape
+    body = [f"<h1>Campaign {e(name)}</h1>", f"<p class='meta'>Generated {e(generated)}. {e(_config_line(config))}.</p>"]
+    if notes:
+        body.append("<h2>Notes</h2>")
+        body += [f"<div class='note'>{e(n)}</div>" for n in notes]
+    for level, heading, table in sections:
+        body.append(f"<h{level}>{e(heading)}</h{level}>")
+        if table is not None:
+            body.append(_html_table(table))
+    body.append("<h2>Plots</h2>")
+    for f in figures:
+        body.append(f"<h3>{e(f.title)}</h3>")
+        if f.png is None:
+            body.append(f"<div class='note'>{e(f.note or 'nothing to plot')}</div>")
+        else:
+            data = base64.b64encode(f.png).decode("ascii")
+            body.append(f"<figure><img alt='{e(f.title)}' src='data:image/png;base64,{data}'></figure>")
+    config_json = e(json.dumps(config, indent=2, sort_keys=True))
+    body.append(f"<details><summary>Campaign configuration</summary><pre>{config_json}</pre></details>")
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<title>edgemask campaign {e(name)}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
