@@ -3,6 +3,7 @@
 from trainer.models.masking import MaskedModel, MaskSite, bake, effective_params, find_sites, masked_forward
 from trainer.models.registry import MODELS, build_model, head_names, model_sites
 from trainer.models import small  # noqa: F401  (registers mlp, cnn)
+from trainer.models import zoo  # noqa: F401  (registers the papers' models)
 
 __all__ = [
     "MODELS", "MaskSite", "MaskedModel", "bake", "build_model", "effective_params", "find_sites",
