@@ -61,7 +61,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_cifar10(root: str | Path | None, dataset: str = "cifar10", field: str = "data.root"
-                                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Raw ``(train_images uint8 (50000, 3, 32, 32), train_labels, test_images, test_labels)``."""
     base = dataset_root(root, dataset, HINT, field)
     batches = [read_batch(find_file(base, [name], dataset, HINT, SUBDIRS)) for name in TRAIN_BATCHES]

@@ -60,7 +60,7 @@ def _find(base: Path, key: str, dataset: str) -> Path:
 
 
 def load_mnist(root: str | Path | None, dataset: str = "mnist", field: str = "data.root"
-                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Raw ``(train_images uint8 (60000, 1, 28, 28), train_labels int64, test_images, test_labels)``."""
     base = dataset_root(root, dataset, HINT, field)
     out = []
