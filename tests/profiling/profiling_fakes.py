@@ -133,6 +133,7 @@ class FakeBenchmark:
         self.calls: list[tuple[str, str, str, int]] = []
         self.active: dict[str, int] = {}
         self.max_active: dict[str, int] = {}
+        self.max_total = 0  # most jobs running at once over all devices
         self.failures = 0
         self._lock = threading.Lock()
 
@@ -144,6 +145,7 @@ class FakeBenchmark:
             self.calls.append((spec.name, artifact, fmt, settings.threads))
             self.active[spec.name] = self.active.get(spec.name, 0) + 1
             self.max_active[spec.name] = max(self.max_active.get(spec.name, 0), self.active[spec.name])
+            self.max_total = max(self.max_total, sum(self.active.values()))
             fail = self.fail_when(artifact, fmt) and self.failures < self.fail_first
             if fail:
                 self.failures += 1

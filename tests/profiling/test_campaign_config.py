@@ -1,0 +1,106 @@
+"""campaign.toml validation and job planning."""
+
+import tomllib
+
+import pytest
+
+import profiling_fakes as pf
+from edgemask.errors import ConfigError
+from profiling.campaign import Job, load_campaign, parse_campaign, plan_campaign, plan_jobs
+
+
+def _load(tmp_path, text, known=None):
+    p = tmp_path / "campaign.toml"
+    p.write_text(text)
+    return load_campaign(p, known)
+
+
+def test_loads_every_field(tmp_path):
+    cfg = _load(tmp_path, pf.campaign_toml(threads=(1, 4), repetitions=3, cooldown_s=1.5))
+    assert cfg.name == "camp" and cfg.formats == ("onnx", "pte") and cfg.variants == ("fp32",)
+    assert cfg.devices == ("dev-a", "dev-b") and cfg.threads == (1, 4) and cfg.repetitions == 3
+    assert cfg.cooldown_s == 1.5 and cfg.timeout_s == 30.0 and cfg.retries == 2
+    assert cfg.runner.min_runs == 5 and cfg.runner.min_seconds == 0.01 and cfg.runner.warmup_runs == 1
+    sel = cfg.artifacts[0]
+    assert sel.run == "run-a" and sel.clients is None and sel.dense is True
+
+
+@pytest.mark.parametrize("edit, words", [
+    (('formats = ["onnx", "pte"]', 'formats = ["onnx", "tfjs"]'), ["campaign.formats", "'tfjs'", "onnx, pte, tflite"]),
+    (('[campaign]', '[campaign]\nvariants = ["fp16"]'), ["campaign.variants", "fp32, int8"]),
+    (('repetitions = 2', 'repetitions = 0'), ["campaign.repetitions", ">= 1"]),
+    (('repetitions = 2', 'repetitions = "two"'), ["campaign.repetitions", "an integer"]),
+    (('threads = [1]', 'threads = [0]'), ["campaign.threads"]),
+    (('name = "camp"', 'name = "../evil"'), ["campaign.name"]),
+    (('min_runs = 5', 'min_runz = 5'), ["runner.min_runz", "min_runs"]),
+    (('clients = "all"', 'clients = "some"'), ["artifacts[0].clients"]),
+    (('run = "run-a"\n', ''), ["artifacts[0].run", "missing"]),
+    (('retries = 2', 'retries = true'), ["campaign.retries"]),
+])
+def test_errors_name_file_and_field(tmp_path, edit, words):
+    text = pf.campaign_toml().replace(*edit)
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, text)
+    msg = str(err.value)
+    assert str(tmp_path / "campaign.toml") in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_unknown_device_lists_the_inventory(tmp_path):
+    with pytest.raises(ConfigError, match=r"'dev-b'; valid names: dev-a, local"):
+        _load(tmp_path, pf.campaign_toml(), known=["local", "dev-a"])
+
+
+def test_plan_expands_the_product_with_stable_unique_ids(tmp_path):
+    ws = pf.small_workspace(tmp_path, clients=("client-000", "client-001"))
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(threads=(1, 2), repetitions=3)))
+    jobs = plan_jobs(cfg, ws)
+    # 3 artifacts (dense + 2 clients) × 2 formats × 1 variant × 2 devices × 2 threads × 3 reps
+    assert len(jobs) == 3 * 2 * 2 * 2 * 3
+    assert len({j.job_id for j in jobs}) == len(jobs)
+    assert Job("run-a/dense", "onnx", "fp32", "dev-a", 2, 1).job_id == "run-a/dense|onnx|fp32|dev-a|t2|r1"
+    assert plan_jobs(cfg, ws) == jobs  # the same plan twice: resume depends on it
+    # repetition outermost on each device: every artifact is measured once before any is measured twice
+    dev_a = [j for j in jobs if j.device == "dev-a"]
+    assert [j.repetition for j in dev_a[:12]] == [0] * 12
+
+
+def test_plan_skips_formats_the_manifest_lacks_and_says_why(tmp_path):
+    pf.write_manifest(tmp_path, "run-a", "dense", kind="dense", formats=(("onnx", "fp32"), ("pte", "fp32")))
+    pf.write_manifest(tmp_path, "run-a", "client-000", kind="compacted", formats=(("onnx", "fp32"),))
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(devices=("dev-a",), repetitions=1)))
+    plan = plan_campaign(cfg, tmp_path)
+    assert {(j.artifact, j.format) for j in plan.jobs} == {
+        ("run-a/dense", "onnx"), ("run-a/dense", "pte"), ("run-a/client-000", "onnx")}
+    [skip] = plan.skipped
+    assert (skip.artifact, skip.format, skip.device) == ("run-a/client-000", "pte", "dev-a")
+    assert "no pte/fp32 file" in skip.reason and "onnx/fp32" in skip.reason
+
+
+def test_plan_skips_formats_a_device_cannot_run(tmp_path):
+    ws = pf.small_workspace(tmp_path, clients=("client-000",))
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(repetitions=1)))
+    inv = {"dev-a": pf.FakeSpec("dev-a", ("onnxruntime",)), "dev-b": pf.FakeSpec("dev-b", ())}
+    plan = plan_campaign(cfg, ws, inv)
+    assert {j.format for j in plan.jobs if j.device == "dev-a"} == {"onnx"}
+    assert {j.format for j in plan.jobs if j.device == "dev-b"} == {"onnx", "pte"}  # () = not declared
+    assert all("no executorch runtime" in s.reason for s in plan.skipped) and len(plan.skipped) == 2
+
+
+def test_missing_dense_baseline_is_an_error(tmp_path):
+    pf.write_manifest(tmp_path, "run-a", "client-000", kind="compacted")
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml()))
+    with pytest.raises(ConfigError, match="no dense baseline"):
+        plan_jobs(cfg, tmp_path)
+
+
+def test_explicit_client_list(tmp_path):
+    ws = pf.small_workspace(tmp_path, clients=("client-000", "client-001", "client-002"))
+    text = pf.campaign_toml(devices=("dev-a",), repetitions=1).replace(
+        'clients = "all"', 'clients = ["client-002"]').replace("dense = true", "dense = false")
+    jobs = plan_jobs(parse_campaign(tomllib.loads(text)), ws)
+    assert {j.artifact for j in jobs} == {"run-a/client-002"}
+    bad = text.replace('["client-002"]', '["client-009"]')
+    with pytest.raises(ConfigError, match="client-009"):
+        plan_jobs(parse_campaign(tomllib.loads(bad)), ws)

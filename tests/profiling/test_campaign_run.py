@@ -1,0 +1,138 @@
+"""run_campaign with an injected benchmark: parallel devices, retries, recorded failures, resume."""
+
+import tomllib
+
+import pytest
+
+import profiling_fakes as pf
+from devices.records import Measurement
+from profiling.campaign import backoff_delay, parse_campaign, plan_jobs, run_campaign
+from profiling.store import ResultsStore
+
+
+def _setup(tmp_path, **kw):
+    ws = pf.small_workspace(tmp_path / "ws", clients=("client-000", "client-001"))
+    return ws, parse_campaign(tomllib.loads(pf.campaign_toml(**kw)))
+
+
+def _run(cfg, ws, bench, connect=None, devices=("dev-a", "dev-b"), **kw):
+    return run_campaign(cfg, ws, benchmark=bench, progress=False, inventory=pf.fleet(*devices),
+                        connect=connect or pf.FakeConnect(), **kw)
+
+
+def test_devices_in_parallel_jobs_on_one_device_one_at_a_time(tmp_path):
+    ws, cfg = _setup(tmp_path, repetitions=1)
+    bench = pf.FakeBenchmark(sleep_s=0.05)
+    res = _run(cfg, ws, bench)
+    assert res.complete and res.planned == 12 and len(res.recorded) == 12
+    assert bench.max_active == {"dev-a": 1, "dev-b": 1}
+    assert bench.max_total == 2
+    with ResultsStore.open(res.store_path) as store:
+        assert store.done_job_ids() == {j.job_id for j in plan_jobs(cfg, ws)}
+        # the settings reach the benchmark: threads from the job, runner settings from the config
+        for job, m in store.measurements():
+            assert m.threads == job.threads and m.device == job.device
+    assert res.store_path == ws / "results" / "camp" / "results.sqlite"
+
+
+def test_device_error_is_retried_over_a_fresh_connection(tmp_path):
+    ws, cfg = _setup(tmp_path, devices=("dev-a",), repetitions=1, retries=2)
+    only = lambda artifact, fmt: artifact == "run-a/client-001" and fmt == "pte"  # noqa: E731
+    bench = pf.FakeBenchmark(fail_first=2, fail_when=only)
+    conn = pf.FakeConnect()
+    res = _run(cfg, ws, bench, conn, devices=("dev-a",))
+    assert res.complete and not res.failed
+    assert bench.failures == 2
+    assert conn.opened == 3 and conn.closed == 3  # dropped after each fault, closed at the end
+    df = ResultsStore.open(res.store_path).to_dataframe().set_index("job_id")
+    assert df.loc["run-a/client-001|pte|fp32|dev-a|t1|r0", "attempts"] == 3
+    assert df.loc["run-a/client-000|pte|fp32|dev-a|t1|r0", "attempts"] == 1
+
+
+def test_exhausted_retries_are_recorded_and_the_campaign_goes_on_then_resumes(tmp_path):
+    ws, cfg = _setup(tmp_path, repetitions=2, retries=1)
+    only = lambda artifact, fmt: artifact == "run-a/client-001" and fmt == "pte"  # noqa: E731
+    bench = pf.FakeBenchmark(fail_first=10**6, fail_when=only)
+    res = _run(cfg, ws, bench)
+    failed_ids = {f.job.job_id for f in res.failed}
+    # client-001/pte on 2 devices × 2 repetitions, each tried 1 + 1 times
+    assert len(failed_ids) == 4 and all(f.attempts == 2 for f in res.failed)
+    assert all("connection reset by peer" in f.reason for f in res.failed)
+    assert len(res.recorded) == res.planned - 4 and not res.complete
+    with ResultsStore.open(res.store_path) as store:
+        fails = store.failures()
+        assert set(fails["job_id"]) == failed_ids and (fails["attempts"] == 2).all()
+        assert failed_ids.isdisjoint(store.done_job_ids())
+
+    healthy = pf.FakeBenchmark()
+    again = _run(cfg, ws, healthy)
+    assert set(again.recorded) == failed_ids  # exactly the missing ones
+    assert again.already_done == res.planned - 4 and again.complete
+    assert len(healthy.calls) == 4
+    with ResultsStore.open(res.store_path) as store:
+        assert store.failures().empty  # resolved
+        assert len(store.failures(unresolved=False)) == 4  # history kept
+
+
+def test_host_key_error_stops_that_device_only(tmp_path):
+    ws, cfg = _setup(tmp_path, repetitions=1, retries=3)
+    bench = pf.FakeBenchmark(fail_first=1, exc_type=pf.HostKeyError,
+                             fail_when=lambda artifact, fmt: True)
+    # only the very first call fails; whichever device makes it stops
+    res = _run(cfg, ws, bench)
+    [device] = res.aborted
+    assert "HostKeyError" in res.aborted[device]
+    assert len(res.failed) == 1 and res.failed[0].attempts == 1  # never retried
+    assert sum(1 for c in bench.calls if c[0] == device) == 1
+    other = "dev-b" if device == "dev-a" else "dev-a"
+    assert sum(1 for j in res.recorded if f"|{other}|" in j) == 6
+    assert not res.complete
+
+
+def test_a_runner_failure_is_a_measurement_not_a_retry(tmp_path):
+    ws, cfg = _setup(tmp_path, devices=("dev-a",), repetitions=1, retries=3)
+    calls = []
+
+    def bench(conn, spec, artifact_dir, fmt, variant="fp32", settings=None, timeout=600):
+        calls.append(fmt)
+        return Measurement(device=spec.name, artifact="x", format=fmt, variant=variant, threads=1, ok=False,
+                           error="output check failed: max abs diff 0.3")
+
+    res = _run(cfg, ws, bench, devices=("dev-a",))
+    assert len(calls) == 6 and len(res.recorded) == 6 and not res.failed
+    df = ResultsStore.open(res.store_path).to_dataframe()
+    assert (~df["ok"]).all() and df["error"].str.contains("output check failed").all()
+
+
+def test_resume_runs_only_missing_jobs(tmp_path):
+    ws, cfg = _setup(tmp_path, repetitions=1)
+    jobs = plan_jobs(cfg, ws)
+    with ResultsStore.open(cfg.results_dir(ws) / "results.sqlite") as store:
+        for job in jobs[::3]:
+            store.record(job, Measurement(device=job.device, artifact=job.artifact, format=job.format,
+                                          variant=job.variant, threads=job.threads, ok=True, latency_ms=(1.0,)))
+    bench = pf.FakeBenchmark()
+    res = _run(cfg, ws, bench)
+    assert res.already_done == len(jobs[::3])
+    assert set(res.recorded) == {j.job_id for j in jobs} - {j.job_id for j in jobs[::3]}
+    assert len(bench.calls) == len(jobs) - len(jobs[::3])
+
+
+def test_a_bug_in_the_benchmark_is_not_swallowed(tmp_path):
+    ws, cfg = _setup(tmp_path, repetitions=1)
+
+    def bench(*a, **k):
+        raise ValueError("bug")
+
+    with pytest.raises(ValueError, match="bug"):
+        _run(cfg, ws, bench)
+
+
+def test_backoff_grows_with_jitter():
+    import random
+
+    rng = random.Random(0)
+    delays = [backoff_delay(a, 1.0, rng=rng) for a in range(4)]
+    for a, d in enumerate(delays):
+        assert 0.5 * 2**a <= d < 1.5 * 2**a
+    assert backoff_delay(10, 1.0, cap_s=5.0, rng=rng) < 7.5
