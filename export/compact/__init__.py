@@ -1,0 +1,13 @@
+"""Compaction of a client's masked model into a smaller dense network (see :mod:`export.compact.compact`)."""
+
+from export.compact.compact import AllDeadLayerError, CompactionResult, LayerStat, compact
+from export.compact.flops import count_flops, count_params
+from export.compact.graph import StackedLSTM, split_lstm
+from export.compact.handlers import (HANDLERS, LayerHandler, LSTMPruner, UnsupportedLayerError, handler_for,
+                                     register_handler)
+
+__all__ = [
+    "AllDeadLayerError", "CompactionResult", "HANDLERS", "LSTMPruner", "LayerHandler", "LayerStat",
+    "StackedLSTM", "UnsupportedLayerError", "compact", "count_flops", "count_params", "handler_for",
+    "register_handler", "split_lstm",
+]
