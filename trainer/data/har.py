@@ -47,9 +47,10 @@ def load_har(root: str | Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarra
     base = dataset_root(root, "har", HINT)
     if not (base / "train").is_dir() and (base / "UCI HAR Dataset").is_dir():
         base = base / "UCI HAR Dataset"
+    found = {split: [find_file(base, [f"{split}/{stem}_{split}.txt"], "har", HINT) for stem in ("X", "y", "subject")]
+             for split in ("train", "test")}  # every file is looked for before any is read
     xs, ys, ss = [], [], []
-    for split in ("train", "test"):
-        files = [find_file(base, [f"{split}/{stem}_{split}.txt"], "har", HINT) for stem in ("X", "y", "subject")]
+    for files in found.values():
         x = read_table(files[0], NUM_FEATURES, np.float32)
         y = read_table(files[1], 1, np.int64).reshape(-1)
         s = read_table(files[2], 1, np.int64).reshape(-1)
