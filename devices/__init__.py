@@ -6,7 +6,7 @@ Knows none of the other stages: it moves files and runs the runner.
 
 from devices.benchmark import read_manifest, run_benchmark
 from devices.connection import Connection, LocalConnection, RunResult, open_connection
-from devices.deploy import deploy, deploy_runner, remote_path
+from devices.deploy import deploy, deploy_many, deploy_runner, remote_path
 from devices.errors import DeviceError, HostKeyError, RunTimeout
 from devices.inventory import KIND_PROFILES, DeviceSpec, KindProfile, load_inventory, local_device
 from devices.probe import check_device, list_devices, probe
@@ -14,7 +14,7 @@ from devices.records import Measurement, RunnerSettings
 
 __all__ = [
     "Connection", "DeviceError", "DeviceSpec", "HostKeyError", "KIND_PROFILES", "KindProfile", "LocalConnection",
-    "Measurement", "RunResult", "RunTimeout", "RunnerSettings", "check_device", "deploy", "deploy_runner",
+    "Measurement", "RunResult", "RunTimeout", "RunnerSettings", "check_device", "deploy", "deploy_many", "deploy_runner",
     "list_devices", "load_inventory", "local_device", "open_connection", "probe", "read_manifest", "remote_path",
     "run_benchmark",
 ]

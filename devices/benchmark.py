@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.connection import Connection
-from devices.deploy import deploy, deploy_runner
+from devices.deploy import RUNNER_PATH, deploy_many
 from devices.errors import DeviceError
 from devices.inventory import FORMAT_RUNTIME, DeviceSpec
 from devices.records import Measurement, RunnerSettings
@@ -110,9 +110,8 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
     model, model_sha = _checked_file(artifact_dir, entry["file"], entry.get("sha256"))
     sample_io, sample_sha = _checked_file(artifact_dir, manifest["sample_io"].get("file", "sample_io.npz"),
                                           manifest["sample_io"].get("sha256"))
-    remote_runner = deploy_runner(conn, spec)
-    remote_model = deploy(conn, spec, model, model_sha)
-    remote_sample = deploy(conn, spec, sample_io, sample_sha)
+    remote_runner, remote_model, remote_sample = deploy_many(
+        conn, spec, [RUNNER_PATH, model, sample_io], [None, model_sha, sample_sha])
 
     argv = [spec.python, remote_runner, "--model", remote_model, "--format", fmt, "--sample-io", remote_sample,
             *settings.to_args(), "--power-sensor", spec.power_sensor]

@@ -20,34 +20,42 @@ from edgemask.fileio import sha256_file
 RUNNER_PATH = Path(__file__).parent / "remote" / "runner.py"
 
 # Run on the device as `python -c SNIPPET ARGS`; Python 3.6 compatible, stdlib only.
-_STAT = r"""
+_HASH = r"""
 import hashlib, json, os, sys
-path, want = sys.argv[1], sys.argv[2]
-os.makedirs(os.path.dirname(path), exist_ok=True)
-state = "absent"
-if os.path.isfile(path):
+def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    state = "present" if h.hexdigest() == want else "mismatch"
-print(json.dumps({"state": state}))
+    return h.hexdigest()
 """
 
-_COMMIT = r"""
-import hashlib, json, os, sys
-tmp, path, want = sys.argv[1], sys.argv[2], sys.argv[3]
-h = hashlib.sha256()
-with open(tmp, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-        h.update(block)
-got = h.hexdigest()
-if got != want:
-    os.remove(tmp)
-    print(json.dumps({"state": "mismatch", "got": got}))
-    sys.exit(3)
-os.replace(tmp, path)
-print(json.dumps({"state": "committed"}))
+# args: PATH SHA [PATH SHA ...] -> {"states": ["present" | "absent" | "mismatch", ...]}
+_STAT = _HASH + r"""
+args = sys.argv[1:]
+states = []
+for path, want in zip(args[0::2], args[1::2]):
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.isfile(path):
+        states.append("absent")
+    else:
+        states.append("present" if sha256(path) == want else "mismatch")
+print(json.dumps({"states": states}))
+"""
+
+# args: TMP PATH SHA [...] -> each TMP verified then renamed onto PATH; a corrupt TMP is removed.
+_COMMIT = _HASH + r"""
+args = sys.argv[1:]
+bad = []
+for tmp, path, want in zip(args[0::3], args[1::3], args[2::3]):
+    got = sha256(tmp)
+    if got != want:
+        os.remove(tmp)
+        bad.append([path, got])
+    else:
+        os.replace(tmp, path)
+print(json.dumps({"bad": bad}))
 """
 
 
@@ -74,20 +82,34 @@ def _python(conn: Connection, spec: DeviceSpec, snippet: str, *args: str, timeou
                           "is writable") from None
 
 
+def deploy_many(conn: Connection, spec: DeviceSpec, files: list[Path], sha256s: list[str | None] | None = None
+                ) -> list[str]:
+    """Make every file present on the device in two or three commands; return their remote paths, in order."""
+    files = [Path(f) for f in files]
+    digests = [s or sha256_file(f) for f, s in zip(files, sha256s or [None] * len(files))]
+    targets = [remote_path(spec, "blobs", blob_name(d, f)) for f, d in zip(files, digests)]
+    stat_args = [a for t, d in zip(targets, digests) for a in (t, d)]
+    states = _python(conn, spec, _STAT, *stat_args).get("states", [])
+    if len(states) != len(files):
+        raise DeviceError(f"{spec.name}: unexpected answer from the device while checking blobs: {states!r}")
+    commit_args: list[str] = []
+    for f, d, t, state in zip(files, digests, targets, states):
+        if state == "present":
+            continue
+        tmp = remote_path(spec, "blobs", f".{d}.{secrets.token_hex(4)}.part")
+        conn.put(f, tmp)
+        commit_args += [tmp, t, d]
+    if commit_args:
+        bad = _python(conn, spec, _COMMIT, *commit_args).get("bad", [])
+        if bad:
+            path, got = bad[0]
+            raise DeviceError(f"{spec.name}: {path} arrived corrupted (sha256 {got}); the job can be retried")
+    return targets
+
+
 def deploy(conn: Connection, spec: DeviceSpec, local_file: Path, sha256: str | None = None) -> str:
     """Make ``local_file`` present on the device; return its remote path (<workdir>/blobs/<sha256>.<ext>)."""
-    local_file = Path(local_file)
-    digest = sha256 or sha256_file(local_file)
-    target = remote_path(spec, "blobs", blob_name(digest, local_file))
-    if _python(conn, spec, _STAT, target, digest)["state"] == "present":
-        return target
-    tmp = remote_path(spec, "blobs", f".{digest}.{secrets.token_hex(4)}.part")
-    conn.put(local_file, tmp)
-    answer = _python(conn, spec, _COMMIT, tmp, target, digest)
-    if answer.get("state") != "committed":
-        raise DeviceError(f"{spec.name}: {local_file.name} arrived corrupted (sha256 {answer.get('got')} instead "
-                          f"of {digest}); the job can be retried")
-    return target
+    return deploy_many(conn, spec, [local_file], [sha256])[0]
 
 
 def deploy_runner(conn: Connection, spec: DeviceSpec) -> str:

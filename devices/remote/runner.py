@@ -424,8 +424,22 @@ def rss_kb():
 # ------------------------------------------------------------------------------------------------
 
 
+def _has_module(name):
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 class OnnxRuntime(object):
     runtime = "onnxruntime"
+
+    @staticmethod
+    def installed_version():
+        """Version string without loading a model, or raises ImportError."""
+        import onnxruntime
+        return "onnxruntime " + onnxruntime.__version__
 
     def __init__(self):
         import onnxruntime  # noqa: F401  (imported before the RSS baseline)
@@ -448,6 +462,14 @@ class OnnxRuntime(object):
 
 class ExecuTorchRuntime(object):
     runtime = "executorch"
+
+    @staticmethod
+    def installed_version():
+        # Importing the runtime loads libtorch (seconds): look for the modules instead.
+        for mod in ("executorch.runtime", "torch"):
+            if not _has_module(mod):
+                raise ImportError("no module named %r" % mod)
+        return ExecuTorchRuntime.version(None)
 
     def __init__(self):
         import torch
@@ -478,6 +500,14 @@ class ExecuTorchRuntime(object):
 
 class TfliteRuntime(object):
     runtime = "tflite"
+
+    @staticmethod
+    def installed_version():
+        for name in ("tflite_runtime", "ai_edge_litert"):
+            if _has_module(name + ".interpreter"):
+                mod = __import__(name)
+                return "%s %s" % (name, getattr(mod, "__version__", "unknown"))
+        raise ImportError("neither tflite_runtime nor ai_edge_litert is installed")
 
     def __init__(self):
         try:
@@ -644,7 +674,7 @@ def probe():
         info["numpy_error"] = str(e)
     for fmt, cls in sorted(RUNTIMES.items()):
         try:
-            info["runtimes"][cls.runtime] = cls().version()
+            info["runtimes"][cls.runtime] = cls.installed_version()
         except ImportError as e:
             info["runtimes"][cls.runtime] = None
             info.setdefault("runtime_errors", {})[cls.runtime] = str(e).splitlines()[0] if str(e) else "ImportError"
