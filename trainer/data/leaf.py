@@ -56,13 +56,13 @@ def read_leaf(root: Path, split: str, dataset: str, hint: str, choose: Callable[
     taken from a large dataset keep memory small.
     """
     files = _json_files(find_dir(root, split, dataset, hint), dataset, hint)
-    owners: dict[str, Path] = {}
+    owners: dict[str, set[Path]] = {}
     for path in files:
         for u in _load(path)["users"]:
-            owners.setdefault(str(u), path)
+            owners.setdefault(str(u), set()).add(path)
     chosen = set(choose(list(owners)))
     out: dict[str, User] = {}
-    for path in sorted({owners[u] for u in chosen}):
+    for path in sorted(set().union(*(owners[u] for u in chosen if u in owners))):
         d = _load(path)
         for u in chosen.intersection(map(str, d["user_data"])):
             rec = d["user_data"][u]
