@@ -5,46 +5,47 @@
 - ``store``: the campaign's SQLite results store (one transaction per finished job, raw samples kept);
 - ``stats``: percentiles, CV, energy per inference, comparisons against the dense baseline;
 - ``report`` / ``plots``: one self-contained HTML page and a Markdown summary.
+
+Names are imported on first use, so running a campaign does not load pandas and matplotlib up front.
 """
 
-from profiling.campaign import (
-    ArtifactInfo,
-    ArtifactSelection,
-    CampaignConfig,
-    CampaignPlan,
-    CampaignResult,
-    FailedJob,
-    Job,
-    SkippedJob,
-    load_campaign,
-    parse_campaign,
-    plan_campaign,
-    plan_jobs,
-    read_manifest,
-    run_campaign,
-)
-from profiling.report import write_report
-from profiling.stats import compare_to_dense, summarize
-from profiling.store import ResultsStore, load_results
+from __future__ import annotations
 
-__all__ = [
-    "ArtifactInfo",
-    "ArtifactSelection",
-    "CampaignConfig",
-    "CampaignPlan",
-    "CampaignResult",
-    "FailedJob",
-    "Job",
-    "ResultsStore",
-    "SkippedJob",
-    "compare_to_dense",
-    "load_campaign",
-    "load_results",
-    "parse_campaign",
-    "plan_campaign",
-    "plan_jobs",
-    "read_manifest",
-    "run_campaign",
-    "summarize",
-    "write_report",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ArtifactInfo": "profiling.campaign",
+    "ArtifactSelection": "profiling.campaign",
+    "CampaignConfig": "profiling.campaign",
+    "CampaignPlan": "profiling.campaign",
+    "CampaignResult": "profiling.campaign",
+    "FailedJob": "profiling.campaign",
+    "Job": "profiling.campaign",
+    "SkippedJob": "profiling.campaign",
+    "load_campaign": "profiling.campaign",
+    "parse_campaign": "profiling.campaign",
+    "plan_campaign": "profiling.campaign",
+    "plan_jobs": "profiling.campaign",
+    "read_manifest": "profiling.campaign",
+    "run_campaign": "profiling.campaign",
+    "ResultsStore": "profiling.store",
+    "load_results": "profiling.store",
+    "summarize": "profiling.stats",
+    "compare_to_dense": "profiling.stats",
+    "write_report": "profiling.report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'profiling' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,100 @@
+"""The report builds from a small campaign's store."""
+
+import base64
+import re
+import tomllib
+
+import pandas as pd
+
+import profiling
+import profiling_fakes as pf
+from devices.records import Measurement
+from profiling.campaign import parse_campaign, plan_jobs, read_manifest
+from profiling.report import write_report
+from profiling.store import ResultsStore
+
+SAMPLES = (1.0, 2.0, 3.0, 4.0, 10.0)
+
+
+def _campaign(tmp_path, *, energy=True, history=True):
+    ws = pf.small_workspace(tmp_path / "ws", clients=("client-000",))
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(devices=("dev-a",), formats=("onnx",), repetitions=1)))
+    results = cfg.results_dir(ws)
+    with ResultsStore.open(results / "results.sqlite") as store:
+        store.save_campaign(cfg)
+        store.save_artifacts(read_manifest(ws / "artifacts" / "run-a" / c / "manifest.json")
+                             for c in ("dense", "client-000"))
+        for job in plan_jobs(cfg, ws):
+            dense = job.artifact.endswith("/dense")
+            store.record(job, Measurement(
+                device=job.device, artifact=job.artifact, format=job.format, variant=job.variant,
+                threads=job.threads, ok=True, latency_ms=(10.0,) * 5 if dense else SAMPLES,
+                peak_rss_kb=30_000, rss_growth_kb=4000 if dense else 1000, output_check_passed=True,
+                power_source="ina3221:VDD_IN" if energy else None,
+                power_w=(3.0, 5.0) if energy else (), idle_power_w=2.0,
+                energy_missing_reason=None if energy else "no power sensor: no INA3221 rails",
+                timed_window_s=0.05 if dense else 0.02))
+    if history:
+        rows = []
+        for rnd in range(3):
+            for c in ("client-000", "client-001"):
+                rows += [(rnd, c, "accuracy", 0.5 + 0.1 * rnd), (rnd, c, "bytes_up", 1000.0),
+                         (rnd, c, "bytes_down", 3000.0)]
+            rows.append((rnd, "server", "loss", 1.0))
+        (ws / "runs" / "run-a").mkdir(parents=True)
+        pd.DataFrame(rows, columns=["round", "client", "metric", "value"]).to_parquet(
+            ws / "runs" / "run-a" / "history.parquet")
+    return ws, results
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)]
+
+
+def test_report_has_the_values_and_embedded_plots(tmp_path):
+    ws, results = _campaign(tmp_path)
+    html_path, md_path = write_report(results, ws)
+    page, md = html_path.read_text(), md_path.read_text()
+    # hand-computed: compacted p50 3, p90 7.6, p99 9.76; dense p50 10 -> speedup 3.33×; FLOPs 10000/2000 -> 5×
+    for value in ("3.000", "7.600", "9.760", "10.000", "3.33×", "5.00×", "66.7%"):
+        assert value in page, value
+        assert value in md, value
+    # energy: 4 W × 0.02 s / 5 runs = 16 mJ (compacted), 4 W × 0.05 s / 5 = 40 mJ (dense); above 2 W idle: 8
+    for value in ("16.000", "40.000", "8.000"):
+        assert value in page and value in md, value
+    assert "digits / cnn" in page and "FedMask" in page
+    imgs = _images(page)
+    assert len(imgs) == 4 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in imgs)
+    assert "http://" not in page.replace("http://www.w3.org", "") and "<script" not in page  # self-contained
+    assert sorted(p.name for p in (results / "plots").iterdir()) == [
+        "accuracy_vs_communication.png", "energy.png", "latency.png", "speedup_vs_bound.png"]
+    assert "(plots/latency.png)" in md
+    assert "high-cv" in page  # [1,2,3,4,10] has CV 0.88
+
+
+def test_report_says_why_energy_and_history_are_missing(tmp_path):
+    ws, results = _campaign(tmp_path, energy=False, history=False)
+    html_path, md_path = write_report(results, ws)
+    page, md = html_path.read_text(), md_path.read_text()
+    assert len(_images(page)) == 2  # latency and speedup only
+    assert "energy is missing on dev-a for 2 of 2 settings: no power sensor: no INA3221 rails" in page
+    assert "no training history for run run-a" in md
+    assert "energy-missing" in page
+
+
+def test_accuracy_curve_from_long_history():
+    from profiling.plots import accuracy_curve
+
+    h = pd.DataFrame([(0, "client-000", "accuracy", 0.4), (0, "client-001", "accuracy", 0.6),
+                      (0, "client-000", "bytes_up", 10.0), (0, "client-001", "bytes_down", 30.0),
+                      (1, "client-000", "accuracy", 0.8), (1, "client-001", "accuracy", 0.6),
+                      (1, "client-000", "bytes_up", 10.0), (1, "server", "accuracy", 0.1)],
+                     columns=["round", "client", "metric", "value"])
+    c = accuracy_curve(h)
+    assert c["accuracy"].tolist() == [0.5, 0.7]  # mean over clients; server row ignored
+    assert c["cum_bytes"].tolist() == [40.0, 50.0]  # cumulative up + down
+
+
+def test_public_names_resolve():
+    for name in profiling.__all__:
+        assert getattr(profiling, name) is not None
