@@ -187,6 +187,7 @@ class RaplSensor(object):
         self.max_range = _read_number(os.path.join(directory, "max_energy_range_uj")) or float(2 ** 32)
         self.source = "rapl:%s" % (_read(os.path.join(directory, "name")) or os.path.basename(directory))
         self._last = None
+        self.clock = time.monotonic
 
     @classmethod
     def discover(cls, root):
@@ -200,7 +201,7 @@ class RaplSensor(object):
 
     def sample(self):
         e = _read_number(self.energy_file)
-        t = time.monotonic()
+        t = self.clock()
         if e is None:
             return None
         last, self._last = self._last, (t, e)
@@ -656,7 +657,7 @@ def benchmark(args):
         result.update({"power_source": sensor.source, "power_w": power,
                        "power_rate_hz": sampler.achieved_rate_hz, "idle_power_w": idle_w})
     else:
-        result.update({"power_source": None, "power_w": [],
+        result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
                        "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
     result["state_after"] = device_state()
     return result

@@ -1,0 +1,182 @@
+"""The remote runner and one benchmark job on the `local` device (the same code path a board gets)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from artifacts import make_artifact
+
+from devices.benchmark import run_benchmark
+from devices.connection import LocalConnection, open_connection
+from devices.deploy import RUNNER_PATH, deploy, remote_path
+from devices.errors import DeviceError, RunTimeout
+from devices.inventory import DeviceSpec, local_device
+from devices.records import RunnerSettings
+from edgemask.errors import CorruptFileError, UnknownNameError
+
+FAST = RunnerSettings(warmup_runs=2, warmup_seconds=0.0, min_runs=30, min_seconds=0.05, idle_seconds=0.1)
+
+
+def strict_json(text: str) -> dict:
+    def no_nan(name: str) -> None:
+        raise ValueError(f"non-JSON constant {name}")
+
+    lines = text.splitlines()
+    assert len(lines) == 1, f"expected exactly one line on stdout, got {lines!r}"
+    return json.loads(lines[0], parse_constant=no_nan)
+
+
+@pytest.fixture
+def local(tmp_path) -> DeviceSpec:
+    return local_device(tmp_path / "ws")
+
+
+def test_runner_is_valid_python_3_6():
+    vermin = [str(Path(sys.executable).with_name("vermin")), "-t=3.6-", "--no-tips", "--violations"]
+    res = subprocess.run([*vermin, str(RUNNER_PATH)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_vermin_would_catch_a_python_3_8_construct(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nif (n := len(sys.argv)) > 1:\n    print(f'{n=}')\n")
+    vermin = [str(Path(sys.executable).with_name("vermin")), "-t=3.6-", "--no-tips", "--violations"]
+    res = subprocess.run([*vermin, str(bad)], capture_output=True, text=True)
+    assert res.returncode != 0  # the check above can fail
+
+
+def test_local_connection_passes_nasty_arguments_verbatim(local, tmp_path):
+    args = ["a b", "it's", 'say "hi"', f"$(touch {tmp_path}/pwned)", "*", "~", "", "new\nline"]
+    res = LocalConnection(local).run([sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *args])
+    assert json.loads(res.stdout) == args and not (tmp_path / "pwned").exists()
+
+
+def test_local_connection_timeout_and_missing_program(local):
+    with pytest.raises(RunTimeout):
+        LocalConnection(local).run(["sleep", "5"], timeout=0.2)
+    with pytest.raises(DeviceError, match="no program"):
+        LocalConnection(local).run(["/no/such/python3", "-V"])
+
+
+def test_remote_paths_stay_in_the_workdir(local):
+    assert remote_path(local, "blobs", "x.onnx") == local.workdir + "/blobs/x.onnx"
+    for bad in ("../escape", "blobs/../../x", "/etc/passwd"):
+        with pytest.raises(DeviceError, match="would leave the workdir"):
+            remote_path(local, bad)
+
+
+def test_local_deploy_is_content_addressed(local, tmp_path):
+    f = tmp_path / "m.onnx"
+    f.write_bytes(b"abc")
+    conn = LocalConnection(local)
+    p1 = deploy(conn, local, f)
+    assert Path(p1).name == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad.onnx"  # sha256("abc")
+    assert deploy(conn, local, f) == p1 and conn.uploads == 1
+    f.write_bytes(b"abd")
+    assert deploy(conn, local, f) != p1 and conn.uploads == 2
+    assert not list(Path(local.workdir, "blobs").glob(".*.part"))  # no temporaries left behind
+
+
+def test_benchmark_on_local_with_a_fake_ina3221(local, tmp_path, monkeypatch, fake_root):
+    fake_root("sys/bus/i2c/drivers/ina3221x/0-0041/iio:device1/rail_name_0", "VDD_IN")
+    fake_root("sys/bus/i2c/drivers/ina3221x/0-0041/iio:device1/in_power0_input", "3712")
+    fake_root("sys/bus/i2c/drivers/ina3221x/0-0041/iio:device1/rail_name_1", "VDD_SYS_CPU")
+    fake_root("sys/bus/i2c/drivers/ina3221x/0-0041/iio:device1/in_power1_input", "617")
+    monkeypatch.setenv("EDGEMASK_SYSFS_ROOT", str(fake_root.root))  # the runner subprocess inherits it
+    art = make_artifact(tmp_path / "art", n=10, wrong_labels=3)
+    settings = replace(FAST, min_seconds=0.3, power_rate_hz=100.0)
+    with open_connection(local) as conn:
+        m = run_benchmark(conn, local, art, "onnx", settings=settings)
+    assert m.ok, m.error
+    assert m.artifact == "run-test/client-007" and m.accuracy == pytest.approx(0.7)
+    assert m.power_source == "ina3221:VDD_IN" and m.energy_missing_reason is None
+    assert set(m.power_w) == {3.712} and m.idle_power_w == pytest.approx(3.712)
+    assert 5 <= len(m.power_w) <= 0.3 * 100 * 3 and 20 <= m.power_rate_hz <= 110
+    assert m.energy_per_inference_mj == pytest.approx(3.712 * m.timed_window_s / m.runs * 1e3)
+    assert m.energy_above_idle_mj == pytest.approx(0.0)
+
+
+def test_wrong_outputs_give_ok_false(local, tmp_path):
+    art = make_artifact(tmp_path / "art", perturb_output=0.01)
+    with open_connection(local) as conn:
+        m = run_benchmark(conn, local, art, "onnx", settings=FAST)
+    assert not m.ok and m.runs == 0
+    assert "tolerance" in m.error and "0.01 >" in m.error
+    looser = run_benchmark(LocalConnection(local), local, art, "onnx", settings=replace(FAST, tolerance=0.02))
+    assert looser.ok and 0.009 < looser.output_max_abs_diff < 0.011
+
+
+def test_runner_prints_one_strict_json_document(tmp_path):
+    art = make_artifact(tmp_path / "art")
+    base = [sys.executable, str(RUNNER_PATH), "--format", "onnx", "--sample-io", str(art / "sample_io.npz")]
+    ok = subprocess.run([*base, "--model", str(art / "model.onnx"), *FAST.to_args(), "--power-sensor", "none"],
+                        capture_output=True, text=True)
+    doc = strict_json(ok.stdout)
+    assert ok.returncode == 0 and doc["ok"] is True and doc["power_w"] == [] and doc["idle_power_w"] is None
+    missing = subprocess.run([*base, "--model", str(tmp_path / "nope.onnx")], capture_output=True, text=True)
+    assert missing.returncode == 1 and strict_json(missing.stdout) == {
+        "ok": False, "error": f"no such file: {tmp_path / 'nope.onnx'}"}
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    broken = subprocess.run([*base, "--model", str(junk)], capture_output=True, text=True)
+    doc = strict_json(broken.stdout)
+    assert doc["ok"] is False and "latency_ms" not in doc and doc["error"]
+
+
+def test_manifest_problems_are_named(local, tmp_path):
+    art = make_artifact(tmp_path / "art")
+    conn = LocalConnection(local)
+    with pytest.raises(UnknownNameError, match="onnx/fp32"):
+        run_benchmark(conn, local, art, "onnx", variant="int8")
+    (art / "model.onnx").write_bytes((art / "model.onnx").read_bytes() + b"\0")
+    with pytest.raises(CorruptFileError, match="differs from manifest.json"):
+        run_benchmark(conn, local, art, "onnx")
+    with pytest.raises(CorruptFileError, match="no manifest"):
+        run_benchmark(conn, local, tmp_path, "onnx")
+
+
+def test_board_that_cannot_run_the_file_is_not_contacted(tmp_path):
+    art = make_artifact(tmp_path / "art", opset=17)
+    tx2 = DeviceSpec(name="tx2", kind="jetson-tx2", host="127.0.0.1", port=1, user="nvidia",
+                     runtimes=("onnxruntime",), known_hosts=tmp_path / "kh")
+    conn = open_connection(tx2)  # lazy: an unreachable port is never tried
+    m = run_benchmark(conn, tx2, art, "onnx")
+    assert not m.ok and "opset 17" in m.error and "<= 15" in m.error and conn.uploads == 0
+    m = run_benchmark(conn, replace(tx2, kind="rpi4", runtimes=("tflite",)), art, "onnx")
+    assert not m.ok and "has no onnxruntime" in m.error
+
+
+@pytest.mark.slow
+def test_executorch_pte_runs_through_the_runner(local, tmp_path):
+    import hashlib
+
+    import numpy as np
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        y = model(x)
+    program = to_edge_transform_and_lower(torch.export.export(model, (x[:1],)),
+                                          partitioner=[XnnpackPartitioner()]).to_executorch()
+    art = make_artifact(tmp_path / "art")
+    (art / "model.pte").write_bytes(program.buffer)
+    labels = y.argmax(1).numpy().astype(np.int64)
+    np.savez(art / "sample_io.npz", input=x.numpy(), output=y.numpy(), label=labels)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"] = [{"format": "pte", "variant": "fp32", "file": "model.pte",
+                          "sha256": hashlib.sha256(program.buffer).hexdigest(), "backend": "xnnpack"}]
+    manifest["sample_io"]["sha256"] = hashlib.sha256((art / "sample_io.npz").read_bytes()).hexdigest()
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    m = run_benchmark(LocalConnection(local), local, art, "pte", settings=replace(FAST, threads=2), timeout=300)
+    assert m.ok, m.error
+    assert m.accuracy == 1.0 and m.output_max_abs_diff <= 1e-5 and m.threads == 2
+    assert m.runtime_version.startswith("executorch 1.4.1") and m.runs >= 30
