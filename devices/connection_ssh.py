@@ -51,8 +51,10 @@ class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        needs_newline = self.known_hosts.is_file() and not self.known_hosts.read_bytes().endswith(b"\n") \
+            and self.known_hosts.stat().st_size > 0
         with open(self.known_hosts, "a", encoding="ascii") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            f.write(("\n" if needs_newline else "") + f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
