@@ -96,7 +96,7 @@ def test_benchmark_on_local_with_a_fake_ina3221(local, tmp_path, monkeypatch, fa
     assert m.artifact == "run-test/client-007" and m.accuracy == pytest.approx(0.7)
     assert m.power_source == "ina3221:VDD_IN" and m.energy_missing_reason is None
     assert set(m.power_w) == {3.712} and m.idle_power_w == pytest.approx(3.712)
-    assert 5 <= len(m.power_w) <= 0.3 * 100 * 3 and 20 <= m.power_rate_hz <= 110
+    assert 5 <= len(m.power_w) <= 0.3 * 100 * 3 and 5 <= m.power_rate_hz <= 110
     assert m.energy_per_inference_mj == pytest.approx(3.712 * m.timed_window_s / m.runs * 1e3)
     assert m.energy_above_idle_mj == pytest.approx(0.0)
 
