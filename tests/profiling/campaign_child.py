@@ -5,20 +5,37 @@ usage: campaign_child.py WORKSPACE CAMPAIGN_TOML
 """
 
 import sys
+import threading
 from pathlib import Path
 
 import profiling_fakes as pf
 from profiling.campaign import load_campaign, run_campaign
 
 
+_lock = threading.Lock()
+
+
+def emit(*words: str) -> None:
+    """One whole line per call: print() from two device threads can interleave its pieces."""
+    with _lock:
+        sys.stdout.write(" ".join(words) + "\n")
+        sys.stdout.flush()
+
+
 def main() -> None:
     workspace, campaign = Path(sys.argv[1]), Path(sys.argv[2])
     config = load_campaign(campaign)
-    print("started", flush=True)
-    result = run_campaign(config, workspace, benchmark=pf.FakeBenchmark(sleep_s=0.03), progress=False,
+    emit("started")
+    bench = pf.FakeBenchmark(sleep_s=0.03)
+
+    def benchmark(conn, spec, artifact_dir, fmt, variant="fp32", settings=None, timeout=600):
+        emit("ran", f"{artifact_dir.parent.name}/{artifact_dir.name}|{fmt}|{variant}|{spec.name}|t{settings.threads}")
+        return bench(conn, spec, artifact_dir, fmt, variant=variant, settings=settings, timeout=timeout)
+
+    result = run_campaign(config, workspace, benchmark=benchmark, progress=False,
                           inventory=pf.fleet(*config.devices), connect=pf.FakeConnect(),
-                          on_recorded=lambda job: print("recorded", job.job_id, flush=True))
-    print("complete" if result.complete else "incomplete", flush=True)
+                          on_recorded=lambda job: emit("recorded", job.job_id))
+    emit("complete" if result.complete else "incomplete")
 
 
 if __name__ == "__main__":

@@ -60,11 +60,19 @@ def test_kill_9_at_random_points_then_resume(tmp_path):
     # kill until most (not all) of the campaign is done: each run gets 0.03–0.3 s of a ~1.5 s campaign
     while kills < 5 and len(in_store) < 0.8 * len(planned):
         proc = _start(ws, toml)
-        # wait until the child is running the campaign, then kill it somewhere inside
+        # wait until the child has committed its first job (imports and start-up take seconds on a busy
+        # machine), then kill it somewhere inside the campaign
         assert proc.stdout.readline().strip() == "started", proc.stderr.read()
-        time.sleep(rng.uniform(0.03, 0.3))
+        first = ""
+        while True:
+            line = proc.stdout.readline()
+            first += line
+            if not line or line.startswith("recorded "):
+                break
+        time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=30)
+        out = first + out
         if proc.returncode == -signal.SIGKILL:
             kills += 1
         reported += _recorded(out)
@@ -84,6 +92,9 @@ def test_kill_9_at_random_points_then_resume(tmp_path):
     assert out.strip().endswith("complete")
     last = _recorded(out)
     assert sorted(last) == sorted(planned - before)  # exactly the missing ones, each once
+    # and nothing already stored was measured again (a job id without its repetition: "...|t1")
+    ran = Counter(line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("ran "))
+    assert ran == Counter(j.rsplit("|", 1)[0] for j in planned - before)
     after = _store_ids(db)
     assert sorted(after) == sorted(planned)
 
