@@ -1,0 +1,6 @@
+"""Federated algorithms, one file each, registered by name in ``ALGORITHMS``."""
+
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms import fedavg, fedmask  # noqa: F401  (register)
+
+__all__ = ["ALGORITHMS", "Algorithm", "ClientUpdate", "LocalResult", "LocalTask"]

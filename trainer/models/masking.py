@@ -64,14 +64,16 @@ def find_sites(model: nn.Module, norm_after: dict[str, str] | None = None,
         elif isinstance(mod, nn.LSTM):
             if mod.bidirectional or mod.proj_size:
                 raise ValueError(f"{name}: bidirectional / projected LSTMs are not supported")
-            ws = tuple(f"{name}.weight_{k}_l{i}" for i in range(mod.num_layers) for k in ("ih", "hh"))
-            bs = tuple(f"{name}.bias_{k}_l{i}" for i in range(mod.num_layers) for k in ("ih", "hh")) if mod.bias else ()
+            pre = f"{name}." if name else ""
+            ws = tuple(f"{pre}weight_{k}_l{i}" for i in range(mod.num_layers) for k in ("ih", "hh"))
+            bs = tuple(f"{pre}bias_{k}_l{i}" for i in range(mod.num_layers) for k in ("ih", "hh")) if mod.bias else ()
             sites.append(MaskSite(name, "lstm", ws, bs, None, mod.hidden_size))
             continue
         else:
             continue
-        bias = (f"{name}.bias",) if getattr(mod, "bias", None) is not None else ()
-        sites.append(MaskSite(name, kind, (f"{name}.weight",), bias, norm_after.get(name)))
+        pre = f"{name}." if name else ""
+        bias = (f"{pre}bias",) if getattr(mod, "bias", None) is not None else ()
+        sites.append(MaskSite(name, kind, (f"{pre}weight",), bias, norm_after.get(name)))
     return tuple(sites)
 
 

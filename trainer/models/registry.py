@@ -22,7 +22,17 @@ MODELS: Registry[ModelBuilder] = Registry("model")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **args: Any) -> nn.Module:
-    return MODELS.get(name)(tuple(input_shape), num_classes, **args)
+    """Build and initialize: Kaiming-normal (fan-in, ReLU gain) conv and linear weights, zero biases.
+
+    The scale matters for mask learning (FedMask, FedPeWS): with PyTorch's default uniform init a masked
+    network's logits start near zero and mask gradients, which are scaled by W (FedMask Eq. 4), vanish."""
+    model = MODELS.get(name)(tuple(input_shape), num_classes, **args)
+    for mod in model.modules():
+        if isinstance(mod, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            nn.init.kaiming_normal_(mod.weight, mode="fan_in", nonlinearity="relu")
+            if mod.bias is not None:
+                nn.init.zeros_(mod.bias)
+    return model
 
 
 def model_sites(model: nn.Module) -> tuple[MaskSite, ...]:

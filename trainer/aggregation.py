@@ -1,0 +1,35 @@
+"""Server-side aggregation math as plain functions over tensors (each tested against hand-computed values)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """FedAvg: Σ_k w_k x_k / Σ_k w_k (weights are usually local sample counts)."""
+    total = float(sum(weights))
+    out = torch.zeros_like(tensors[0], dtype=torch.float32)
+    for t, w in zip(tensors, weights):
+        out += t.float() * (w / total)
+    return out
+
+
+def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],
+                  keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    keys = keys if keys is not None else list(states[0])
+    return {k: weighted_average([s[k] for s in states], weights) for k in keys}
+
+
+def personalization_preserving(masks: list[torch.Tensor], keeps: list[torch.Tensor]) -> list[torch.Tensor]:
+    """FedMask §3.6 (Fig. 7-8): each element is averaged only over the clients whose (pruned) structure keeps
+    it, and only where two or more do; an element kept by one client alone keeps that client's value.
+
+    ``masks[k]`` is client k's uploaded binary mask, ``keeps[k]`` its one-shot pruning structure (1 = kept).
+    Returns each client's updated mask (averaged values, in [0, 1]; zero where the client pruned).
+    """
+    keep = torch.stack([k.float() for k in keeps])  # (K, *shape)
+    vals = torch.stack([m.float() for m in masks]) * keep
+    count = keep.sum(0)  # (*shape) how many clients keep each element
+    avg = vals.sum(0) / count.clamp(min=1)
+    shared = count >= 2
+    return [torch.where(shared, avg, v) * kp for v, kp in zip(vals, keep)]

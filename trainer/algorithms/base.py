@@ -1,0 +1,182 @@
+"""The algorithm interface: a few hooks around the one round loop (``trainer.simulation``) and the one
+local-training loop (``trainer.local_training``). An algorithm never writes a loop of its own.
+
+Hooks, in the order the loop calls them:
+
+* ``setup()`` — once, before round 0 (e.g. FedMask's one-shot pruning on every client);
+* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`LocalTask`;
+* ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`;
+* ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
+* ``eval_forward(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation and FLOPs;
+* ``client_state(cid)`` / ``shared_state()`` — what the run directory stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from edgemask.errors import ConfigError
+from edgemask.registry import Registry
+from trainer.accounting import tensor_bytes
+from trainer.config import TrainConfig
+from trainer.data.base import FederatedDataset
+from trainer.models import build_model, model_sites
+from trainer.run_dir import ClientState
+
+Forward = Callable[[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+
+
+@dataclass
+class LocalTask:
+    """What one client trains in one round.
+
+    ``forward(trainable, x, buffers)`` maps the trainable tensors and a batch ``(B, *input_shape)`` to logits
+    ``(B, classes)``; ``regularizer(trainable)`` adds to the data loss (e.g. FedMask's group lasso, Eq. 10);
+    ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
+    ``grad_keep`` zeroes the gradient of frozen elements (pruned mask entries, PerFedMask's frozen params).
+    """
+
+    trainable: dict[str, torch.Tensor]
+    forward: Forward
+    regularizer: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    epochs: int = 1
+    lr: float = 0.05
+    grad_keep: dict[str, torch.Tensor] = field(default_factory=dict)
+    max_steps: int | None = None  # stop after this many minibatches (Per-FedAvg's fixed step count)
+
+
+@dataclass
+class LocalResult:
+    trained: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    loss: float
+    samples_seen: int
+    num_samples: int
+
+
+@dataclass
+class ClientUpdate:
+    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size."""
+
+    client_id: str
+    num_samples: int
+    payload: dict[str, torch.Tensor]
+    bytes_up: int
+    bytes_down: int
+    train_loss: float
+    samples_seen: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoArgs:
+    pass
+
+
+ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
+
+
+class Algorithm:
+    """Base class. Subclasses set ``name`` and ``Args`` (a frozen dataclass of their hyperparameters) and
+    override hooks. The defaults implement FedAvg (McMahan et al., 2017)."""
+
+    name: ClassVar[str] = "base"
+    Args: ClassVar[type] = NoArgs
+
+    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset) -> None:
+        self.cfg = cfg
+        self.dataset = dataset
+        self.args = parse_args(self.Args, cfg.algorithm.args, cfg.algorithm.name)
+        torch.manual_seed(cfg.run.seed)  # the shared initial (or frozen) weights come from the seed
+        self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
+                                            **cfg.model.args)
+        self.sites = model_sites(self.model)
+        self.client_ids = [c.client_id for c in dataset.clients]
+        self.global_params = {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        self.global_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+
+    # -- helpers for subclasses ------------------------------------------------------------------------
+    def client_data(self, cid: str):
+        return self.dataset.client(cid)
+
+    def call(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, {**params, **buffers}, (x,))
+
+    def clone_global(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.global_params.items()}
+
+    @property
+    def local_epochs(self) -> int:
+        return self.cfg.training.local_epochs
+
+    # -- hooks -----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Called once before the first round."""
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        return LocalTask(
+            trainable=self.clone_global(),
+            forward=lambda p, x, b: self.call(p, b, x),
+            buffers={k: v.clone() for k, v in self.global_buffers.items()},
+            epochs=self.local_epochs, lr=self.cfg.training.lr,
+        )
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        payload = {**result.trained, **result.buffers}
+        return ClientUpdate(cid, result.num_samples, payload, bytes_up=tensor_bytes(result.trained),
+                            bytes_down=tensor_bytes(self.global_params), train_loss=result.loss,
+                            samples_seen=result.samples_seen)
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        from trainer.aggregation import average_state
+
+        weights = [u.num_samples for u in updates]
+        self.global_params = average_state([u.payload for u in updates], weights, list(self.global_params))
+        if self.global_buffers:
+            avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
+            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+
+    def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda x: self.call(self.global_params, self.global_buffers, x)
+
+    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        """The client's current binary masks (empty: dense)."""
+        return {}
+
+    def trained_numel(self, cid: str) -> int:
+        """How many elements the client optimizes locally (for the backward FLOPs of the update)."""
+        return sum(v.numel() for v in self.global_params.values())
+
+    def client_state(self, cid: str) -> ClientState:
+        return ClientState()
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        return {**self.global_params, **self.global_buffers}
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {}
+
+
+def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
+    """Validate ``[algorithm.args]`` against the algorithm's dataclass; unknown keys list the valid ones."""
+    fields = {f.name: f for f in dataclasses.fields(typ)}
+    for k in raw:
+        if k not in fields:
+            valid = ", ".join(fields) or "(none)"
+            raise ConfigError(f"algorithm {algo!r}: unknown argument {k!r} in [algorithm.args]; valid: {valid}")
+    kw = {}
+    for k, v in raw.items():
+        d = fields[k].default
+        if isinstance(d, float) and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if d is not dataclasses.MISSING and d is not None and not isinstance(v, type(d)):
+            raise ConfigError(f"algorithm {algo!r}: argument {k!r} must be {type(d).__name__}, got {v!r}")
+        kw[k] = v
+    return typ(**kw)

@@ -1,0 +1,200 @@
+"""FedMask (Li et al., "FedMask: Joint Computation and Communication-Efficient Personalized Federated
+Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
+
+* Frozen weights W, shared by every client through the seed (or a warm start); only masks are learned.
+* Real-valued masks m^r; during local training m = σ(m^r) (Eq. 6), so ∂L/∂m^r = Ψ ⊙ ∂L/∂m with
+  Ψ = m(1 − m) (Eq. 7-8) — exactly what autograd gives through the sigmoid; binarized at 0.5 for transmission
+  and inference (Eq. 3).
+* One-shot pruning at initialization (§3.4, Alg. 1 lines 21-28): one epoch of mask updates, then in the last
+  ``prune_last`` masked layers keep the largest ``prune_rate`` fraction of |Δ(W ⊙ m^r)| — the change, as the
+  text says — and set the rest to zero, frozen for good.
+* Structured sparsity (Eq. 9-10): loss + λ_R·R_g(m), group lasso over conv filters and input channels, FC rows
+  and columns, so masks die in whole units that export can remove.
+* LSTM partial mask (Table 3): W_o (the o-gate rows) real-valued and trained, shared by averaging; masks on the
+  i, f, g gates.
+* Personalization-preserving aggregation (§3.6, Fig. 7-8): an element is averaged over the clients whose pruned
+  structure keeps it, where two or more do; other elements unchanged; each client gets its own mask back
+  (binarized at 0.5, so the downlink is 1 bit per element too).
+
+Choices the paper leaves open, stated here: the real-valued mask starts at m^r = s·(2m − 1) for the binary
+mask m it is initialized from (Alg. 1 lines 14, 22), s = ``init_scale``; so σ(m^r) ≥ 0.5 ⇔ m = 1. Batch-norm
+running statistics are local to each client. Bytes up and down: every mask element, 1 bit, packed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trainer.accounting import mask_bytes, tensor_bytes
+from trainer.aggregation import average_state, personalization_preserving
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.masks import binarize
+from trainer.models.masking import MaskSite, effective_params
+from trainer.run_dir import ClientState
+
+PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
+
+
+@dataclass(frozen=True)
+class FedMaskArgs:
+    prune_rate: float = 0.2  # p_r: fraction of mask elements kept in the pruned layers (§4.2)
+    prune_last: int = 2  # L: one-shot pruning applies to the last L masked layers (paper: 8 for VGG16, 2 for HAR/NCP)
+    lambda_r: float = 2e-4  # λ_R of Eq. 10
+    init_scale: float = 1.0  # s in m^r = s·(2m − 1)
+    lstm_real_output_gate: bool = True  # Table 3: W_o real-valued
+
+
+def group_lasso(site: MaskSite, masks: dict[str, torch.Tensor]) -> torch.Tensor:
+    """R_g for one layer (Eq. 9): Σ over output units ‖m_row‖₂ + Σ over input units ‖m_col‖₂.
+
+    Conv (N, C, kh, kw): filters m[n,:,:,:] and channels m[:,c,:,:]; FC (rows, cols): rows and columns;
+    LSTM: rows and columns of each masked gate matrix."""
+    total = torch.zeros(())
+    for w in site.weights:
+        m = masks[w]
+        flat = m.reshape(m.shape[0], m.shape[1], -1)  # (out, in, k)
+        total = total + flat.pow(2).sum(dim=(1, 2)).add(1e-12).sqrt().sum()
+        total = total + flat.pow(2).sum(dim=(0, 2)).add(1e-12).sqrt().sum()
+    return total
+
+
+@ALGORITHMS.register("fedmask")
+class FedMask(Algorithm):
+    name = "fedmask"
+    Args = FedMaskArgs
+
+    def setup(self) -> None:
+        from trainer.local_training import local_train
+        from trainer.sampling import batch_order
+
+        self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
+        masked = [w for s in self.sites for w in s.weights]
+        shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
+        pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
+        pruned = {w for s in pruned_sites for w in s.weights}
+        self.keep: dict[str, dict[str, torch.Tensor]] = {}
+        self.masks: dict[str, dict[str, torch.Tensor]] = {}
+        self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
+        ones = {w: torch.ones(shapes[w]) for w in masked}
+        for i, cid in enumerate(self.client_ids):
+            # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0.
+            task = self._task(cid, ones, ones, regularize=False)
+            task.epochs = 1
+            data = self.client_data(cid)
+            res = local_train(task, data.train_x, data.train_y,
+                              batch_order(data.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i),
+                              self.cfg.training.batch_size)
+            keep = {}
+            for w in masked:
+                if w in pruned:
+                    before = self._weight_rows(w) * task.trainable[w]
+                    after = self._weight_rows(w) * res.trained[w]
+                    keep[w] = top_fraction((after - before).abs(), self.args.prune_rate)
+                else:
+                    keep[w] = torch.ones(shapes[w])
+            self.keep[cid] = keep
+            self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
+            self.buffers[cid] = res.buffers
+
+    # -- the local task -------------------------------------------------------------------------------
+    def _weight_rows(self, w: str) -> torch.Tensor:
+        """The part of W a mask covers (the i, f, g rows of an LSTM weight)."""
+        site = next(s for s in self.sites if w in s.weights)
+        W = self.weights[w]
+        return W[: 3 * site.hidden] if site.kind == "lstm" else W
+
+    def _task(self, cid: str, start: dict[str, torch.Tensor], keep: dict[str, torch.Tensor],
+              regularize: bool = True) -> LocalTask:
+        s = self.args.init_scale
+        trainable = {w: (s * (2 * start[w] - 1)) * keep[w] for w in start}  # m^r (Alg. 1 line 14)
+        real_o = self._real_output_gates()
+        for w in real_o:  # Table 3: W_o trained directly
+            trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
+        grad_keep = dict(keep)
+
+        def forward(tr, x, buffers):
+            soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in keep}  # Eq. 6, pruned elements stay 0
+            params = self._params_with_o(tr)
+            eff = effective_params(params, soft, self.sites)
+            return self.call(eff, buffers, x)
+
+        reg = None
+        if regularize and self.args.lambda_r > 0:
+            def reg(tr):
+                soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in keep}
+                return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
+
+        return LocalTask(trainable, forward, reg, buffers=self.buffers[cid], epochs=self.local_epochs,
+                         lr=self.cfg.training.lr, grad_keep=grad_keep)
+
+    def _hidden(self, w: str) -> int:
+        return next(s.hidden for s in self.sites if w in s.weights)
+
+    def _real_output_gates(self) -> list[str]:
+        if not self.args.lstm_real_output_gate:
+            return []
+        return [w for s in self.sites if s.kind == "lstm" for w in s.weights]
+
+    def _params_with_o(self, tr: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        params = dict(self.global_params)
+        for w in self._real_output_gates():
+            h = self._hidden(w)
+            params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
+        return params
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        return self._task(cid, self.masks[cid], self.keep[cid])
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        masks = {w: binarize(torch.sigmoid(result.trained[w])) * self.keep[cid][w] for w in self.keep[cid]}
+        o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
+        self.buffers[cid] = result.buffers
+        down = mask_bytes(masks) + tensor_bytes(o)
+        return ClientUpdate(cid, result.num_samples, masks, bytes_up=mask_bytes(masks) + tensor_bytes(o),
+                            bytes_down=down, train_loss=result.loss, samples_seen=result.samples_seen,
+                            extra={"o": o})
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        for w in self.keep[self.client_ids[0]]:
+            merged = personalization_preserving([u.payload[w] for u in updates],
+                                                [self.keep[u.client_id][w] for u in updates])
+            for u, m in zip(updates, merged):
+                self.masks[u.client_id][w] = binarize(m) * self.keep[u.client_id][w]
+        real_o = self._real_output_gates()
+        if real_o:
+            avg = average_state([u.extra["o"] for u in updates], [u.num_samples for u in updates])
+            for w in real_o:
+                h = self._hidden(w)
+                self.global_params[w] = torch.cat([self.global_params[w][: 3 * h], avg[f"o:{w}"]], dim=0)
+
+    # -- evaluation and storage -----------------------------------------------------------------------
+    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        return self.masks[cid]
+
+    def eval_forward(self, cid: str):
+        masks, buffers = self.masks[cid], self.buffers[cid]
+        return lambda x: self.call(effective_params(self.global_params, masks, self.sites), buffers, x)
+
+    def trained_numel(self, cid: str) -> int:
+        return sum(int(k.sum()) for k in self.keep[cid].values())
+
+    def client_state(self, cid: str) -> ClientState:
+        return ClientState(masks=dict(self.masks[cid]), params=dict(self.buffers[cid]))
+
+    def summary_extra(self) -> dict:
+        kept = {cid: sum(float(m.sum()) for m in self.masks[cid].values()) for cid in self.client_ids}
+        total = sum(m.numel() for m in self.masks[self.client_ids[0]].values())
+        return {"mask_density": float(np.mean([k / total for k in kept.values()]))}
+
+
+def top_fraction(score: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Binary tensor keeping exactly round(fraction·n) (at least 1) largest entries of ``score``."""
+    n = score.numel()
+    k = max(1, int(round(fraction * n)))
+    idx = torch.topk(score.reshape(-1), k).indices
+    keep = torch.zeros(n)
+    keep[idx] = 1.0
+    return keep.reshape(score.shape)

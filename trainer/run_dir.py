@@ -1,0 +1,193 @@
+"""The run directory (docs/contracts.md): writer, loader, and the rebuild of any client's model.
+
+```
+runs/<run-id>/config.toml  model.safetensors  clients/<client-id>.safetensors  history.parquet  summary.json
+```
+Checkpoints are safetensors: loading never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.numpy import load_file as np_load_file
+from safetensors.numpy import save_file as np_save_file
+
+from edgemask.errors import CorruptFileError, EdgemaskError
+from edgemask.fileio import atomic_path, write_json_atomic, write_text_atomic
+from trainer.config import TrainConfig
+from trainer.masks import pack_bits, unpack_bits
+
+REQUIRED = ("config.toml", "model.safetensors", "summary.json")
+
+
+@dataclass
+class ClientState:
+    """What makes one client's model personal: binary masks and personal parameters (both by param name)."""
+
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def save_state_dict(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    arrays = {k: v.detach().cpu().contiguous().numpy() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        np_save_file(arrays, str(tmp), metadata=metadata)
+
+
+def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    if not path.is_file():
+        raise EdgemaskError(f"{path}: file not found")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+        return np_load_file(str(path)), meta
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CorruptFileError(f"{path}: not a readable safetensors checkpoint ({e}); re-run the stage that "
+                               f"wrote it") from None
+
+
+def save_client(path: Path, state: ClientState) -> None:
+    tensors: dict[str, Any] = {}
+    shapes = {}
+    for name, m in state.masks.items():
+        tensors[f"mask.{name}"] = torch.from_numpy(pack_bits(m))
+        shapes[name] = list(m.shape)
+    for name, p in state.params.items():
+        tensors[f"param.{name}"] = p.float()
+    save_state_dict(path, tensors, {"mask_shapes": json.dumps(shapes)})
+
+
+def load_client(path: Path) -> ClientState:
+    arrays, meta = _load_safetensors(path)
+    try:
+        shapes = json.loads(meta.get("mask_shapes", "{}"))
+        masks = {n: unpack_bits(arrays[f"mask.{n}"], tuple(s)) for n, s in shapes.items()}
+    except (KeyError, ValueError, TypeError) as e:
+        raise CorruptFileError(f"{path}: masks do not match their recorded shapes ({e})") from None
+    params = {k[len("param."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("param.")}
+    return ClientState(masks, params)
+
+
+def write_run(path: Path, config: TrainConfig, model_state: dict[str, torch.Tensor],
+              clients: dict[str, ClientState], history: Iterable[dict[str, Any]], summary: dict[str, Any]) -> Path:
+    """Write a complete run directory. It is assembled under a temporary name and renamed into place, so a
+    stopped run never leaves a half-written directory under the real name."""
+    import pandas as pd
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "clients").mkdir(parents=True)
+    write_text_atomic(tmp / "config.toml", config.to_toml())
+    save_state_dict(tmp / "model.safetensors", {k: v.float() if v.is_floating_point() else v
+                                                for k, v in model_state.items()})
+    for cid, st in clients.items():
+        save_client(tmp / "clients" / f"{cid}.safetensors", st)
+    df = pd.DataFrame(list(history), columns=["round", "client", "metric", "value"])
+    df = df.astype({"round": "int64", "client": "string", "metric": "string", "value": "float64"})
+    df.to_parquet(tmp / "history.parquet", index=False)
+    write_json_atomic(tmp / "summary.json", summary)
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+class Run:
+    """A run directory, read lazily. ``build_model(client_id)`` rebuilds that client's personalized model."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise EdgemaskError(f"run directory {self.path} not found; train one with `edgemask train` "
+                                f"(or `edgemask demo`) or pass the right --run")
+        for f in REQUIRED:
+            if not (self.path / f).is_file():
+                raise CorruptFileError(f"{self.path / f}: missing; {self.path} is not a complete run directory")
+        self.config = TrainConfig.load(self.path / "config.toml")
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        f = self.path / "summary.json"
+        try:
+            return json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CorruptFileError(f"{f}: not valid JSON ({e})") from None
+
+    @cached_property
+    def model_state(self) -> dict[str, torch.Tensor]:
+        arrays, _ = _load_safetensors(self.path / "model.safetensors")
+        return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
+
+    @property
+    def client_ids(self) -> list[str]:
+        return sorted(p.stem for p in (self.path / "clients").glob("*.safetensors"))
+
+    def client_state(self, client_id: str) -> ClientState:
+        f = self.path / "clients" / f"{client_id}.safetensors"
+        if not f.is_file():
+            raise EdgemaskError(f"{f}: no such client in run {self.run_id}; clients: "
+                                f"{', '.join(self.client_ids) or '(none)'}")
+        return load_client(f)
+
+    def history(self):
+        import pandas as pd
+
+        f = self.path / "history.parquet"
+        try:
+            return pd.read_parquet(f)
+        except (OSError, ValueError) as e:
+            raise CorruptFileError(f"{f}: not a readable Parquet file ({e})") from None
+
+    @cached_property
+    def dataset(self):
+        from trainer.data import build_dataset
+
+        return build_dataset(self.config.data, self.config.run.seed)
+
+    def build_model(self, client_id: str | None = None):
+        """The client's personalized model as a :class:`MaskedModel` (binary masks, personal params loaded).
+        ``client_id=None`` gives the dense model: the shared weights with no mask (the export baseline)."""
+        from trainer.models import MaskedModel, build_model, model_sites
+
+        ds = self.dataset
+        base = build_model(self.config.model.name, ds.input_shape, ds.num_classes, **self.config.model.args)
+        state = dict(self.model_state)
+        masks: dict[str, torch.Tensor] = {}
+        if client_id is not None:
+            cs = self.client_state(client_id)
+            state.update(cs.params)
+            masks = cs.masks
+        try:
+            base.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise CorruptFileError(f"{self.path}: weights do not fit model {self.config.model.name!r} "
+                                   f"({str(e).splitlines()[0]})") from None
+        sites = model_sites(base)
+        params = dict(base.named_parameters())
+        for name, m in masks.items():
+            site = next((s for s in sites if name in s.weights), None)
+            if site is None or tuple(m.shape) != site.mask_shape(params[name]):
+                raise CorruptFileError(f"{self.path}/clients/{client_id}.safetensors: mask {name!r} of shape "
+                                       f"{tuple(m.shape)} does not fit model {self.config.model.name!r}")
+        return MaskedModel(base.eval(), sites, masks)
+
+
+def load_run(path: str | Path) -> Run:
+    return Run(Path(path))

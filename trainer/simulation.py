@@ -1,0 +1,123 @@
+"""The one round loop. Every algorithm runs through :func:`simulate`; algorithms only write hooks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from trainer.accounting import forward_flops, layer_positions
+from trainer.algorithms import ALGORITHMS, Algorithm
+from trainer.config import TrainConfig
+from trainer.data import build_dataset
+from trainer.local_training import evaluate, local_train
+from trainer.run_dir import write_run
+from trainer.sampling import batch_order, sampling_schedule
+
+
+@dataclass
+class SimulationResult:
+    config: TrainConfig
+    algorithm: Algorithm
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, run_dir: Path) -> Path:
+        clients = {cid: self.algorithm.client_state(cid) for cid in self.algorithm.client_ids}
+        return write_run(run_dir, self.config, self.algorithm.shared_state(), clients, self.history, self.summary)
+
+
+def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None) -> SimulationResult:
+    """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
+
+    History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
+    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks), ``params_kept``;
+    per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
+    """
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    t0 = time.perf_counter()
+    ds = build_dataset(cfg.data, cfg.run.seed)
+    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds)
+    torch.manual_seed(cfg.run.seed + 1)
+    algo.model.train()
+    algo.setup()
+    schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)
+    index = {cid: i for i, cid in enumerate(algo.client_ids)}
+    example = ds.clients[0].train_x[:1]
+    positions = layer_positions(algo.model, algo.sites, example)
+    result = SimulationResult(cfg, algo)
+    hist = result.history
+    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0}
+
+    def record(rnd: int, client: str, metric: str, value: float) -> None:
+        hist.append({"round": rnd, "client": client, "metric": metric, "value": float(value)})
+
+    def eval_all(rnd: int) -> float:
+        algo.model.eval()
+        accs = []
+        for cid in algo.client_ids:
+            d = algo.client_data(cid)
+            acc, loss = evaluate(algo.eval_forward(cid), d.test_x, d.test_y)
+            record(rnd, cid, "accuracy", acc)
+            record(rnd, cid, "test_loss", loss)
+            accs.append(acc)
+        algo.model.train()
+        mean = float(np.nanmean(accs))
+        record(rnd, "server", "mean_accuracy", mean)
+        return mean
+
+    mean_acc = float("nan")
+    for rnd in range(cfg.training.rounds):
+        updates = []
+        for cid in schedule[rnd]:
+            d = algo.client_data(cid)
+            task = algo.local_task(cid, rnd)
+            orders = batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid])
+            res = local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
+                              cfg.training.momentum, cfg.training.weight_decay)
+            upd = algo.client_update(cid, rnd, res)
+            updates.append(upd)
+            masks = algo.eval_masks(cid)
+            fwd = forward_flops(algo.model, algo.sites, masks, positions)
+            fwd_train = fwd * res.samples_seen
+            record(rnd, cid, "bytes_up", upd.bytes_up)
+            record(rnd, cid, "bytes_down", upd.bytes_down)
+            record(rnd, cid, "train_loss", upd.train_loss)
+            record(rnd, cid, "flops_fwd", fwd_train)
+            record(rnd, cid, "flops_bwd", 2 * fwd_train)
+            record(rnd, cid, "params_kept", sum(float(m.sum()) for m in masks.values()) if masks else
+                   sum(v.numel() for v in algo.global_params.values()))
+            totals["bytes_up"] += upd.bytes_up
+            totals["bytes_down"] += upd.bytes_down
+            totals["flops_train"] += 3 * fwd_train
+        algo.aggregate(rnd, updates)
+        if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == cfg.training.rounds:
+            mean_acc = eval_all(rnd)
+        if progress:
+            progress(rnd + 1, cfg.training.rounds, {"mean_accuracy": mean_acc})
+    if cfg.training.rounds == 0:
+        mean_acc = eval_all(0)
+    final = {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == "accuracy")
+             for cid in algo.client_ids}
+    result.summary = {
+        "run_id": cfg.run_id, "algorithm": cfg.algorithm.name, "model": cfg.model.name, "dataset": cfg.data.name,
+        "rounds": cfg.training.rounds, "num_clients": len(algo.client_ids),
+        "clients": {cid: {"accuracy": a} for cid, a in final.items()},
+        "mean_accuracy": float(np.nanmean(list(final.values()))),
+        "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
+        "flops_train": totals["flops_train"],
+        "params_dense": sum(v.numel() for v in algo.global_params.values()),
+        "wall_seconds": time.perf_counter() - t0,
+        **algo.summary_extra(),
+    }
+    return result
+
+
+def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
+    """Simulate and write ``runs_root/<run-id>/``."""
+    res = simulate(cfg, progress)
+    return res.write(Path(runs_root) / cfg.run_id)
