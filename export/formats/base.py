@@ -1,0 +1,84 @@
+"""What every export format provides, the format registry and the device profiles that constrain formats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgemask.errors import EdgemaskError
+from edgemask.registry import Registry
+
+
+class FormatUnavailableError(EdgemaskError):
+    """The converter or runtime of a format is not installed."""
+
+
+class ExportFormatError(EdgemaskError):
+    """A converter failed, or its file does not compute what the torch model computes."""
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a target board's runtime can read."""
+
+    name: str
+    max_onnx_opset: int | None = None
+    note: str = ""
+
+
+DEVICE_PROFILES: Registry[DeviceProfile] = Registry("device profile")
+DEVICE_PROFILES.add("jetson-tx2", DeviceProfile("jetson-tx2", 15, "JetPack 4.6: onnxruntime 1.10 (Python 3.6) reads opset ≤ 15"))
+DEVICE_PROFILES.add("rpi4", DeviceProfile("rpi4", None, "Raspberry Pi OS bookworm: onnxruntime 1.31"))
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """Format options; part of the input hash that decides whether a client is re-exported."""
+
+    opset: int = 18
+    device_profile: str | None = None
+    int8: bool = False  # also write int8 variants where the format has one
+
+    def onnx_opset(self) -> int:
+        if self.device_profile is None:
+            return self.opset
+        cap = DEVICE_PROFILES.get(self.device_profile).max_onnx_opset
+        return min(self.opset, cap) if cap else self.opset
+
+
+@dataclass
+class FormatContext:
+    """What a format needs besides the model: a batch-1 example and, for int8, calibration inputs."""
+
+    example: torch.Tensor  # (1, *input_shape)
+    settings: ExportSettings = field(default_factory=ExportSettings)
+    calibration: torch.Tensor | None = None  # (N, *input_shape) from the client's train split
+
+
+class Format:
+    """One export format. ``write`` returns the manifest fields it adds (opset, backend, runtime, ...)."""
+
+    name: str = ""
+    runtime: str = ""
+    variants: tuple[str, ...] = ("fp32",)
+
+    def filename(self, variant: str) -> str:
+        return f"model.{self.name}" if variant == "fp32" else f"model.{variant}.{self.name}"
+
+    def check_available(self) -> None:
+        """Raise :class:`FormatUnavailableError` (with the install command) when the toolchain is missing."""
+
+    def write(self, model: nn.Module, path: Path, ctx: FormatContext, variant: str = "fp32") -> dict[str, Any]:
+        raise NotImplementedError
+
+    def run(self, path: Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
+        """Run the file in its real runtime, one batch-1 sample at a time -> (N, n_out) float32."""
+        raise NotImplementedError
+
+
+FORMATS: Registry[Format] = Registry("export format")

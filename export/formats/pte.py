@@ -1,0 +1,78 @@
+"""ExecuTorch ``.pte`` lowered to XNNPACK, run with ``executorch.runtime.Runtime``; int8 with the XNNPACK
+quantizer (PT2E: prepare, calibrate on the client's train samples, convert).
+
+Note: ExecuTorch 1.4.1 decomposes ``aten.lstm`` into one sub-graph per time step; lowering an 80-step LSTM
+takes minutes (measured ~7 min for a 2-layer one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgemask.fileio import write_bytes_atomic
+from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext
+
+
+def _lower(program_module: nn.Module, example: torch.Tensor) -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(program_module, (example,))
+    _explicit_pool_stride(ep)
+    return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+
+def _explicit_pool_stride(ep) -> None:
+    """``max_pool2d(x, k)`` leaves stride empty (= kernel size); XNNPACK's partitioner in ExecuTorch 1.4.1 reads
+    ``node.args[2]`` and fails with IndexError. Write the stride out: the same op, accepted by the partitioner."""
+    pools = (torch.ops.aten.max_pool2d.default, torch.ops.aten.max_pool2d_with_indices.default)
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target in pools:
+            args = list(node.args)
+            if len(args) == 2 or (len(args) >= 3 and not args[2]):
+                args = args[:2] + [args[1]] + args[3:]
+                node.args = tuple(args)
+    ep.graph_module.recompile()
+
+
+class Pte(Format):
+    name = "pte"
+    runtime = "executorch"
+    variants = ("fp32", "int8")
+
+    def write(self, model: nn.Module, path: Path, ctx: FormatContext, variant: str = "fp32") -> dict[str, Any]:
+        model = model.eval()
+        if variant == "fp32":
+            buf = _lower(model, ctx.example)
+        elif variant == "int8":
+            if ctx.calibration is None:
+                raise ExportFormatError(f"{path.name}: int8 needs calibration samples")
+            from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+                XNNPACKQuantizer, get_symmetric_quantization_config)
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+            gm = torch.export.export(model, (ctx.example,)).module()
+            q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+            prepared = prepare_pt2e(gm, q)
+            with torch.no_grad():
+                for x in ctx.calibration:
+                    prepared(x[None])
+            buf = _lower(convert_pt2e(prepared), ctx.example)
+        else:
+            raise ExportFormatError(f"pte: unknown variant {variant!r}; valid: {', '.join(self.variants)}")
+        write_bytes_atomic(path, buf)
+        return {"backend": "xnnpack", "runtime": self.runtime}
+
+    def run(self, path: Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
+        from executorch.runtime import Runtime
+
+        method = Runtime.get().load_program(Path(path)).load_method("forward")
+        outs = [method.execute([torch.from_numpy(np.ascontiguousarray(x[None]))])[0] for x in inputs]
+        return torch.cat(outs).numpy().astype(np.float32)
+
+
+FORMATS.add("pte", Pte())
