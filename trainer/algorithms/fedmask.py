@@ -14,7 +14,9 @@ Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
   i, f, g gates.
 * Personalization-preserving aggregation (§3.6, Fig. 7-8): an element is averaged over the clients whose pruned
   structure keeps it, where two or more do; other elements unchanged; each client gets its own mask back
-  (binarized at 0.5, so the downlink is 1 bit per element too).
+  (binarized at 0.5, so the downlink is 1 bit per element too). That mask is where the device's next local
+  update starts; the device infers with its latest locally trained mask, which is what personalized accuracy
+  is measured on and what the run directory stores.
 
 Choices the paper leaves open, stated here: the real-valued mask starts at m^r = s·(2m − 1) for the binary
 mask m it is initialized from (Alg. 1 lines 14, 22), s = ``init_scale``; so σ(m^r) ≥ 0.5 ⇔ m = 1. Batch-norm
@@ -98,6 +100,9 @@ class FedMask(Algorithm):
             self.keep[cid] = keep
             self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
             self.buffers[cid] = res.buffers
+        # The mask each device infers with: its latest locally trained binary mask. The server's
+        # personalized aggregate (self.masks) is where its next local update starts (Alg. 1 line 11).
+        self.local = {cid: dict(m) for cid, m in self.masks.items()}
 
     # -- the local task -------------------------------------------------------------------------------
     def _weight_rows(self, w: str) -> torch.Tensor:
@@ -152,6 +157,7 @@ class FedMask(Algorithm):
         masks = {w: binarize(torch.sigmoid(result.trained[w])) * self.keep[cid][w] for w in self.keep[cid]}
         o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
         self.buffers[cid] = result.buffers
+        self.local[cid] = masks
         down = mask_bytes(masks) + tensor_bytes(o)
         return ClientUpdate(cid, result.num_samples, masks, bytes_up=mask_bytes(masks) + tensor_bytes(o),
                             bytes_down=down, train_loss=result.loss, samples_seen=result.samples_seen,
@@ -172,21 +178,21 @@ class FedMask(Algorithm):
 
     # -- evaluation and storage -----------------------------------------------------------------------
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
-        return self.masks[cid]
+        return self.local[cid]
 
     def eval_forward(self, cid: str):
-        masks, buffers = self.masks[cid], self.buffers[cid]
+        masks, buffers = self.local[cid], self.buffers[cid]
         return lambda x: self.call(effective_params(self.global_params, masks, self.sites), buffers, x)
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())
 
     def client_state(self, cid: str) -> ClientState:
-        return ClientState(masks=dict(self.masks[cid]), params=dict(self.buffers[cid]))
+        return ClientState(masks=dict(self.local[cid]), params=dict(self.buffers[cid]))
 
     def summary_extra(self) -> dict:
-        kept = {cid: sum(float(m.sum()) for m in self.masks[cid].values()) for cid in self.client_ids}
-        total = sum(m.numel() for m in self.masks[self.client_ids[0]].values())
+        kept = {cid: sum(float(m.sum()) for m in self.local[cid].values()) for cid in self.client_ids}
+        total = sum(m.numel() for m in self.local[self.client_ids[0]].values())
         return {"mask_density": float(np.mean([k / total for k in kept.values()]))}
 
 
