@@ -1,0 +1,160 @@
+"""The export stage: run directory -> ``artifacts/<run-id>/<client-id>/`` per client, plus ``dense/``.
+
+Per client: rebuild the masked model, compact it, verify it on the client's real test samples, write each format
+and check it in its real runtime, then write ``sample_io.npz`` and ``manifest.json``. The directory is assembled
+under a temporary name and renamed into place; an unchanged client (same input hash) is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from edgemask.errors import EdgemaskError
+from edgemask.fileio import sha256_file
+from export.compact import compact
+from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
+from export.manifest import (MANIFEST, SAMPLE_IO, ArtifactFile, Manifest, TensorSpec, load_manifest,
+                             write_manifest, write_sample_io)
+from export.verify import TOLERANCE, max_abs_diff, verify_compaction
+
+SAMPLES = 32  # sample_io size
+VERIFY_SAMPLES = 256  # compaction check and int8 accuracy: up to this many test samples
+CALIBRATION = 64  # int8 calibration samples from the client's train split
+DENSE = "dense"
+
+
+def input_hash(run, client_id: str | None, formats: Sequence[str], settings: ExportSettings) -> str:
+    h = hashlib.sha256()
+    h.update(sha256_file(run.path / "model.safetensors").encode())
+    h.update(sha256_file(run.path / "config.toml").encode())
+    if client_id is not None:
+        h.update(sha256_file(run.path / "clients" / f"{client_id}.safetensors").encode())
+    h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": 1},
+                        sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _unchanged(dest: Path, digest: str) -> bool:
+    if not (dest / MANIFEST).is_file():
+        return False
+    try:
+        m = load_manifest(dest)
+    except EdgemaskError:
+        return False
+    return m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
+
+
+def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    return float((logits.argmax(1) == labels).mean()) if len(labels) else float("nan")
+
+
+def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[str],
+                  settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE) -> Path:
+    """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``."""
+    ds = run.dataset
+    fmts = [FORMATS.get(f) for f in formats]
+    for f in fmts:
+        f.check_available()
+    data = ds.client(client_id if client_id is not None else run.client_ids[0])
+    masked = run.build_model(client_id)
+    x_all, y_all = data.test_x[:VERIFY_SAMPLES], data.test_y[:VERIFY_SAMPLES]
+    x, y = x_all[:SAMPLES], y_all[:SAMPLES]
+    result = compact(masked, x[:1])
+    torch_diff = verify_compaction(masked, result, x_all, limit)
+    model = result.module
+    with torch.no_grad():
+        ref_out = masked(x).float().numpy()
+        cmp_out = model(x).float().numpy()
+        cmp_all = model(x_all).float().numpy()
+
+    tmp = out_dir.with_name(f".{out_dir.name}.partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
+    files, diffs = [], {"torch": torch_diff}
+    fp32_acc = _accuracy(cmp_all, y_all.numpy())
+    for fmt in fmts:
+        variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
+        for variant in variants:
+            name = fmt.filename(variant)
+            path = tmp / name
+            info = fmt.write(model, path, ctx, variant)
+            if variant == "fp32":
+                got = fmt.run(path, x.numpy())
+                d = max_abs_diff(got, cmp_out)
+                if d > limit:
+                    raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
+                                            f"torch model by {d:.3g} (limit {limit:g})")
+                diffs[fmt.name] = d
+                extra = {"max_abs_diff": d, "accuracy": _accuracy(got, y.numpy())}
+            else:
+                got = fmt.run(path, x_all.numpy())
+                acc = _accuracy(got, y_all.numpy())
+                extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc}
+            files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
+                                      bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
+                                      backend=info.get("backend"), **extra))
+
+    write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
+    cfg = run.config
+    manifest = Manifest(
+        run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,
+        algorithm=cfg.algorithm.name, model=cfg.model.name, dataset=cfg.data.name,
+        inputs=[TensorSpec("input", [1, *ds.input_shape], str(x.dtype).removeprefix("torch."))],
+        outputs=[TensorSpec("output", [1, int(ref_out.shape[1])], "float32")],
+        files=files,
+        sample_io={"file": SAMPLE_IO, "sha256": sha256_file(tmp / SAMPLE_IO), "count": int(len(x))},
+        params={"dense": result.params_dense, "compacted": result.params_compacted},
+        flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
+        layers=[{"name": s.name, "kept": s.kept, "total": s.total} for s in result.layers],
+        tolerance={"limit": limit, "max_abs_diff": diffs},
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        input_hash=input_hash(run, client_id, formats, settings),
+    )
+    write_manifest(tmp, manifest)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
+               formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
+               settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE) -> list[Path]:
+    """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
+
+    Returns the artifact directories (skipped, unchanged ones included)."""
+    from trainer.run_dir import load_run
+
+    run = load_run(run_dir)
+    formats = tuple(formats)
+    for f in formats:
+        FORMATS.get(f).check_available()  # unknown names and missing toolchains fail before any work
+    ids = run.client_ids if clients == "all" else list(clients)
+    for cid in ids:
+        if cid not in run.client_ids:
+            raise EdgemaskError(f"run {run.run_id} has no client {cid!r}; clients: {', '.join(run.client_ids)}")
+    jobs: list[str | None] = [None, *ids]
+    root = Path(out_root) / run.run_id
+    it = jobs
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
+    out = []
+    for cid in it:
+        dest = root / (cid or DENSE)
+        if not _unchanged(dest, input_hash(run, cid, formats, settings)):
+            export_client(run, cid, dest, formats, settings, limit)
+        out.append(dest)
+    return out
