@@ -1,0 +1,105 @@
+"""The artifact directory: a hand-built run directory exported end to end; manifest and sample_io round trip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from edgemask.errors import CorruptFileError
+from edgemask.fileio import sha256_file
+from export import export_run, load_manifest, load_sample_io
+from export.manifest import Manifest
+from export_helpers import random_masks
+from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+from trainer.data import DataConfig
+from trainer.models import build_model, model_sites
+from trainer.run_dir import ClientState, load_run, write_run
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    cfg = TrainConfig(run=RunConfig(seed=0, run_id="digits-fedmask-mlp-test"),
+                      data=DataConfig(name="digits", num_clients=2),
+                      model=ModelConfig("mlp", {"hidden": [32, 16]}), algorithm=AlgorithmConfig("fedmask"))
+    torch.manual_seed(0)
+    model = build_model("mlp", (64,), 10, hidden=(32, 16))
+    clients = {f"client-00{i}": ClientState(masks=random_masks(model, 0.4, seed=i)) for i in range(2)}
+    return write_run(tmp_path / "runs" / cfg.run_id, cfg, model.state_dict(), clients, [],
+                     {"run_id": cfg.run_id, "clients": {}})
+
+
+def test_export_run_writes_verified_artifacts(run_dir, tmp_path):
+    out = export_run(run_dir, tmp_path / "artifacts", formats=("onnx",), progress=False)
+    names = [p.name for p in out]
+    assert names == ["dense", "client-000", "client-001"]
+    run = load_run(run_dir)
+    for d in out:
+        m = load_manifest(d)
+        assert m.run_id == "digits-fedmask-mlp-test" and m.client_id == d.name
+        f = m.file_for("onnx", "fp32")
+        assert f.sha256 == sha256_file(d / f.file) and f.bytes == (d / f.file).stat().st_size
+        assert m.tolerance["max_abs_diff"]["onnx"] <= 1e-5 and m.tolerance["max_abs_diff"]["torch"] <= 1e-5
+        io = load_sample_io(d / "sample_io.npz")
+        assert io["input"].shape == (m.sample_io["count"], *m.inputs[0].shape[1:]) and io["label"].dtype == np.int64
+        # sample_io's outputs are the MASKED model's (dense: the unmasked one) on the client's real test data
+        cid = "client-000" if d.name == "dense" else d.name
+        data = run.dataset.client(cid)
+        assert np.array_equal(io["input"], data.test_x[: len(io["input"])].numpy())
+        with torch.no_grad():
+            want = run.build_model(None if d.name == "dense" else d.name)(torch.from_numpy(io["input"])).numpy()
+        assert np.abs(io["output"] - want).max() <= 1e-6
+        if d.name == "dense":
+            assert m.kind == "dense" and m.params["dense"] == m.params["compacted"]
+        else:
+            assert m.kind == "compacted" and m.params["compacted"] < m.params["dense"]
+            assert m.flops["compacted"] < m.flops["dense"]
+            assert any(layer["kept"] < layer["total"] for layer in m.layers)
+    assert not list((tmp_path / "artifacts" / "digits-fedmask-mlp-test").glob(".*partial"))
+
+
+def test_unchanged_client_is_skipped_and_changed_one_redone(run_dir, tmp_path):
+    out = export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False)
+    stamp = {d.name: (d / "manifest.json").stat().st_mtime_ns for d in out}
+    again = export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False)
+    assert {d.name: (d / "manifest.json").stat().st_mtime_ns for d in again} == stamp
+    (run_dir / "clients" / "client-001.safetensors").write_bytes(
+        (run_dir / "clients" / "client-000.safetensors").read_bytes())
+    export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False)
+    assert (out[1] / "manifest.json").stat().st_mtime_ns != stamp["client-001"]
+    assert (out[0] / "manifest.json").stat().st_mtime_ns == stamp["dense"]
+
+
+def test_export_with_pte(run_dir, tmp_path):
+    out = export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx", "pte"), progress=False)
+    m = load_manifest(out[1])
+    assert m.file_for("pte").backend == "xnnpack" and m.tolerance["max_abs_diff"]["pte"] <= 1e-5
+
+
+def test_manifest_round_trip(run_dir, tmp_path):
+    d = export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx",), progress=False)[1]
+    m = load_manifest(d)
+    raw = json.loads((d / "manifest.json").read_text())
+    assert raw["schema"] == 1 and raw["files"][0]["format"] == "onnx"
+    assert Manifest.from_dict(m.to_dict()) == m
+
+
+def test_corrupt_manifest_names_the_file(run_dir, tmp_path):
+    d = export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx",), progress=False)[1]
+    (d / "manifest.json").write_text('{"schema": 1, "run_id": ')
+    with pytest.raises(CorruptFileError, match="manifest.json"):
+        load_manifest(d)
+    (d / "manifest.json").write_text('{"schema": 1, "run_id": "x"}')
+    with pytest.raises(CorruptFileError, match="manifest.json"):
+        load_manifest(d)
+
+
+def test_unknown_client_and_format(run_dir, tmp_path):
+    from edgemask.errors import EdgemaskError, UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="valid names"):
+        export_run(run_dir, tmp_path / "a", formats=("onnx", "caffe"), progress=False)
+    with pytest.raises(EdgemaskError, match="client-009"):
+        export_run(run_dir, tmp_path / "a", clients=["client-009"], formats=("onnx",), progress=False)
