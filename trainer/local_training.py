@@ -28,12 +28,12 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
                 break
             idx = torch.from_numpy(order[start: start + batch_size])
             xb, yb = x[idx], y[idx]
-            logits = task.forward(params, xb, buffers)
+            logits = task.forward(params, task.constants, xb, buffers)
             loss = F.cross_entropy(logits, yb)
             total += float(loss.detach()) * len(idx)
             seen += len(idx)
             if task.regularizer is not None:
-                loss = loss + task.regularizer(params)
+                loss = loss + task.regularizer(params, task.constants)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             for k, m in keep.items():

@@ -29,22 +29,27 @@ from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
 from trainer.run_dir import ClientState
 
-Forward = Callable[[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+Tensors = dict[str, torch.Tensor]
+Forward = Callable[[Tensors, Tensors, torch.Tensor, Tensors], torch.Tensor]
 
 
 @dataclass
 class LocalTask:
     """What one client trains in one round.
 
-    ``forward(trainable, x, buffers)`` maps the trainable tensors and a batch ``(B, *input_shape)`` to logits
-    ``(B, classes)``; ``regularizer(trainable)`` adds to the data loss (e.g. FedMask's group lasso, Eq. 10);
-    ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
+    ``forward(trainable, constants, x, buffers)`` maps the trainable tensors and a batch ``(B, *input_shape)``
+    to logits ``(B, classes)``; ``regularizer(trainable, constants)`` adds to the data loss (e.g. FedMask's
+    group lasso, Eq. 10); ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
+    Everything that differs between clients must be in ``trainable``, ``constants`` or ``buffers`` — never
+    captured in the closures — so the loop can stack clients and train them together (torch.func.vmap);
+    the closures may capture what every client shares (e.g. FedMask's frozen weights).
     ``grad_keep`` zeroes the gradient of frozen elements (pruned mask entries, PerFedMask's frozen params).
     """
 
     trainable: dict[str, torch.Tensor]
     forward: Forward
-    regularizer: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None
+    regularizer: Callable[[Tensors, Tensors], torch.Tensor] | None = None
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     epochs: int = 1
     lr: float = 0.05
@@ -123,7 +128,7 @@ class Algorithm:
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         return LocalTask(
             trainable=self.clone_global(),
-            forward=lambda p, x, b: self.call(p, b, x),
+            forward=lambda p, c, x, b: self.call(p, b, x),
             buffers={k: v.clone() for k, v in self.global_buffers.items()},
             epochs=self.local_epochs, lr=self.cfg.training.lr,
         )

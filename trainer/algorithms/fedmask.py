@@ -119,21 +119,22 @@ class FedMask(Algorithm):
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
         grad_keep = dict(keep)
+        masked = list(keep)
 
-        def forward(tr, x, buffers):
-            soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in keep}  # Eq. 6, pruned elements stay 0
+        def forward(tr, keep, x, buffers):
+            soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in masked}  # Eq. 6, pruned elements stay 0
             params = self._params_with_o(tr)
             eff = effective_params(params, soft, self.sites)
             return self.call(eff, buffers, x)
 
         reg = None
         if regularize and self.args.lambda_r > 0:
-            def reg(tr):
-                soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in keep}
+            def reg(tr, keep):
+                soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in masked}
                 return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
 
-        return LocalTask(trainable, forward, reg, buffers=self.buffers[cid], epochs=self.local_epochs,
-                         lr=self.cfg.training.lr, grad_keep=grad_keep)
+        return LocalTask(trainable, forward, reg, constants=dict(keep), buffers=self.buffers[cid],
+                         epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
 
     def _hidden(self, w: str) -> int:
         return next(s.hidden for s in self.sites if w in s.weights)

@@ -1,0 +1,182 @@
+"""The ``edgemask`` command line: parses arguments and calls the stages. No stage logic lives here.
+
+Expected mistakes (bad input, missing files, unreachable hosts) are ``EdgemaskError``s: printed on one line,
+exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from edgemask.errors import EdgemaskError
+from edgemask.workspace import Workspace
+
+
+def _ws(args: argparse.Namespace) -> Workspace:
+    return Workspace.at(args.workspace)
+
+
+def _progress_printer(label: str):
+    from tqdm import tqdm
+
+    bar = None
+
+    def cb(done: int, total: int, metrics: dict) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=label, unit="round", file=sys.stderr)
+        bar.update(done - bar.n)
+        acc = metrics.get("mean_accuracy")
+        if acc == acc and acc is not None:
+            bar.set_postfix(mean_acc=f"{acc:.3f}")
+        if done == total:
+            bar.close()
+
+    return cb
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.config import TrainConfig
+    from trainer.simulation import train
+
+    cfg = TrainConfig.load(args.config)
+    if args.rounds is not None:
+        import dataclasses
+
+        cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=args.rounds))
+    ws = _ws(args)
+    path = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
+    summary = json.loads((path / "summary.json").read_text())
+    print(f"wrote {path}  (mean personalized accuracy {summary['mean_accuracy']:.4f}, "
+          f"{summary['bytes_up'] + summary['bytes_down']:,} bytes communicated)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from export import ExportSettings, export_run
+
+    ws = _ws(args)
+    clients = "all" if args.clients == "all" else [c for c in args.clients.split(",") if c]
+    formats = [f for f in args.formats.split(",") if f]
+    settings = ExportSettings(device_profile=args.target, int8=args.int8)
+    dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings)
+    for d in dirs:
+        print(f"wrote {d}")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from devices.inventory import load_inventory
+    from devices.probe import check_device, list_devices
+
+    ws = _ws(args)
+    inv_path = Path(args.inventory) if args.inventory else (ws.inventory if ws.inventory.exists() else None)
+    inventory = load_inventory(inv_path, ws.root)
+    if args.action == "list":
+        for row in list_devices(inventory):
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        return 0
+    names = args.names or list(inventory)
+    bad = [n for n in names if n not in inventory]
+    if bad:
+        raise EdgemaskError(f"unknown device {bad[0]!r}; valid names: {', '.join(sorted(inventory))}")
+    status = 0
+    for n in names:
+        report = check_device(inventory[n])
+        print(json.dumps({"device": n, **report}, indent=2, default=str))
+        status |= 0 if report.get("reachable") else 1
+    return status
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from devices.inventory import load_inventory
+    from profiling.campaign import load_campaign, run_campaign
+
+    ws = _ws(args)
+    inv_path = Path(args.inventory) if args.inventory else (ws.inventory if ws.inventory.exists() else None)
+    inventory = load_inventory(inv_path, ws.root)
+    cfg = load_campaign(args.campaign, known_devices=list(inventory))
+    res = run_campaign(cfg, ws.root, inventory=inventory, progress=True)
+    print(f"wrote {res.store_path}  ({len(res.recorded)} measured, {res.already_done} already there, "
+          f"{len(res.failed)} failed, {len(res.skipped)} skipped)")
+    for f in res.failed:
+        print(f"  failed: {f.job.job_id}: {f.reason}")
+    return 0 if not res.failed else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from profiling.report import write_report
+
+    ws = _ws(args)
+    html, md = write_report(Path(args.results), ws.root)
+    print(f"wrote {html}\nwrote {md}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from edgemask.demo import run_demo
+
+    run_demo(_ws(args), rounds=args.rounds, formats=[f for f in args.formats.split(",") if f])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgemask", description="Train personalized sparse models federatedly, "
+                                "compact and export them, and profile them on edge devices.")
+    p.add_argument("--version", action="version", version="edgemask 0.1.0")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_: str, fn) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("--workspace", default="workspace", help="workspace directory (default: ./workspace)")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    d = add("demo", "train FedAvg and FedMask on digits, export, profile on the local device, report", cmd_demo)
+    d.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    d.add_argument("--formats", default="onnx,pte", help="export formats (default: onnx,pte)")
+
+    t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
+    t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")
+    t.add_argument("--rounds", type=int, default=None, help="override training.rounds")
+
+    e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
+    e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")
+    e.add_argument("--clients", default="all", help="'all' or a comma-separated list of client ids")
+    e.add_argument("--formats", default="onnx,pte", help="comma-separated formats: onnx, pte, tflite")
+    e.add_argument("--target", default=None, help="device profile for format options (e.g. jetson-tx2: ONNX "
+                   "opset ≤ 15 for its onnxruntime 1.10)")
+    e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
+
+    dv = add("devices", "list the inventory or check devices over their connection", cmd_devices)
+    dv.add_argument("action", choices=["list", "check"])
+    dv.add_argument("names", nargs="*", help="devices to check (default: all)")
+    dv.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
+
+    pr = add("profile", "run a profiling campaign; results go to results/<campaign>/", cmd_profile)
+    pr.add_argument("--campaign", required=True, help="campaign.toml")
+    pr.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
+
+    r = add("report", "write report.html and summary.md for a campaign's results", cmd_report)
+    r.add_argument("--results", required=True, help="results/<campaign> directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except EdgemaskError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"edgemask {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"edgemask {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""``edgemask demo``: the whole pipeline on embedded defaults — no hardware, no downloads.
+
+FedAvg and FedMask on scikit-learn's digits (8 clients, 2 classes each) → every FedMask client compacted and
+exported (plus the dense baselines) to ONNX and ExecuTorch → profiled on the built-in ``local`` device through
+the same Connection and remote runner an SSH board uses → results store, report, and a summary table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from edgemask.workspace import Workspace
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def _stage(name: str) -> None:
+    print(f"\n== {name}", file=sys.stderr, flush=True)
+
+
+def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None = None) -> dict:
+    from edgemask.cli import _progress_printer
+    from export import export_run
+    from profiling.campaign import load_campaign, run_campaign
+    from profiling.report import write_report
+    from trainer.config import TrainConfig
+    from trainer.simulation import train
+
+    formats = formats or ["onnx", "pte"]
+    ws.root.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    runs = {}
+    t0 = time.perf_counter()
+    _stage("train")
+    for algo in ("fedavg", "fedmask"):
+        cfg = TrainConfig.load(CONFIGS / f"demo-{algo}.toml")
+        if rounds is not None:
+            cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=rounds))
+        runs[algo] = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
+        print(f"wrote {runs[algo]}", file=sys.stderr)
+    timings["train"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _stage("export")
+    export_run(runs["fedavg"], ws.artifacts, ["client-000"], formats)
+    export_run(runs["fedmask"], ws.artifacts, "all", formats)
+    timings["export"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _stage("profile (local device, remote runner)")
+    campaign_file = ws.root / "demo-campaign.toml"
+    text = (CONFIGS / "demo-campaign.toml").read_text()
+    text = text.replace('formats = ["onnx", "pte"]', "formats = [" + ", ".join(f'"{f}"' for f in formats) + "]")
+    campaign_file.write_text(text)
+    cfg = load_campaign(campaign_file, known_devices=["local"])
+    results_dir = cfg.results_dir(ws.root)
+    if results_dir.exists():  # a demo always measures afresh: its artifacts were just rebuilt
+        shutil.rmtree(results_dir)
+    res = run_campaign(cfg, ws.root, progress=True)
+    if res.failed:
+        raise SystemExit(f"edgemask demo: {len(res.failed)} profiling jobs failed: {res.failed[0].reason}")
+    timings["profile"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _stage("report")
+    html, md = write_report(results_dir, ws.root)
+    timings["report"] = time.perf_counter() - t0
+
+    table = summary_table(ws, runs, results_dir)
+    print()
+    print(table)
+    print(f"\nworkspace: {ws.root}\n  runs:      {ws.runs}\n  artifacts: {ws.artifacts}\n"
+          f"  results:   {results_dir}\n  report:    {html}\n  summary:   {md}")
+    print("stage wall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    return {"timings": timings, "runs": runs, "results": results_dir, "report": html}
+
+
+def summary_table(ws: Workspace, runs: dict[str, Path], results_dir: Path) -> str:
+    """Per algorithm: mean personalized accuracy, bytes communicated, parameters and p50 latency dense vs
+    compacted (mean over the algorithm's client artifacts), per format."""
+    import json
+
+    import numpy as np
+
+    from profiling.store import load_results
+
+    df = load_results(results_dir)
+    rows = []
+    for algo, run_path in runs.items():
+        summary = json.loads((run_path / "summary.json").read_text())
+        run_id = run_path.name
+        d = df[(df["run_id"] == run_id) & df["ok"]]
+        for fmt in sorted(d["format"].unique()):
+            f = d[d["format"] == fmt]
+            dense = f[f["kind"] == "dense"]
+            comp = f[f["kind"] != "dense"]
+            p50 = lambda g: float(np.mean([np.percentile(x, 50) for x in g["latency_ms"]])) if len(g) else float("nan")
+            rows.append((
+                algo, fmt, summary["mean_accuracy"], summary["bytes_up"] + summary["bytes_down"],
+                int(dense["params_dense"].iloc[0]) if len(dense) else -1,
+                float(comp["params_compacted"].astype(float).mean()) if len(comp) else float("nan"),
+                p50(dense), p50(comp),
+            ))
+    base = {r[1]: r[3] for r in rows if r[0] == "fedavg"}
+    head = ("algorithm", "format", "mean pers. acc", "bytes comm.", "vs FedAvg", "params dense",
+            "params compacted", "p50 dense ms", "p50 compacted ms", "speedup")
+    lines = [head]
+    for algo, fmt, acc, nbytes, pd_, pc, ld, lc in rows:
+        ratio = nbytes / base[fmt] if base.get(fmt) else float("nan")
+        lines.append((algo, fmt, f"{acc:.4f}", f"{nbytes:,}", f"{ratio:.4f}×", f"{pd_:,}", f"{pc:,.0f}",
+                      f"{ld:.4f}", f"{lc:.4f}", f"{ld / lc:.2f}×"))
+    widths = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
+    fmt_row = lambda r: "  ".join(str(c).rjust(w) for c, w in zip(r, widths))
+    return "\n".join([fmt_row(lines[0]), "  ".join("-" * w for w in widths), *map(fmt_row, lines[1:])])

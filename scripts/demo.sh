@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The main job on embedded defaults: set up .venv if needed, then `edgemask demo` (extra args pass through,
+# e.g. --workspace DIR).
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$ROOT"
+exec edgemask demo "$@"
