@@ -39,6 +39,7 @@ class TrainingConfig:
     eval_every: int = 1
     device: str = "cpu"
     batched: bool = False  # train a round's clients together (trainer-speed issue); sequential is the reference
+    target_accuracy: float | None = None  # υ: report rounds until the global model reaches it (FedPeWS Table 2)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
     """
     params = {k: v.detach().clone().requires_grad_(True) for k, v in task.trainable.items()}
     buffers = {k: v.clone() for k, v in task.buffers.items()}
-    opt = torch.optim.SGD(list(params.values()), lr=task.lr, momentum=momentum, weight_decay=weight_decay)
+    groups = ([{"params": [v], "lr": task.lrs.get(k, task.lr)} for k, v in params.items()] if task.lrs
+              else list(params.values()))  # per-tensor rates where the task names any
+    opt = torch.optim.SGD(groups, lr=task.lr, momentum=momentum, weight_decay=weight_decay)
     keep = {k: task.grad_keep[k] for k in params if k in task.grad_keep}
     total, seen, steps = 0.0, 0, 0
     for epoch in range(task.epochs):
@@ -28,8 +30,10 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
                 break
             idx = torch.from_numpy(order[start: start + batch_size])
             xb, yb = x[idx], y[idx]
-            logits = task.forward(params, task.constants, xb, buffers)
-            loss = F.cross_entropy(logits, yb)
+            if task.loss is not None:
+                loss = task.loss(params, task.constants, xb, yb, buffers)
+            else:
+                loss = F.cross_entropy(task.forward(params, task.constants, xb, buffers), yb)
             total += float(loss.detach()) * len(idx)
             seen += len(idx)
             if task.regularizer is not None:

@@ -18,6 +18,8 @@ from trainer.local_training import evaluate, local_train
 from trainer.run_dir import write_run
 from trainer.sampling import batch_order, sampling_schedule
 
+FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
+
 
 @dataclass
 class SimulationResult:
@@ -65,35 +67,47 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             record(rnd, cid, "accuracy", acc)
             record(rnd, cid, "test_loss", loss)
             accs.append(acc)
-        algo.model.train()
         mean = float(np.nanmean(accs))
         record(rnd, "server", "mean_accuracy", mean)
+        if ds.global_test_x is not None:  # the server's global model on the shared test set (FedPeWS)
+            g_acc, g_loss = evaluate(algo.global_forward(), ds.global_test_x, ds.global_test_y)
+            record(rnd, "server", "global_accuracy", g_acc)
+            record(rnd, "server", "global_test_loss", g_loss)
+        algo.model.train()
         return mean
 
     mean_acc = float("nan")
     for rnd in range(cfg.training.rounds):
         updates = []
-        for cid in schedule[rnd]:
+        for cid in algo.round_clients(rnd, schedule[rnd]):
             d = algo.client_data(cid)
             task = algo.local_task(cid, rnd)
             orders = batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid])
             res = local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
                               cfg.training.momentum, cfg.training.weight_decay)
+            phase, seen = 1, res.samples_seen
+            while (task := algo.next_phase(cid, rnd, phase, res)) is not None:  # multi-phase local training
+                orders = batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid] + phase * len(index))
+                res = local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
+                                  cfg.training.momentum, cfg.training.weight_decay)
+                phase, seen = phase + 1, seen + res.samples_seen
+            res.samples_seen = seen
             upd = algo.client_update(cid, rnd, res)
             updates.append(upd)
             masks = algo.eval_masks(cid)
             fwd = forward_flops(algo.model, algo.sites, masks, positions)
             fwd_train = fwd * res.samples_seen
+            bwd_train = algo.backward_flops(cid, fwd) * res.samples_seen
             record(rnd, cid, "bytes_up", upd.bytes_up)
             record(rnd, cid, "bytes_down", upd.bytes_down)
             record(rnd, cid, "train_loss", upd.train_loss)
             record(rnd, cid, "flops_fwd", fwd_train)
-            record(rnd, cid, "flops_bwd", 2 * fwd_train)
+            record(rnd, cid, "flops_bwd", bwd_train)
             record(rnd, cid, "params_kept", sum(float(m.sum()) for m in masks.values()) if masks else
                    sum(v.numel() for v in algo.global_params.values()))
             totals["bytes_up"] += upd.bytes_up
             totals["bytes_down"] += upd.bytes_down
-            totals["flops_train"] += 3 * fwd_train
+            totals["flops_train"] += fwd_train + bwd_train
         algo.aggregate(rnd, updates)
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == cfg.training.rounds:
             mean_acc = eval_all(rnd)
@@ -103,10 +117,17 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         mean_acc = eval_all(0)
     final = {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == "accuracy")
              for cid in algo.client_ids}
+    before_ft = finetune(cfg, algo, index, final)
+    if before_ft:  # accuracy after fine-tuning, recorded one round past the last
+        eval_all(cfg.training.rounds)
+        final = {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == "accuracy")
+                 for cid in algo.client_ids}
     result.summary = {
         "run_id": cfg.run_id, "algorithm": cfg.algorithm.name, "model": cfg.model.name, "dataset": cfg.data.name,
         "rounds": cfg.training.rounds, "num_clients": len(algo.client_ids),
-        "clients": {cid: {"accuracy": a} for cid, a in final.items()},
+        "clients": {cid: {"accuracy": a, **({"accuracy_before_finetune": before_ft[cid]} if before_ft else {})}
+                    for cid, a in final.items()},
+        **global_summary(hist, cfg.training.target_accuracy),
         "mean_accuracy": float(np.nanmean(list(final.values()))),
         "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
         "flops_train": totals["flops_train"],
@@ -115,6 +136,35 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         **algo.summary_extra(),
     }
     return result
+
+
+def finetune(cfg: TrainConfig, algo: Algorithm, index: dict[str, int], final: dict[str, float]) -> dict[str, float]:
+    """After the last round, each client trains what ``algo.finetune_task`` names (e.g. its head). Returns the
+    accuracies before fine-tuning of the clients (all of them), or {} when no client fine-tunes."""
+    tuned = False
+    for cid in algo.client_ids:
+        task = algo.finetune_task(cid)
+        if task is None:
+            continue
+        d = algo.client_data(cid)
+        orders = batch_order(d.num_train, task.epochs, cfg.run.seed, FINETUNE_ROUND, index[cid])
+        algo.finetune_result(cid, local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
+                                              cfg.training.momentum, cfg.training.weight_decay))
+        tuned = True
+    return dict(final) if tuned else {}
+
+
+def global_summary(hist: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    """Final accuracy of the global model on the global test set and, with a target accuracy υ, the number of
+    rounds to reach it (FedPeWS Table 2: the first round t, counted from 1, whose accuracy is ≥ υ; None if never)."""
+    rows = [(r["round"], r["value"]) for r in hist if r["client"] == "server" and r["metric"] == "global_accuracy"]
+    if not rows:
+        return {}
+    out: dict[str, Any] = {"global_accuracy": rows[-1][1]}
+    if target is not None:
+        out["target_accuracy"] = target
+        out["rounds_to_target"] = next((rnd + 1 for rnd, v in rows if v >= target), None)
+    return out
 
 
 def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:

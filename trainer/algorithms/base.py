@@ -4,11 +4,22 @@ local-training loop (``trainer.local_training``). An algorithm never writes a lo
 Hooks, in the order the loop calls them:
 
 * ``setup()`` — once, before round 0 (e.g. FedMask's one-shot pruning on every client);
+* ``round_clients(rnd, sampled)`` — who trains this round (default: the sampled ones; Standalone: everyone);
 * ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`LocalTask`;
 * ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`;
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
 * ``eval_forward(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation and FLOPs;
 * ``client_state(cid)`` / ``shared_state()`` — what the run directory stores.
+
+Optional hooks (defaults keep the behaviour above):
+
+* ``next_phase(cid, rnd, phase, result)`` — another local-training phase in the same round, started after the
+  previous one (GradLTN's pruning iterations, LocalAlt, FedRep's head-then-body, Ditto's personal model);
+  ``None`` ends the client's round and the last result goes to ``client_update``;
+* ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
+* ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
+  client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
+* ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less).
 """
 
 from __future__ import annotations
@@ -55,6 +66,11 @@ class LocalTask:
     lr: float = 0.05
     grad_keep: dict[str, torch.Tensor] = field(default_factory=dict)
     max_steps: int | None = None  # stop after this many minibatches (Per-FedAvg's fixed step count)
+    # per-tensor learning rates overriding ``lr`` (FedPeWS's mask rate η_s next to the weights' η_ℓ)
+    lrs: dict[str, float] = field(default_factory=dict)
+    # ``loss(trainable, constants, x, y, buffers)``: the data loss of a minibatch, replacing
+    # cross-entropy(forward(...), y) (Per-FedAvg's first-order MAML step needs the labels of two half-batches).
+    loss: Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, Tensors], torch.Tensor] | None = None
 
 
 @dataclass
@@ -125,6 +141,10 @@ class Algorithm:
     def setup(self) -> None:
         """Called once before the first round."""
 
+    def round_clients(self, rnd: int, sampled: list[str]) -> list[str]:
+        """The clients that train in round ``rnd``; ``sampled`` is the precomputed schedule's draw."""
+        return sampled
+
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         return LocalTask(
             trainable=self.clone_global(),
@@ -135,8 +155,10 @@ class Algorithm:
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         payload = {**result.trained, **result.buffers}
-        return ClientUpdate(cid, result.num_samples, payload, bytes_up=tensor_bytes(result.trained),
-                            bytes_down=tensor_bytes(self.global_params), train_loss=result.loss,
+        # the batch-norm running statistics travel with the weights, so they are costed too
+        return ClientUpdate(cid, result.num_samples, payload, bytes_up=tensor_bytes(payload),
+                            bytes_down=tensor_bytes({**self.global_params, **self.global_buffers}),
+                            train_loss=result.loss,
                             samples_seen=result.samples_seen)
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
@@ -167,6 +189,26 @@ class Algorithm:
 
     def summary_extra(self) -> dict[str, Any]:
         return {}
+
+    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
+        """Phase ``phase`` (≥ 1) of client ``cid``'s local training this round, given the previous phase's
+        result; ``None`` (the default) ends the round for this client."""
+        return None
+
+    def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
+        return lambda x: self.call(self.global_params, self.global_buffers, x)
+
+    def finetune_task(self, cid: str) -> LocalTask | None:
+        """After the last round: what client ``cid`` fine-tunes (``None``, the default: nothing)."""
+        return None
+
+    def finetune_result(self, cid: str, result: LocalResult) -> None:
+        """Keep the outcome of :meth:`finetune_task` (it becomes the client's personalized model)."""
+
+    def backward_flops(self, cid: str, fwd: int) -> int:
+        """Backward FLOPs of one sample given its forward FLOPs: input gradients + weight gradients ≈ 2×."""
+        return 2 * fwd
 
 
 def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
