@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from trainer.accounting import forward_flops, layer_positions
-from trainer.algorithms import ALGORITHMS, Algorithm
+from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
+from trainer.batched import local_train_batched
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
@@ -79,19 +80,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     mean_acc = float("nan")
     for rnd in range(cfg.training.rounds):
         updates = []
-        for cid in algo.round_clients(rnd, schedule[rnd]):
-            d = algo.client_data(cid)
-            task = algo.local_task(cid, rnd)
-            orders = batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid])
-            res = local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
-                              cfg.training.momentum, cfg.training.weight_decay)
-            phase, seen = 1, res.samples_seen
-            while (task := algo.next_phase(cid, rnd, phase, res)) is not None:  # multi-phase local training
-                orders = batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid] + phase * len(index))
-                res = local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
-                                  cfg.training.momentum, cfg.training.weight_decay)
-                phase, seen = phase + 1, seen + res.samples_seen
-            res.samples_seen = seen
+        for cid, res in train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd):
             upd = algo.client_update(cid, rnd, res)
             updates.append(upd)
             masks = algo.eval_masks(cid)
@@ -136,6 +125,48 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         **algo.summary_extra(),
     }
     return result
+
+
+def train_clients(algo: Algorithm, cids: list[str], rnd: int) -> list[tuple[str, LocalResult]]:
+    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phase``) included; the result's
+    ``samples_seen`` sums the phases. One client after another (the reference) or, with ``training.batched``,
+    all of a phase's clients together (:func:`trainer.batched.local_train_batched`): the same results."""
+    cfg, t = algo.cfg, algo.cfg.training
+    index = {cid: i for i, cid in enumerate(algo.client_ids)}
+
+    def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
+        data = [algo.client_data(cid) for cid, _ in pairs]
+        orders = [batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid] + phase * len(index))
+                  for d, (cid, task) in zip(data, pairs)]
+        if t.batched:
+            return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], orders,
+                                       t.batch_size, t.momentum, t.weight_decay, t.device)
+        return [local_train(task, d.train_x, d.train_y, o, t.batch_size, t.momentum, t.weight_decay)
+                for d, (_, task), o in zip(data, pairs, orders)]
+
+    if not t.batched:  # phase by phase per client: the sequential reference keeps one client's tensors alive
+        out = []
+        for cid in cids:
+            (res,) = run([(cid, algo.local_task(cid, rnd))], 0)
+            phase, seen = 1, res.samples_seen
+            while (task := algo.next_phase(cid, rnd, phase, res)) is not None:  # multi-phase local training
+                (res,) = run([(cid, task)], phase)
+                phase, seen = phase + 1, seen + res.samples_seen
+            res.samples_seen = seen
+            out.append((cid, res))
+        return out
+    results = dict(zip(cids, run([(cid, algo.local_task(cid, rnd)) for cid in cids], 0)))
+    seen = {cid: r.samples_seen for cid, r in results.items()}
+    pending, phase = list(cids), 1
+    while pending:  # the clients that go on to another phase, together again
+        nxt = [(cid, task) for cid in pending if (task := algo.next_phase(cid, rnd, phase, results[cid])) is not None]
+        for (cid, _), res in zip(nxt, run(nxt, phase) if nxt else []):
+            results[cid] = res
+            seen[cid] += res.samples_seen
+        pending, phase = [cid for cid, _ in nxt], phase + 1
+    for cid, res in results.items():
+        res.samples_seen = seen[cid]
+    return [(cid, results[cid]) for cid in cids]
 
 
 def finetune(cfg: TrainConfig, algo: Algorithm, index: dict[str, int], final: dict[str, float]) -> dict[str, float]:
