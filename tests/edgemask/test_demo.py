@@ -1,0 +1,53 @@
+"""`edgemask demo` end to end: the files DESIGN.md names, and artifacts that reproduce the masked model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path):
+    ws = tmp_path / "ws"
+    p = subprocess.run([sys.executable, "-m", "edgemask.cli", "demo", "--workspace", str(ws), "--rounds", "3"],
+                       capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "mean pers. acc" in p.stdout and "fedmask" in p.stdout and "fedavg" in p.stdout
+
+    for run in ("demo-fedavg", "demo-fedmask"):
+        for f in ("config.toml", "model.safetensors", "history.parquet", "summary.json"):
+            assert (ws / "runs" / run / f).is_file()
+    assert len(list((ws / "runs" / "demo-fedmask" / "clients").glob("*.safetensors"))) == 8
+
+    import onnxruntime as ort
+
+    art = ws / "artifacts" / "demo-fedmask"
+    clients = sorted(d for d in art.iterdir() if d.name.startswith("client-"))
+    assert len(clients) == 8
+    for d in clients:
+        manifest = json.loads((d / "manifest.json").read_text())
+        assert manifest["kind"] == "compacted"
+        assert manifest["params"]["compacted"] < manifest["params"]["dense"]
+        assert {f["format"] for f in manifest["files"]} >= {"onnx", "pte"}
+        io = np.load(d / "sample_io.npz")
+        assert {"input", "output", "label"} <= set(io.files)
+        sess = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        got = np.concatenate([sess.run(None, {name: io["input"][i: i + 1]})[0] for i in range(len(io["input"]))])
+        assert np.abs(got - io["output"]).max() <= 1e-5, d.name
+    assert (art / "dense" / "manifest.json").is_file()
+
+    results = ws / "results" / "demo"
+    assert (results / "results.sqlite").is_file()
+    assert (results / "report.html").is_file() and (results / "summary.md").is_file()
+    from profiling.store import load_results
+
+    df = load_results(results)
+    assert df["ok"].all()
+    # every artifact measured in both formats: 8 FedMask clients + 2 dense + 1 FedAvg client
+    assert len(df) == (8 + 2 + 1) * 2
+    assert all(len(x) >= 30 for x in df["latency_ms"])

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgemask.errors import ConfigError, UnknownNameError
+from trainer.config import TrainConfig
+from trainer.masks import binarize, pack_bits, packed_nbytes, unpack_bits
+from trainer.models import MaskedModel, build_model, model_sites
+from trainer.models.masking import effective_params, unit_alive
+
+
+def test_pack_bits_uses_one_bit_per_element():
+    m = torch.tensor([[1, 0, 1, 1, 0, 0, 0, 1, 1]], dtype=torch.float32)  # 9 elements -> 2 bytes
+    packed = pack_bits(m)
+    assert packed.tolist() == [0b10110001, 0b10000000]
+    assert packed_nbytes(9) == 2
+    assert torch.equal(unpack_bits(packed, (1, 9)), m)
+    with pytest.raises(ValueError):
+        unpack_bits(packed, (3, 9))
+
+
+def test_binarize_threshold_is_inclusive_at_one_half():
+    assert binarize(torch.tensor([0.49, 0.5, 0.51])).tolist() == [0.0, 1.0, 1.0]
+
+
+def test_dead_unit_outputs_exactly_zero_bias_and_batchnorm_included():
+    torch.manual_seed(0)
+
+    class ConvBN(torch.nn.Module):
+        norm_after = {"conv": "bn"}
+
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 4, 3)
+            self.bn = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    m = ConvBN().eval()
+    with torch.no_grad():
+        m.bn.bias.fill_(0.7)
+        m.bn.running_mean.fill_(0.3)
+    sites = model_sites(m)
+    masks = {"conv.weight": torch.ones(4, 2, 3, 3)}
+    masks["conv.weight"][2] = 0  # filter 2 dead
+    out = MaskedModel(m, sites, masks)(torch.randn(3, 2, 5, 5))
+    assert torch.count_nonzero(out[:, 2]) == 0  # no β − γ·μ/σ leak, no bias leak
+    assert torch.count_nonzero(out[:, 1]) > 0
+    assert unit_alive(sites[0], masks).tolist() == [True, True, False, True]
+
+
+def test_lstm_dead_hidden_unit_outputs_zero():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 4, batch_first=True)
+    sites = model_sites(lstm)
+    masks = {w: torch.ones(12, *p.shape[1:]) for w, p in lstm.named_parameters() if "weight" in w}
+    for w in masks:  # hidden unit 1: g rows (8 + 1) zero
+        masks[w][8 + 1] = 0
+    out, _ = MaskedModel(lstm, sites, masks)(torch.randn(2, 5, 3))
+    assert torch.count_nonzero(out[..., 1]) == 0
+    assert torch.count_nonzero(out[..., 0]) > 0
+    eff = effective_params(dict(lstm.named_parameters()), masks, sites)
+    assert eff["bias_ih_l0"][9] == 0 and eff["bias_ih_l0"][13] != 0  # g gated, o untouched
+
+
+def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
+    bad = tmp_path / "c.toml"
+    bad.write_text('[algorithm]\nname = "fedmagic"\n')
+    with pytest.raises(UnknownNameError, match="valid names: .*fedavg"):
+        TrainConfig.load(bad)
+    bad.write_text('[training]\nroundz = 3\n')
+    with pytest.raises(ConfigError, match="unknown field 'roundz'"):
+        TrainConfig.load(bad)
+    bad.write_text('[training]\nrounds = "ten"\n')
+    with pytest.raises(ConfigError, match="must be an integer"):
+        TrainConfig.load(bad)
+    bad.write_text('[data]\nname = "digits"\npartition = "pathological"\nbalance_rate = 0.5\n'
+                   '[algorithm]\nname = "fedmask"\n[algorithm.args]\nprune_rate = 0.3\n')
+    cfg = TrainConfig.load(bad)
+    again = tmp_path / "again.toml"
+    again.write_text(cfg.to_toml())
+    assert TrainConfig.load(again).to_dict() == cfg.to_dict()
+
+
+def test_build_model_unknown_name_lists_models():
+    with pytest.raises(UnknownNameError, match="valid names: .*mlp"):
+        build_model("resnet9000", (1, 8, 8), 10)
