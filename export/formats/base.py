@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,3 +86,20 @@ class Format:
 
 
 FORMATS: Registry[Format] = Registry("export format")
+
+
+@contextlib.contextmanager
+def quiet_exporters():
+    """Silence the exporters' chatter (deprecation warnings, "torchvision is not installed" log lines) so a
+    user sees progress and results; real failures still raise."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch._export", "torch.export", "executorch")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, lv in zip(loggers, levels):
+                lg.setLevel(lv)

@@ -16,12 +16,11 @@ import torch
 from torch import nn
 
 from edgemask.fileio import atomic_path
-from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext
+from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, quiet_exporters
 
 
 def _export_fp32(model: nn.Module, path: Path, example: torch.Tensor, opset: int) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_exporters():
         torch.onnx.export(model.eval(), (example,), str(path), dynamo=opset >= 18, opset_version=opset,
                           input_names=["input"], output_names=["output"], external_data=False,
                           verbose=False)

@@ -14,16 +14,17 @@ import torch
 from torch import nn
 
 from edgemask.fileio import write_bytes_atomic
-from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext
+from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, quiet_exporters
 
 
 def _lower(program_module: nn.Module, example: torch.Tensor) -> bytes:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    ep = torch.export.export(program_module, (example,))
-    _explicit_pool_stride(ep)
-    return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+    with quiet_exporters():
+        ep = torch.export.export(program_module, (example,))
+        _explicit_pool_stride(ep)
+        return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
 
 
 def _explicit_pool_stride(ep) -> None:
