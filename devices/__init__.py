@@ -11,10 +11,11 @@ from devices.errors import DeviceError, HostKeyError, RunTimeout
 from devices.inventory import KIND_PROFILES, DeviceSpec, KindProfile, load_inventory, local_device
 from devices.probe import check_device, list_devices, probe
 from devices.records import Measurement, RunnerSettings
+from devices.setup import packages_for, setup_device
 
 __all__ = [
     "Connection", "DeviceError", "DeviceSpec", "HostKeyError", "KIND_PROFILES", "KindProfile", "LocalConnection",
     "Measurement", "RunResult", "RunTimeout", "RunnerSettings", "check_device", "deploy", "deploy_many", "deploy_runner",
-    "list_devices", "load_inventory", "local_device", "open_connection", "probe", "read_manifest", "remote_path",
-    "run_benchmark",
+    "list_devices", "load_inventory", "local_device", "open_connection", "packages_for", "probe", "read_manifest",
+    "remote_path", "run_benchmark", "setup_device",
 ]

@@ -9,6 +9,7 @@ from devices.connection import Connection, open_connection
 from devices.deploy import deploy_runner
 from devices.errors import DeviceError
 from devices.inventory import FORMAT_RUNTIME, DeviceSpec
+from devices.setup import missing_items
 
 
 def probe(conn: Connection, spec: DeviceSpec, timeout: float = 120.0) -> dict[str, Any]:
@@ -50,6 +51,7 @@ def check_device(spec: DeviceSpec) -> dict[str, Any]:
     try:
         with open_connection(spec) as conn:
             row.update(probe(conn, spec))
+        row["missing"] = missing_items(spec, row)  # what `devices setup` (or the fix given) still has to do
     except DeviceError as e:
         row.update(reachable=False, error=str(e))
     profile = spec.profile

@@ -83,6 +83,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
     bad = [n for n in names if n not in inventory]
     if bad:
         raise EdgemaskError(f"unknown device {bad[0]!r}; valid names: {', '.join(sorted(inventory))}")
+    if args.action == "setup":
+        from devices.setup import setup_device
+
+        if not args.names:
+            raise EdgemaskError("devices setup: name the device(s) to set up, e.g. `edgemask devices setup rpi4-a`")
+        wheels = Path(args.wheels) if args.wheels else None
+        for n in names:
+            result = setup_device(inventory[n], wheels_dir=wheels)
+            print(json.dumps(result, indent=2, default=str))
+            if not result["python_is_venv"]:
+                print(f"{n}: set python = \"{result['python']}\" for [devices.{n}] in the inventory so "
+                      "the runner uses this environment")
+        return 0
     status = 0
     for n in names:
         report = check_device(inventory[n])
@@ -151,10 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "opset ≤ 15 for its onnxruntime 1.10)")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
 
-    dv = add("devices", "list the inventory or check devices over their connection", cmd_devices)
-    dv.add_argument("action", choices=["list", "check"])
-    dv.add_argument("names", nargs="*", help="devices to check (default: all)")
+    dv = add("devices", "list the inventory, check devices over their connection, or set them up "
+             "(a venv with numpy and the runtimes their kind supports)", cmd_devices)
+    dv.add_argument("action", choices=["list", "check", "setup"])
+    dv.add_argument("names", nargs="*", help="devices to check (default: all) or to set up")
     dv.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
+    dv.add_argument("--wheels", default=None, help="setup: install from the wheels in this folder, uploaded to "
+                    "the board (for boards without a package index)")
 
     pr = add("profile", "run a profiling campaign; results go to results/<campaign>/", cmd_profile)
     pr.add_argument("--campaign", required=True, help="campaign.toml")

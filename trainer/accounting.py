@@ -1,9 +1,11 @@
 """Exact cost accounting: bytes on the wire and FLOPs with the current masks.
 
-Bytes: a float32 tensor costs 4 bytes per element; a binary mask 1 bit per element, packed (⌈n/8⌉ bytes);
-Top-k sends values (4 bytes) plus indices (4 bytes, int32).
-FLOPs: a multiply-add counts 2. A masked weight element that is zero costs nothing, and neither does any
-weight feeding or fed by a dead unit; backward ≈ 2 × forward (input gradients + weight/mask gradients).
+Bytes: a tensor costs its element size per element (float32: 4, int64 batch-norm counters: 8); a binary mask
+1 bit per element, packed (⌈n/8⌉ bytes); Top-k sends values (4 bytes) plus indices (4 bytes, int32).
+FLOPs: a multiply-add counts 2. A weight element costs nothing when it is zero after masking, when its output
+unit is dead, or when its input unit is dead (a column of fc2 fed by a dead fc1 unit, a conv filter's slice
+over a dead input channel, LSTM columns of dead hidden units). Liveness is structural, found by one probe
+forward pass (:func:`input_liveness`); backward ≈ 2 × forward (input gradients + weight/mask gradients).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ INDEX_BYTES = 4
 
 
 def tensor_bytes(tensors: dict[str, torch.Tensor] | list[torch.Tensor]) -> int:
+    """Dense tensors on the wire: numel × element size (float32: 4 bytes)."""
     ts = tensors.values() if isinstance(tensors, dict) else tensors
-    return sum(t.numel() * FLOAT_BYTES for t in ts)
+    return sum(t.numel() * t.element_size() for t in ts)
 
 
 def mask_bytes(masks: dict[str, torch.Tensor]) -> int:
@@ -33,11 +36,19 @@ def topk_bytes(k: int) -> int:
     return k * (FLOAT_BYTES + INDEX_BYTES)
 
 
+class Positions(dict):
+    """``{site name: applications per sample}``, remembering the example input it was measured on (the probe
+    of :func:`forward_flops` runs on its shape)."""
+
+    example: torch.Tensor | None = None
+
+
 def layer_positions(model: nn.Module, sites: tuple[MaskSite, ...], example: torch.Tensor) -> dict[str, int]:
     """How many times each site's weight is applied per sample: output H·W for a conv, sequence length for
     an LSTM, the product of leading dims for a linear on sequences; found with forward hooks."""
     mods = dict(model.named_modules())
-    out: dict[str, int] = {}
+    out = Positions()
+    out.example = example[:1].detach().clone()
     hooks = []
     for s in sites:
         def hook(mod, inp, outp, s=s):
@@ -59,14 +70,102 @@ def layer_positions(model: nn.Module, sites: tuple[MaskSite, ...], example: torc
     return out
 
 
+def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str, torch.Tensor],
+                   example: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Bool per input unit of each non-LSTM site (conv: input channels; linear: input features), and for an
+    LSTM site the input features of its first layer: is the unit structurally alive?
+
+    A probe forward pass with every non-zero effective parameter replaced by a positive constant (weights
+    1/fan-in, biases and batch-norm affine 1, running mean 0 and variance 1) on a positive input: ReLU, pooling,
+    residual adds, LSTM gates and heads keep every live value > 0, and a dead unit (zero weights, gated bias and
+    batch norm) stays exactly 0 whatever the data. So a unit is dead iff the probe leaves it at 0.
+    """
+    probe = {}
+    for k, v in eff.items():
+        if not v.is_floating_point():
+            probe[k] = v
+            continue
+        fan = v[0].numel() if v.dim() > 1 else 1
+        probe[k] = v.ne(0).to(v.dtype) / fan
+    for k, v in model.named_buffers():
+        if k.endswith("running_mean"):
+            probe[k] = torch.zeros_like(v)
+        elif k.endswith("running_var"):
+            probe[k] = torch.ones_like(v)
+        else:
+            probe[k] = v
+    mods = dict(model.named_modules())
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [mods[s.name].register_forward_hook(
+        lambda mod, inp, outp, s=s: seen.__setitem__(s.name, inp[0].detach())) for s in sites]
+    x = torch.zeros_like(example[:1]) if not example.is_floating_point() else torch.ones_like(example[:1])
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(model.eval(), probe, (x,))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    alive = {}
+    for s in sites:
+        a = seen[s.name]
+        if s.kind == "conv":  # (1, C, *spatial)
+            alive[s.name] = a.reshape(a.shape[0], a.shape[1], -1).ne(0).any(2).any(0)
+        else:  # (1, ..., features)
+            alive[s.name] = a.reshape(-1, a.shape[-1]).ne(0).any(0)
+    return alive
+
+
+def site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], alive_in: torch.Tensor) -> int:
+    """Weight elements of one site that do work: non-zero, live output unit, live input unit."""
+    if site.kind == "lstm":
+        h = site.hidden
+        total, prev = 0, alive_in
+        for layer, (ih, hh) in enumerate(zip(site.weights[0::2], site.weights[1::2])):
+            # hidden unit j is dead when its g rows are all zero (masking.unit_alive): h_j = o_j·tanh(0) = 0
+            g = torch.cat([eff[ih][2 * h: 3 * h], eff[hh][2 * h: 3 * h]], dim=1)
+            out_alive = g.ne(0).any(1)  # (H,)
+            rows = out_alive.repeat(4)[:, None]  # (4H, 1): the i, f, g, o rows of dead units do no work
+            total += int((eff[ih].ne(0) & rows & prev[None, :]).sum())
+            total += int((eff[hh].ne(0) & rows & out_alive[None, :]).sum())
+            prev = out_alive
+        return total
+    W = eff[site.weights[0]]
+    nz = W.ne(0)
+    if site.kind == "conv":  # (N, C/groups, *k): the column of output n, slot j reads channel g·C/groups + j
+        groups = getattr(mod, "groups", 1)
+        n, cg = W.shape[0], W.shape[1]
+        chan = (torch.arange(n)[:, None] // (n // groups)) * cg + torch.arange(cg)[None, :]  # (N, C/groups)
+        cols = alive_in[chan]
+        return int((nz & cols.reshape(n, cg, *([1] * (W.dim() - 2)))).sum())
+    return int((nz & alive_in[None, :]).sum())  # linear (out, in)
+
+
 def forward_flops(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor],
                   positions: dict[str, int]) -> int:
-    """Forward FLOPs of one sample for the masked layers: 2 × (non-zero effective weights) × positions.
-    Dead units are zero in the effective weights, so they cost nothing."""
+    """Forward FLOPs of one sample for the masked layers: 2 × (working weight elements) × positions.
+
+    A weight element works when it is non-zero after masking and both its output and its input unit are alive
+    (:func:`site_nnz`); input liveness comes from a probe pass on ``positions.example`` (a :class:`Positions`
+    from :func:`layer_positions`). Given a plain dict, only zero effective weights are skipped."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     eff = effective_params(params, {k: v.detach() for k, v in masks.items()}, sites) if masks else params
+    example = getattr(positions, "example", None)
+    alive = input_liveness(model, sites, eff, example) if example is not None else {}
+    mods = dict(model.named_modules())
     total = 0
     for s in sites:
-        nnz = sum(int(eff[w].ne(0).sum()) for w in s.weights)
+        if s.name in alive:
+            nnz = site_nnz(s, mods[s.name], eff, alive[s.name])
+        else:
+            nnz = sum(int(eff[w].ne(0).sum()) for w in s.weights)
         total += 2 * nnz * positions.get(s.name, 1)
     return total
+
+
+def dense_reference(model: nn.Module, sites: tuple[MaskSite, ...], positions: dict[str, int]) -> dict[str, int]:
+    """What FedAvg pays on the same model, per client and round: ``bytes`` up (= down: every parameter and
+    buffer in float32) and ``flops_fwd`` per sample (dense) — the denominators of the ratios to FedAvg."""
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {"bytes": tensor_bytes(state), "flops_fwd": forward_flops(model, sites, {}, positions)}

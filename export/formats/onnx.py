@@ -7,7 +7,6 @@ opset 18 when a node cannot be adapted (ReduceMean's axes, seen here)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
