@@ -46,7 +46,7 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
 
     t0 = time.perf_counter()
     _stage("export")
-    export_run(runs["fedavg"], ws.artifacts, ["client-000"], formats)
+    export_run(runs["fedavg"], ws.artifacts, [], formats)  # FedAvg's personalized model is the global one
     export_run(runs["fedmask"], ws.artifacts, "all", formats)
     timings["export"] = time.perf_counter() - t0
 
@@ -98,11 +98,13 @@ def summary_table(ws: Workspace, runs: dict[str, Path], results_dir: Path) -> st
             f = d[d["format"] == fmt]
             dense = f[f["kind"] == "dense"]
             comp = f[f["kind"] != "dense"]
+            if comp.empty:  # no personal structure (FedAvg): every client runs the dense model
+                comp = dense
             p50 = lambda g: float(np.mean([np.percentile(x, 50) for x in g["latency_ms"]])) if len(g) else float("nan")
             rows.append((
                 algo, fmt, summary["mean_accuracy"], summary["bytes_up"] + summary["bytes_down"],
                 int(dense["params_dense"].iloc[0]) if len(dense) else -1,
-                float(comp["params_compacted"].astype(float).mean()) if len(comp) else float("nan"),
+                float(comp["params_compacted"].astype(float).mean()),
                 p50(dense), p50(comp),
             ))
     base = {r[1]: r[3] for r in rows if r[0] == "fedavg"}

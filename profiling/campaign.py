@@ -207,11 +207,16 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
             if clients_raw != "all":
                 raise sel.fail("clients", f'must be "all" or a list of client ids, not {clients_raw!r}')
             clients = None
+        elif not clients_raw:  # [] = the dense baseline alone (e.g. FedAvg, whose clients all run it)
+            clients = ()
         else:
             clients = sel.names("clients")
             if DENSE_CLIENT in clients:
                 raise sel.fail("clients", 'must not list "dense"; use dense = true for the baseline')
-        selections.append(ArtifactSelection(run=run, clients=clients, dense=sel.get("dense", bool, True)))
+        dense = sel.get("dense", bool, True)
+        if clients == () and not dense:
+            raise sel.fail("clients", "is empty and dense = false: the selection measures nothing")
+        selections.append(ArtifactSelection(run=run, clients=clients, dense=dense))
 
     runner_table = top.get("runner", dict, {})
     runner_fields = _Fields(source, runner_table, "runner", _RUNNER_KEYS)

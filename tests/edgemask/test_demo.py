@@ -48,6 +48,6 @@ def test_demo_end_to_end(tmp_path):
 
     df = load_results(results)
     assert df["ok"].all()
-    # every artifact measured in both formats: 8 FedMask clients + 2 dense + 1 FedAvg client
-    assert len(df) == (8 + 2 + 1) * 2
+    # every artifact measured in both formats: 8 FedMask clients + 2 dense baselines
+    assert len(df) == (8 + 2) * 2
     assert all(len(x) >= 30 for x in df["latency_ms"])
