@@ -1,0 +1,91 @@
+"""BNN-FedAvg (FedMask §4.3 baseline): FedAvg on a binarized neural network (Hubara, Courbariaux, Soudry,
+El-Yaniv, Bengio, "Binarized Neural Networks", NeurIPS 2016).
+
+* Forward with binary weights W_b = α·sign(W) for every conv, linear and LSTM weight (Hubara et al. Eq. 1,
+  sign(0) = +1); α = mean|W| per layer when ``scale = true`` (the XNOR-Net scale, so that a model without batch
+  norm after each layer — our MLPs — keeps activations of sane size), α = 1 otherwise (pure ±1, as in [25]).
+  Biases, batch norm and embeddings stay real-valued.
+* Backward: straight-through estimator with the saturation of Hubara et al. (§1.3): ∂L/∂W = ∂L/∂W_b · 1_{|W|≤1};
+  the optimizer updates real-valued shadow weights W locally.
+* Communication (paper: "map the real-value parameters to the binary ones before transmit ... and convert them
+  back after receiving the updated binary parameters"): a client uploads sign(W) packed 1 bit per element plus
+  α (4 bytes per layer when ``scale``), and the real-valued biases / norms / buffers as float32. The server takes
+  the sample-weighted majority vote sign(Σ n_k sign(W_k)) and the weighted mean of α, and sends the same format
+  back; the device converts it back to shadow weights W = α·sign.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
+from trainer.aggregation import average_state, weighted_average
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+
+
+@dataclass(frozen=True)
+class BNNArgs:
+    scale: bool = True  # per-layer α = mean|W|; false: pure ±1 weights
+
+
+def sign(w: torch.Tensor) -> torch.Tensor:
+    return torch.where(w >= 0, 1.0, -1.0).to(w.dtype)
+
+
+def binarize_ste(w: torch.Tensor, scale: bool) -> torch.Tensor:
+    """Forward α·sign(w); backward the gradient times 1_{|w|≤1} (Hubara et al.'s straight-through estimator)."""
+    alpha = w.detach().abs().mean() if scale else 1.0
+    clipped = w.clamp(-1.0, 1.0)
+    return clipped + (alpha * sign(w.detach()) - clipped).detach()
+
+
+@ALGORITHMS.register("bnn_fedavg")
+class BNNFedAvg(Algorithm):
+    name = "bnn_fedavg"
+    Args = BNNArgs
+
+    def setup(self) -> None:
+        self.binary = [w for s in self.sites for w in s.weights]
+        with torch.no_grad():  # the shared model is binary from the start
+            for w in self.binary:
+                self.global_params[w] = binarize_ste(self.global_params[w], self.args.scale)
+
+    def _binarized(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**params, **{w: binarize_ste(params[w], self.args.scale) for w in self.binary}}
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        task = super().local_task(cid, rnd)  # shadow weights start at the received α·sign (converted back)
+        task.forward = lambda p, c, x, b: self.call(self._binarized(p), b, x)
+        return task
+
+    def _wire_bytes(self, real: dict[str, torch.Tensor]) -> int:
+        bits = mask_bytes({w: self.global_params[w] for w in self.binary})
+        return bits + (FLOAT_BYTES * len(self.binary) if self.args.scale else 0) + tensor_bytes(real)
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        trained = result.trained
+        real = {k: v for k, v in trained.items() if k not in self.binary}
+        payload = {**real, **result.buffers}
+        for w in self.binary:
+            payload[w] = sign(trained[w])  # 1 bit per element on the wire
+            payload[f"scale:{w}"] = trained[w].abs().mean() if self.args.scale else torch.tensor(1.0)
+        down_real = {k: v for k, v in {**self.global_params, **self.global_buffers}.items() if k not in self.binary}
+        return ClientUpdate(cid, result.num_samples, payload,
+                            bytes_up=self._wire_bytes({**real, **result.buffers}),
+                            bytes_down=self._wire_bytes(down_real), train_loss=result.loss,
+                            samples_seen=result.samples_seen)
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        weights = [u.num_samples for u in updates]
+        real = [k for k in self.global_params if k not in self.binary]
+        new = average_state([u.payload for u in updates], weights, real)
+        for w in self.binary:
+            vote = weighted_average([u.payload[w] for u in updates], weights)  # in [-1, 1]
+            alpha = weighted_average([u.payload[f"scale:{w}"] for u in updates], weights)
+            new[w] = alpha * sign(vote)
+        self.global_params = new
+        if self.global_buffers:
+            avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
+            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
