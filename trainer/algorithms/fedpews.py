@@ -1,0 +1,268 @@
+"""FedPeWS and FedPeWS-Fixed (Tastan et al., "FedPeWS: Personalized Warmup via Subnetworks for Enhanced
+Heterogeneous Federated Learning"), Algorithm 1.
+
+* Neuron-level mask scores s_i ∈ R^h on the hidden layers only (every masked layer but the head): θ_i = σ(s_i),
+  binary neuron masks m̃_i ~ Bernoulli(θ_i) with a straight-through estimator (§4: the gradient passes the
+  sampling as if it were the identity), expanded to parameters by 𝒢: a weight is selected when the neurons at
+  both of its ends are (inputs and classes always are), a bias when its neuron is.
+* Each local step k on a minibatch ξ (Alg. 1 lines 11-17):
+  Procedure I — weights frozen, s ← s − η_s ∇_s [f_i(x ⊙ 𝒢(s), ξ) − λ ‖σ(s) − θ_{g∖i}‖²] (Eq. 6: the mask
+  diversity term is *maximized*, pushing a participant's mask away from the others');
+  Procedure II — the new s frozen, x ← x − η_ℓ ∇_x f_i(x ⊙ 𝒢(s), ξ) (Eq. 8), with a fresh sample of 𝒢(s).
+* Warmup: rounds t ≤ W = round(τ·T); afterwards m_i = 1 and the base optimizer (FedAvg, or FedProx with μ) runs
+  on the full model.
+* Server (Alg. 1 line 21): x_g ← x_g − η_g (x_g − Σ_i x_i ⊙ m_i / Σ_i m_i); an element no participant selected
+  keeps x_g. The server keeps each participant's latest θ_i; θ_g is their mean and θ_{g∖i} the mean over j ≠ i.
+* FedPeWS-Fixed (§4 "Use of fixed subnetworks", App. B.2): no mask learning; the server splits the hidden
+  neurons of every layer into N contiguous, disjoint groups covering all of them; participant i keeps group i
+  during warmup.
+
+Choices the paper leaves open, stated here: s_g^0 = ``init_score`` everywhere (θ = σ(init_score)); θ_g^0 = σ(s_g^0);
+the sum over participants is unweighted, as written. In one local step the mask update is taken by the loop's
+optimizer through a zero-valued surrogate (s − s̄)·∇_s L_s at rate η_s (``LocalTask.lrs``), so Procedures I and II
+both use the same minibatch and x's gradient is taken at the updated s, as in Alg. 1. Only sequential models
+(MLP, FedPeWS CNN: each masked layer feeds the next, through pooling or a flatten) are supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgemask.errors import ConfigError
+from trainer.accounting import mask_bytes, tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.fedprox import with_proximal
+from trainer.models.masking import MaskSite
+from trainer.models.registry import head_names
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FedPeWSArgs:
+    tau: float = 0.125  # τ = W/T, the warmup fraction (Table 2, Synthetic-32K: 0.125)
+    warmup_rounds: int = -1  # W; -1: round(τ·T)
+    lambda_div: float = 5.0  # λ, the mask diversity weight (Table 2, Synthetic-32K: 5.0)
+    mask_lr: float = 0.1  # η_s (§5.2)
+    server_lr: float = 1.0  # η_g (Table 2, Synthetic-32K: 1.0)
+    init_score: float = 0.0  # s_g^0
+    base: str = "fedavg"  # the optimizer after (and under) the warmup: fedavg | fedprox
+    mu: float = 0.01  # FedProx's μ when base = "fedprox" (App. C.1: 0.01)
+
+
+def bernoulli_ste(theta: torch.Tensor) -> torch.Tensor:
+    """A binary sample m ~ Bernoulli(θ) whose gradient passes to θ unchanged (straight-through: ∂m/∂θ = 1)."""
+    sample = torch.bernoulli(theta.detach())
+    return sample + theta - theta.detach()
+
+
+def server_update(x_g: torch.Tensor, xs: list[torch.Tensor], masks: list[torch.Tensor], server_lr: float
+                  ) -> torch.Tensor:
+    """Alg. 1 line 21: x_g − η_g (x_g − Σ x_i ⊙ m_i / Σ m_i), with x_g kept where Σ m_i = 0."""
+    num = sum(x.float() * m for x, m in zip(xs, masks))
+    den = sum(m.float() for m in masks)
+    avg = torch.where(den > 0, num / den.clamp(min=1e-12), x_g)
+    return x_g - server_lr * (x_g - avg)
+
+
+def fixed_partition(units: int, parts: int) -> list[torch.Tensor]:
+    """FedPeWS-Fixed: ``parts`` binary masks over ``units`` neurons, contiguous groups, disjoint, covering all."""
+    if parts > units:
+        raise ConfigError(f"fedpews_fixed: {parts} participants but a hidden layer has only {units} neurons; "
+                          f"every participant needs at least one")
+    out = []
+    for idx in np.array_split(np.arange(units), parts):
+        m = torch.zeros(units)
+        m[torch.from_numpy(idx)] = 1.0
+        out.append(m)
+    return out
+
+
+@ALGORITHMS.register("fedpews")
+class FedPeWS(Algorithm):
+    name = "fedpews"
+    Args = FedPeWSArgs
+    fixed = False
+
+    def setup(self) -> None:
+        if self.args.base not in ("fedavg", "fedprox"):
+            raise ConfigError(f"{self.name}: algorithm.args.base must be 'fedavg' or 'fedprox', got {self.args.base!r}")
+        head = set(head_names(self.model))
+        self.hidden: list[MaskSite] = [s for s in self.sites if s.weights[0] not in head]
+        if not self.hidden or any(s.kind == "lstm" for s in self.sites):
+            raise ConfigError(f"{self.name}: model {self.cfg.model.name!r} needs hidden linear/conv layers and no LSTM")
+        self.units = {s.name: int(self.global_params[s.weights[0]].shape[0]) for s in self.hidden}
+        self._check_sequential()
+        T = self.cfg.training.rounds
+        self.warmup = self.args.warmup_rounds if self.args.warmup_rounds >= 0 else int(round(self.args.tau * T))
+        s0 = {n: torch.full((h,), self.args.init_score) for n, h in self.units.items()}
+        self.scores = {cid: {n: v.clone() for n, v in s0.items()} for cid in self.client_ids}  # s_i
+        self.theta = {cid: {n: torch.sigmoid(v) for n, v in s0.items()} for cid in self.client_ids}  # θ_i
+        self.neuron_masks: dict[str, Tensors] = {}  # m̃_i of the round (uploaded)
+        if self.fixed:
+            parts = {n: fixed_partition(h, len(self.client_ids)) for n, h in self.units.items()}
+            self.fixed_masks = {cid: {n: parts[n][i] for n in parts} for i, cid in enumerate(self.client_ids)}
+
+    def _check_sequential(self) -> None:
+        prev = None
+        for s in self.sites:
+            fan_in = int(self.global_params[s.weights[0]].shape[1])
+            if prev is not None and fan_in % self.units_or_out(prev):
+                raise ConfigError(f"{self.name}: layer {s.name!r} does not follow {prev.name!r} sequentially; "
+                                  f"FedPeWS supports sequential MLP/CNN models")
+            prev = s
+
+    def units_or_out(self, site: MaskSite) -> int:
+        return int(self.global_params[site.weights[0]].shape[0])
+
+    # -- masks ----------------------------------------------------------------------------------------
+    def in_warmup(self, rnd: int) -> bool:
+        return rnd < self.warmup  # rounds t = rnd + 1 ≤ W
+
+    def theta_excluding(self, cid: str) -> Tensors:
+        """θ_{g∖i}: the mean of the other participants' latest θ_j (θ_i itself with one participant)."""
+        others = [self.theta[c] for c in self.client_ids if c != cid] or [self.theta[cid]]
+        return {n: torch.stack([t[n] for t in others]).mean(0) for n in self.units}
+
+    @property
+    def theta_global(self) -> Tensors:
+        return {n: torch.stack([self.theta[c][n] for c in self.client_ids]).mean(0) for n in self.units}
+
+    def param_masks(self, neuron: Tensors) -> Tensors:
+        """𝒢's last step: neuron masks (units,) -> parameter masks of every masked layer's weight and bias."""
+        out: Tensors = {}
+        prev = None
+        for s in self.sites:
+            W = self.global_params[s.weights[0]]
+            rows = neuron.get(s.name, torch.ones(W.shape[0]))
+            cols = torch.ones(W.shape[1]) if prev is None else prev.repeat_interleave(W.shape[1] // prev.numel())
+            m = rows[:, None] * cols[None, :]
+            out[s.weights[0]] = m.reshape(W.shape[0], W.shape[1], *([1] * (W.dim() - 2))).expand_as(W).clone()
+            for b in s.biases:
+                out[b] = rows.clone()
+            prev = rows
+        return out
+
+    def masked_params(self, params: Tensors, neuron: Tensors) -> Tensors:
+        """x with each hidden neuron's incoming weights and bias scaled by its (STE) mask: a dropped neuron
+        outputs exactly zero, so the weights it feeds see no input (the forward of x ⊙ 𝒢(s))."""
+        out = dict(params)
+        for s in self.hidden:
+            a = neuron[s.name]
+            W = params[s.weights[0]]
+            out[s.weights[0]] = W * a.reshape(-1, *([1] * (W.dim() - 1)))
+            for b in s.biases:
+                out[b] = params[b] * a
+        return out
+
+    # -- local training -------------------------------------------------------------------------------
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        if not self.in_warmup(rnd):
+            task = super().local_task(cid, rnd)
+            self.neuron_masks[cid] = {}
+        elif self.fixed:
+            task = self._fixed_task(cid)
+        else:
+            task = self._learned_task(cid)
+        if self.args.base == "fedprox":
+            task = with_proximal(task, self.global_params, self.args.mu)
+        return task
+
+    def _fixed_task(self, cid: str) -> LocalTask:
+        masks = self.fixed_masks[cid]
+        self.neuron_masks[cid] = masks
+        constants = {f"m:{n}": m for n, m in masks.items()}
+
+        def forward(tr, c, x, b):
+            return self.call(self.masked_params(tr, {n: c[f"m:{n}"] for n in self.units}), b, x)
+
+        return LocalTask(self.clone_global(), forward, constants=constants,
+                         buffers={k: v.clone() for k, v in self.global_buffers.items()},
+                         epochs=self.local_epochs, lr=self.cfg.training.lr)
+
+    def _learned_task(self, cid: str) -> LocalTask:
+        names = list(self.units)
+        lam, eta_s = self.args.lambda_div, self.args.mask_lr
+        trainable = {**self.clone_global(), **{f"s:{n}": self.scores[cid][n].clone() for n in names}}
+        excl = self.theta_excluding(cid)
+        constants = {f"theta:{n}": excl[n] for n in names}
+        weights = list(self.global_params)
+
+        def forward(tr, c, x, b):  # inference-style forward: one sample of 𝒢(s)
+            a = {n: torch.bernoulli(torch.sigmoid(tr[f"s:{n}"].detach())) for n in names}
+            return self.call(self.masked_params({w: tr[w] for w in weights}, a), b, x)
+
+        def loss(tr, c, x, y, b):
+            s = [tr[f"s:{n}"] for n in names]
+            # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6)
+            a = {n: bernoulli_ste(torch.sigmoid(si)) for n, si in zip(names, s)}
+            frozen = {w: tr[w].detach() for w in weights}
+            l_s = F.cross_entropy(self.call(self.masked_params(frozen, a), b, x), y)
+            div = sum((torch.sigmoid(si) - c[f"theta:{n}"]).pow(2).sum() for n, si in zip(names, s))
+            grads = torch.autograd.grad(l_s - lam * div, s)
+            # the step s ← s − η_s ∇_s L_s, taken by the optimizer: a surrogate worth 0 whose gradient is ∇_s L_s
+            surrogate = sum(((si - si.detach()) * g).sum() for si, g in zip(s, grads))
+            # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
+            a2 = {n: torch.bernoulli(torch.sigmoid(si.detach() - eta_s * g)) for n, si, g in zip(names, s, grads)}
+            l_x = F.cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
+            return l_x + surrogate
+
+        return LocalTask(trainable, forward, constants=constants,
+                         buffers={k: v.clone() for k, v in self.global_buffers.items()},
+                         epochs=self.local_epochs, lr=self.cfg.training.lr,
+                         lrs={f"s:{n}": eta_s for n in names}, loss=loss)
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        x = {k: v for k, v in result.trained.items() if k in self.global_params}
+        extra = {}
+        if self.in_warmup(rnd) and not self.fixed:
+            s = {n: result.trained[f"s:{n}"] for n in self.units}
+            self.scores[cid] = s
+            theta = {n: torch.sigmoid(v) for n, v in s.items()}
+            self.neuron_masks[cid] = {n: torch.bernoulli(t) for n, t in theta.items()}  # m_i^t = 𝒢(s_i^{t,K})
+            extra["theta"] = theta
+        neuron = self.neuron_masks[cid]
+        pmask = self.param_masks(neuron) if neuron else {}
+        if pmask:  # only the selected parameters, the mask (1 bit each) and θ_i cross the network
+            sent = sum(int(m.sum()) for m in pmask.values()) * 4
+            up = sent + mask_bytes(pmask) + tensor_bytes(extra.get("theta", {}))
+        else:
+            up = tensor_bytes(x)
+        return ClientUpdate(cid, result.num_samples, {**x, **result.buffers}, bytes_up=up,
+                            bytes_down=tensor_bytes(self.global_params) + tensor_bytes(self.theta_global),
+                            train_loss=result.loss, samples_seen=result.samples_seen,
+                            extra={**extra, "masks": pmask})
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        for u in updates:
+            if "theta" in u.extra:
+                self.theta[u.client_id] = u.extra["theta"]
+        for k, xg in self.global_params.items():
+            masks = [u.extra["masks"].get(k, torch.ones_like(xg)) for u in updates]
+            self.global_params[k] = server_update(xg, [u.payload[k] for u in updates], masks, self.args.server_lr)
+        if self.global_buffers:
+            from trainer.aggregation import average_state
+            self.global_buffers = average_state([u.payload for u in updates], [1.0] * len(updates),
+                                                list(self.global_buffers))
+
+    def eval_masks(self, cid: str) -> Tensors:
+        """The masks of the client's last local training (for its FLOPs); dense after the warmup."""
+        neuron = self.neuron_masks.get(cid) or {}
+        if not neuron:
+            return {}
+        pm = self.param_masks(neuron)
+        return {w: pm[w] for s in self.sites for w in s.weights}
+
+    def summary_extra(self) -> dict:
+        return {"warmup_rounds": self.warmup,
+                "theta_global_mean": float(torch.cat(list(self.theta_global.values())).mean())}
+
+
+@ALGORITHMS.register("fedpews_fixed")
+class FedPeWSFixed(FedPeWS):
+    name = "fedpews_fixed"
+    fixed = True

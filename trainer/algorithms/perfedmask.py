@@ -1,0 +1,248 @@
+"""PerFedMask (Setayesh, Li and Wong, "PerFedMask: Personalized Federated Learning with Optimized Masking
+Vectors", ICLR 2023; the poster's equations).
+
+* The model is a global body w_g and a device head φ_n (the model's ``head``). As in FedBABU, which PerFedMask
+  builds on, the head stays at its random initialization during training and only the body is trained.
+* Device n can train at most ψ_n parameters; a fraction ν of the devices can train the whole body
+  (ψ_n = d_w), the others ``budget``·d_w (or per-device fractions ``budgets``).
+* Before training the server picks layer-wise masking vectors m̃_n ∈ {0,1}^|Λ| by P^mask:
+      min Σ_n ( d_w max_j (k̃_n)_j − Σ_j (m̃_n)_j + ε_n )
+      s.t. (k̃_n)_j = (m̃_n)_j / Σ_n' (m̃_n')_j,  Σ_j |π_j| (m̃_n)_j = ψ_n − ε_n,  m̃ binary, ε_n ≥ 0,
+  solved exactly as a mixed-integer linear program (:func:`solve_pmask`, HiGHS through ``scipy.optimize.milp``).
+* Local update: w_n = w_g − η m_n ⊙ Σ ∇f_n — masked parameters are frozen (``grad_keep``), not removed.
+* Aggregation: w_g ← Σ_n k_n ⊙ w_n with (k_n)_l = (m_n)_l / Σ_n' (m_n')_l over the round's devices
+  (:func:`mask_weighted_average`); an element no device trained keeps its value.
+* After training every device fine-tunes its head φ_n on its data (``finetune_task``); accuracy is reported
+  before and after, with each device's trainable parameters and forward/backward FLOPs (the poster's tables).
+
+Linearization (ours): with z_jc = 1 ⇔ layer j is trained by exactly c devices (c = 0..N, one-hot),
+Σ_n m_nj = Σ_c c z_jc and (k̃_n)_j = m_nj Σ_c z_jc / c. The max becomes one auxiliary γ_n per device with
+γ_n ≥ Σ_{c≥1} z_jc / c + m_nj − 1 for every j (tight when m_nj = 1, vacuous when 0); ε_n is the budget slack.
+Layers Λ: every module that owns body parameters (a conv, a linear, a batch norm). Backward FLOPs per sample:
+a masked layer costs its weight gradient (= its forward) when trained, and its input gradient (= its forward)
+when a trained layer lies before it in definition order (the gradient must flow through it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edgemask.errors import ConfigError
+from trainer.accounting import forward_flops, layer_positions, tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.models.registry import head_names
+from trainer.run_dir import ClientState
+
+
+@dataclass(frozen=True)
+class PerFedMaskArgs:
+    nu: float = 0.5  # ν: fraction of devices that can train the whole body
+    budget: float = 0.5  # ψ_n / d_w for the other devices
+    budgets: list | None = None  # per-device ψ_n / d_w, in client order (overrides nu and budget)
+    finetune_epochs: int = 5  # head fine-tuning after training
+    finetune_lr: float = -1.0  # -1: training.lr
+
+
+def layer_groups(names: list[str]) -> dict[str, list[str]]:
+    """Λ: parameters grouped by the module that owns them ("layer1.0.conv1.weight" -> "layer1.0.conv1")."""
+    out: dict[str, list[str]] = {}
+    for n in names:
+        out.setdefault(n.rsplit(".", 1)[0] if "." in n else n, []).append(n)
+    return out
+
+
+def pmask_objective(m: np.ndarray, sizes: np.ndarray, psi: np.ndarray) -> float:
+    """P^mask's objective for a binary (N, J) choice with Σ_j |π_j| m_nj ≤ ψ_n (ε_n the slack)."""
+    d_w = float(sizes.sum())
+    count = m.sum(0)  # (J,) devices per layer
+    k = np.where(count > 0, m / np.maximum(count, 1), 0.0)  # (N, J)
+    eps = psi - m @ sizes
+    return float(np.sum(d_w * k.max(1) - m.sum(1) + eps))
+
+
+def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) -> tuple[np.ndarray, float]:
+    """Solve P^mask exactly (see the module docstring). ``sizes[j]`` = |π_j|, ``psi[n]`` = ψ_n.
+    Returns the (N, J) binary masking vectors and the optimal objective value."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    s = np.asarray(sizes, dtype=float)
+    p = np.asarray(psi, dtype=float)
+    N, J, C = len(p), len(s), len(p) + 1
+    d_w = s.sum()
+    nm, nz = N * J, J * C  # variables: m (N·J), z (J·C), γ (N), ε (N)
+    im = lambda n, j: n * J + j  # noqa: E731
+    iz = lambda j, c: nm + j * C + c  # noqa: E731
+    ig = lambda n: nm + nz + n  # noqa: E731
+    ie = lambda n: nm + nz + N + n  # noqa: E731
+    nv = nm + nz + 2 * N
+    cost = np.zeros(nv)
+    for n in range(N):
+        cost[ig(n)] = d_w
+        cost[ie(n)] = 1.0
+        for j in range(J):
+            cost[im(n, j)] = -1.0
+    rows = N + 2 * J + N * J
+    A = lil_matrix((rows, nv))
+    lo, hi = np.zeros(rows), np.zeros(rows)
+    r = 0
+    for n in range(N):  # Σ_j |π_j| m_nj + ε_n = ψ_n   (scaled by 1/d_w)
+        for j in range(J):
+            A[r, im(n, j)] = s[j] / d_w
+        A[r, ie(n)] = 1.0 / d_w
+        lo[r] = hi[r] = p[n] / d_w
+        r += 1
+    for j in range(J):  # Σ_n m_nj − Σ_c c z_jc = 0
+        for n in range(N):
+            A[r, im(n, j)] = 1.0
+        for c in range(1, C):
+            A[r, iz(j, c)] = -float(c)
+        r += 1
+    for j in range(J):  # Σ_c z_jc = 1
+        for c in range(C):
+            A[r, iz(j, c)] = 1.0
+        lo[r] = hi[r] = 1.0
+        r += 1
+    for n in range(N):  # γ_n − Σ_{c≥1} z_jc / c − m_nj ≥ −1
+        for j in range(J):
+            A[r, ig(n)] = 1.0
+            for c in range(1, C):
+                A[r, iz(j, c)] = -1.0 / c
+            A[r, im(n, j)] = -1.0
+            lo[r], hi[r] = -1.0, np.inf
+            r += 1
+    integrality = np.zeros(nv)
+    integrality[: nm + nz] = 1
+    ub = np.full(nv, np.inf)
+    ub[: nm + nz] = 1.0
+    res = milp(cost / d_w, constraints=LinearConstraint(A.tocsr(), lo, hi), integrality=integrality,
+               bounds=Bounds(np.zeros(nv), ub), options={"time_limit": time_limit})
+    if res.x is None or not res.success:
+        raise ConfigError(f"perfedmask: P^mask has no solution ({res.message}); check the budgets ψ_n ≥ 0")
+    m = np.round(res.x[:nm]).reshape(N, J).astype(np.int64)
+    return m, pmask_objective(m, s, p)
+
+
+def mask_weighted_average(global_value: torch.Tensor, values: list[torch.Tensor], masks: list[torch.Tensor]
+                          ) -> torch.Tensor:
+    """w_g = Σ_n k_n ⊙ w_n, (k_n)_l = (m_n)_l / Σ_n' (m_n')_l; elements with Σ m = 0 keep ``global_value``."""
+    den = sum(m.float() for m in masks)
+    num = sum(v.float() * m for v, m in zip(values, masks))
+    return torch.where(den > 0, num / den.clamp(min=1e-12), global_value)
+
+
+@ALGORITHMS.register("perfedmask")
+class PerFedMask(Algorithm):
+    name = "perfedmask"
+    Args = PerFedMaskArgs
+
+    def setup(self) -> None:
+        self.head = set(head_names(self.model))
+        body = [k for k in self.global_params if k not in self.head]
+        if not self.head or not body:
+            raise ConfigError(f"perfedmask: model {self.cfg.model.name!r} needs a head (its ``head`` attribute) "
+                              f"and a body")
+        self.layers = layer_groups(body)  # Λ
+        sizes = [sum(self.global_params[k].numel() for k in ps) for ps in self.layers.values()]
+        d_w = sum(sizes)
+        N = len(self.client_ids)
+        if self.args.budgets is not None:
+            if len(self.args.budgets) != N:
+                raise ConfigError(f"perfedmask: algorithm.args.budgets has {len(self.args.budgets)} entries for "
+                                  f"{N} clients")
+            frac = [float(b) for b in self.args.budgets]
+        else:
+            rng = np.random.default_rng([self.cfg.run.seed, 0x9F])
+            full = set(rng.permutation(N)[: int(round(self.args.nu * N))].tolist())
+            frac = [1.0 if i in full else self.args.budget for i in range(N)]
+        self.psi = [f * d_w for f in frac]
+        m, self.objective = solve_pmask(sizes, self.psi)
+        names = list(self.layers)
+        self.layer_masks = {cid: {names[j]: int(m[i, j]) for j in range(len(names))}
+                            for i, cid in enumerate(self.client_ids)}
+        self.keep = {cid: self._param_masks(cid) for cid in self.client_ids}
+        self.heads: dict[str, dict[str, torch.Tensor]] = {}
+        example = self.dataset.clients[0].train_x[:1]
+        positions = layer_positions(self.model, self.sites, example)
+        self.fwd = forward_flops(self.model, self.sites, {}, positions)
+        per_site = {s.name: forward_flops(self.model, (s,), {}, positions) for s in self.sites}
+        self.bwd = {cid: self._backward(cid, per_site) for cid in self.client_ids}
+
+    def _param_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        out = {k: torch.zeros_like(v) for k, v in self.global_params.items()}  # the head: frozen (FedBABU)
+        for layer, on in self.layer_masks[cid].items():
+            if on:
+                for k in self.layers[layer]:
+                    out[k] = torch.ones_like(self.global_params[k])
+        return out
+
+    def _backward(self, cid: str, per_site: dict[str, int]) -> int:
+        total, below = 0, False
+        for s in self.sites:
+            trained = bool(self.layer_masks[cid].get(s.name, 0))
+            total += per_site[s.name] * (int(trained) + int(below))
+            below = below or trained
+        return total
+
+    # -- training -------------------------------------------------------------------------------------
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        task = super().local_task(cid, rnd)
+        task.grad_keep = self.keep[cid]
+        return task
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        upd = super().client_update(cid, rnd, result)
+        trained = {k: v for k, v in result.trained.items() if self.keep[cid][k].any()}
+        upd.bytes_up = tensor_bytes(trained)  # frozen layers are not sent
+        return upd
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        for k, g in self.global_params.items():
+            self.global_params[k] = mask_weighted_average(
+                g, [u.payload[k] for u in updates], [self.keep[u.client_id][k] for u in updates])
+        if self.global_buffers:
+            from trainer.aggregation import average_state
+            avg = average_state([u.payload for u in updates], [u.num_samples for u in updates],
+                                list(self.global_buffers))
+            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+
+    def backward_flops(self, cid: str, fwd: int) -> int:
+        return self.bwd[cid]
+
+    def trained_numel(self, cid: str) -> int:
+        return int(sum(int(m.sum()) for m in self.keep[cid].values()))
+
+    # -- fine-tuning and evaluation -------------------------------------------------------------------
+    def finetune_task(self, cid: str) -> LocalTask | None:
+        if self.args.finetune_epochs <= 0:
+            return None
+        heads = sorted(self.head)
+        body = {k: v for k, v in self.global_params.items() if k not in self.head}
+        lr = self.args.finetune_lr if self.args.finetune_lr > 0 else self.cfg.training.lr
+        return LocalTask(trainable={k: self.global_params[k].clone() for k in heads},
+                         forward=lambda p, c, x, b: self.call({**body, **p}, b, x),
+                         buffers={k: v.clone() for k, v in self.global_buffers.items()},
+                         epochs=self.args.finetune_epochs, lr=lr)
+
+    def finetune_result(self, cid: str, result: LocalResult) -> None:
+        self.heads[cid] = dict(result.trained)
+
+    def personal_params(self, cid: str) -> dict[str, torch.Tensor]:
+        return {**self.global_params, **self.heads.get(cid, {})}
+
+    def eval_forward(self, cid: str):
+        params = self.personal_params(cid)
+        return lambda x: self.call(params, self.global_buffers, x)
+
+    def client_state(self, cid: str) -> ClientState:
+        return ClientState(params=dict(self.heads.get(cid, {})))
+
+    def summary_extra(self) -> dict:
+        return {"pmask_objective": self.objective, "flops_fwd_per_sample": self.fwd,
+                "devices": {cid: {"budget": self.psi[i], "trainable_params": self.trained_numel(cid),
+                                  "layers_trained": sum(self.layer_masks[cid].values()),
+                                  "flops_fwd_per_sample": self.fwd, "flops_bwd_per_sample": self.bwd[cid]}
+                            for i, cid in enumerate(self.client_ids)}}
