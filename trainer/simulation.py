@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainer.accounting import forward_flops, layer_positions
+from trainer.accounting import dense_reference, forward_flops, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.batched import local_train_batched
 from trainer.config import TrainConfig
@@ -38,7 +38,9 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
 
     History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
-    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks), ``params_kept``;
+    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks), ``params_kept``,
+    ``bytes_up_vs_fedavg`` / ``bytes_down_vs_fedavg`` / ``flops_fwd_vs_fedavg`` (ratios to what FedAvg pays on the
+    same model: dense float32 parameters and buffers, dense forward FLOPs per sample);
     per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
     """
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -52,9 +54,10 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     index = {cid: i for i, cid in enumerate(algo.client_ids)}
     example = ds.clients[0].train_x[:1]
     positions = layer_positions(algo.model, algo.sites, example)
+    ref = dense_reference(algo.model, algo.sites, positions)  # FedAvg's cost on this model: the ratios' denominators
     result = SimulationResult(cfg, algo)
     hist = result.history
-    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0}
+    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0, "fedavg_bytes": 0, "fedavg_flops": 0}
 
     def record(rnd: int, client: str, metric: str, value: float) -> None:
         hist.append({"round": rnd, "client": client, "metric": metric, "value": float(value)})
@@ -97,6 +100,11 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             totals["bytes_up"] += upd.bytes_up
             totals["bytes_down"] += upd.bytes_down
             totals["flops_train"] += fwd_train + bwd_train
+            record(rnd, cid, "bytes_up_vs_fedavg", upd.bytes_up / ref["bytes"])
+            record(rnd, cid, "bytes_down_vs_fedavg", upd.bytes_down / ref["bytes"])
+            record(rnd, cid, "flops_fwd_vs_fedavg", fwd / ref["flops_fwd"] if ref["flops_fwd"] else float("nan"))
+            totals["fedavg_bytes"] += ref["bytes"]
+            totals["fedavg_flops"] += 3 * ref["flops_fwd"] * res.samples_seen
         algo.aggregate(rnd, updates)
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == cfg.training.rounds:
             mean_acc = eval_all(rnd)
@@ -120,6 +128,10 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         "mean_accuracy": float(np.nanmean(list(final.values()))),
         "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
         "flops_train": totals["flops_train"],
+        "vs_fedavg": {  # the same updates as FedAvg would have cost them (dense float32 model, dense FLOPs)
+            "bytes_up": totals["bytes_up"] / max(totals["fedavg_bytes"], 1),
+            "bytes_down": totals["bytes_down"] / max(totals["fedavg_bytes"], 1),
+            "flops_train": totals["flops_train"] / max(totals["fedavg_flops"], 1)},
         "params_dense": sum(v.numel() for v in algo.global_params.values()),
         "wall_seconds": time.perf_counter() - t0,
         **algo.summary_extra(),
