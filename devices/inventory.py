@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import posixpath
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgemask.tomlio import read_toml
 from edgemask.errors import ConfigError
 
 KINDS = ("local", "linux", "jetson-tx2", "rpi4")
@@ -242,12 +242,7 @@ def load_inventory(path: Path | None = None, workspace: Path | None = None) -> d
             return devices
         path = candidate
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such inventory file; write one with [devices.NAME] tables") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    data = read_toml(path, "no such inventory file; write one with [devices.NAME] tables")
     extra = sorted(set(data) - {"devices"})
     if extra:
         raise ConfigError(f"{path}: unknown top-level table {extra[0]!r}; devices go in [devices.NAME] tables")

@@ -11,15 +11,17 @@ from typing import Any
 from edgemask.errors import ConfigError
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path, missing: str = "file not found") -> dict[str, Any]:
+    """Parse a TOML file; a missing or malformed file is a one-line ConfigError naming it
+    (``missing`` says what to do when it does not exist)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
+        raise ConfigError(f"{path}: {missing}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
 
 
 def _scalar(v: Any) -> str:

@@ -40,7 +40,6 @@ import random
 import re
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from typing import Any
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
 from edgemask.registry import Registry
+from edgemask.tomlio import read_toml
 
 # Format name -> the runtime that runs it (docs/contracts.md). A registry so an unknown name lists the valid ones.
 FORMATS: Registry[str] = Registry("format")
@@ -252,12 +252,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
 def load_campaign(path: str | Path, known_devices: Collection[str] | None = None) -> CampaignConfig:
     """Read and validate ``campaign.toml``; errors name the file and the field."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such campaign file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "no such campaign file")
     return parse_campaign(data, str(path), known_devices)
 
 
