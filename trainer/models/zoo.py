@@ -39,8 +39,9 @@ class VGG16(nn.Module):
         i = 0
         for v in VGG16_CFG:
             if v == "M":
-                self.plan[-1] = (self.plan[-1][0], True)
-                h, w = h // 2, w // 2
+                if h >= 2 and w >= 2:  # a 28×28 input (FEMNIST) reaches 1×1 after four pools: skip the fifth
+                    self.plan[-1] = (self.plan[-1][0], True)
+                    h, w = h // 2, w // 2
                 continue
             i += 1
             out = _scaled(v, width)
