@@ -39,12 +39,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import vmap
+from torch.nn.utils.rnn import pad_sequence
 
 from trainer.algorithms.base import LocalResult, LocalTask
 from trainer.local_training import local_train
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
+_PROBED: dict[Hashable, tuple[int | str, tuple]] = {}  # signature -> (activation bytes or why not, its functions)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -73,7 +75,14 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
     results: list[LocalResult | None] = [None] * len(tasks)
     for group in compatible_groups(tasks):
         first = group[0]
-        probe = _probe(tasks[first], data[first], batch_size, dev)
+        key = (task_signature(tasks[first]), batch_size, str(dev))
+        if key not in _PROBED:  # once per kind of task: the rounds of one run share it
+            if len(_PROBED) >= 16:
+                _PROBED.clear()
+            t = tasks[first]
+            # the entry holds the functions, so the objects whose ids are in the key outlive it
+            _PROBED[key] = (_probe(t, data[first], batch_size, dev), (t.forward, t.regularizer, t.loss))
+        probe = _PROBED[key][0]
         if isinstance(probe, str):
             warnings.warn(f"batched training falls back to the sequential loop for {len(group)} client(s): {probe}",
                           RuntimeWarning, stacklevel=2)
@@ -253,22 +262,21 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     counts = torch.from_numpy(counts_np).to(dev, torch.float32)
 
     # Data padded to the largest client: X (C, N, *input), Y (C, N).
-    n_max = max(max(len(y) for _, y in data), 1)
-    x0 = data[0][0]
-    X = torch.zeros((C, n_max, *x0.shape[1:]), dtype=x0.dtype)
-    Y = torch.zeros((C, n_max), dtype=data[0][1].dtype)
-    for c, (x, y) in enumerate(data):
-        X[c, : len(y)] = x
-        Y[c, : len(y)] = y
-    X, Y = X.to(dev), Y.to(dev)
+    X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
+    Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
+    if X.shape[1] == 0:  # no client has a sample: there are no steps, but the gathers need a row
+        X, Y = X.new_zeros((C, 1, *X.shape[2:])), Y.new_zeros((C, 1))
     rows = torch.arange(C, device=dev)[:, None]
 
     keys = list(P)
     bufs: dict[str, torch.Tensor] = {}
+    # Without momentum, weight decay or a regularizer, a client with no real sample has an exactly zero
+    # gradient, so it stays put without masking its update.
+    zero_when_idle = padded and not momentum and not weight_decay and t0.regularizer is None
     loss_sum = torch.zeros(C, dtype=torch.float64, device=dev)
     for s in range(S):
         active_np = counts_np[s] > 0
-        all_active = bool(active_np.all())
+        all_active = zero_when_idle or bool(active_np.all())
         active = torch.from_numpy(active_np).to(dev)
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.

@@ -1,0 +1,177 @@
+"""Trainer speed (issue 8): client updates/s of the sequential loop, the batched loop, and a hand-written batched
+reference loop for the same workload, measured in one run so the ratios share the machine's load.
+
+Workload: FedAvg, 100 clients, digits split 2 classes per client, 1 local epoch, batch 16, lr 0.05, on the MLP
+64-128-64-10 (``mlp``, hidden (128, 64)) and the small CNN (``cnn``). Every loop uses the same per-client orders
+(``trainer.sampling.batch_order``); the rounds are interleaved (sequential, batched, reference, repeat) so a busy
+machine slows all three alike. "train" times local training only (for ours: ``simulation.train_clients``, i.e.
+``local_task`` + orders + training + results); "round" adds the uploads and the server's aggregate.
+
+    python benchmarks/bench_batched.py [--rounds 5] [--models mlp,cnn] [--threads N]
+"""
+
+from __future__ import annotations
+
+import time
+
+T_PROCESS = time.perf_counter()
+
+import argparse  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from trainer.algorithms import ALGORITHMS  # noqa: E402
+from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig  # noqa: E402
+from trainer.data import DataConfig, build_dataset  # noqa: E402
+from trainer.sampling import batch_order  # noqa: E402
+from trainer.simulation import train_clients  # noqa: E402
+
+T_IMPORTS = time.perf_counter() - T_PROCESS
+MODEL_ARGS = {"mlp": {"hidden": [128, 64]}, "cnn": {}}
+
+
+def config(model: str, batched: bool) -> TrainConfig:
+    return TrainConfig(run=RunConfig(seed=0), data=DataConfig(name="digits", num_clients=100,
+                                                              partition="pathological", classes_per_client=2),
+                       model=ModelConfig(model, MODEL_ARGS[model]), algorithm=AlgorithmConfig("fedavg"),
+                       training=TrainingConfig(rounds=1000, local_epochs=1, batch_size=16, lr=0.05,
+                                               batched=batched))
+
+
+class OurLoop:
+    """The trainer's own round: train_clients (sequential or batched), then uploads and FedAvg's aggregate."""
+
+    def __init__(self, model: str, batched: bool) -> None:
+        t = time.perf_counter()
+        cfg = config(model, batched)
+        ds = build_dataset(cfg.data, cfg.run.seed)
+        self.algo = ALGORITHMS.get("fedavg")(cfg, ds)
+        self.algo.model.train()
+        self.cids = list(self.algo.client_ids)
+        self.setup_s = time.perf_counter() - t
+
+    def round(self, rnd: int) -> tuple[float, float, dict[str, torch.Tensor]]:
+        t = time.perf_counter()
+        results = train_clients(self.algo, self.cids, rnd)
+        t_train = time.perf_counter() - t
+        first = dict(results[0][1].trained)
+        self.algo.aggregate(rnd, [self.algo.client_update(cid, rnd, r) for cid, r in results])
+        return t_train, time.perf_counter() - t, first
+
+
+class Reference:
+    """Hand-written batched FedAvg for this workload: parameters stacked (C, ...), one torch.baddbmm per linear
+    layer, conv as one grouped conv over the C clients, padded batches with a per-sample loss mask, plain SGD
+    (no momentum or weight decay here, so a client with no real sample at a step gets a zero gradient)."""
+
+    def __init__(self, model: str) -> None:
+        t = time.perf_counter()
+        cfg = config(model, True)
+        ds = build_dataset(cfg.data, cfg.run.seed)
+        algo = ALGORITHMS.get("fedavg")(cfg, ds)  # the same seeded initial weights
+        self.kind, self.seed, self.bs, self.lr = model, cfg.run.seed, 16, 0.05
+        self.global_ = {k: v.clone() for k, v in algo.global_params.items()}
+        self.C = len(ds.clients)
+        self.sizes = np.array([c.num_train for c in ds.clients])
+        n = int(self.sizes.max())
+        self.X = torch.zeros((self.C, n, *ds.input_shape))
+        self.Y = torch.zeros((self.C, n), dtype=torch.long)
+        for i, c in enumerate(ds.clients):
+            self.X[i, : c.num_train], self.Y[i, : c.num_train] = c.train_x, c.train_y
+        self.weights = torch.from_numpy(self.sizes / self.sizes.sum()).float()
+        self.setup_s = time.perf_counter() - t
+
+    def forward(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        C, B = x.shape[:2]
+        if self.kind == "mlp":
+            h = x.reshape(C, B, -1)  # (C, B, 64)
+            for name in ("fc1", "fc2"):
+                h = torch.relu(torch.baddbmm(p[f"{name}.bias"].unsqueeze(1), h, p[f"{name}.weight"].transpose(1, 2)))
+        else:
+            h = x.transpose(0, 1).reshape(B, C * x.shape[2], *x.shape[3:])  # (B, C·1, 8, 8)
+            w1, w2 = p["conv1.weight"], p["conv2.weight"]  # (C, 16, 1, 3, 3), (C, 32, 16, 3, 3)
+            h = F.conv2d(h, w1.reshape(-1, *w1.shape[2:]), p["conv1.bias"].reshape(-1), padding=1, groups=C)
+            h = torch.max_pool2d(torch.relu(h), 2)  # (B, C·16, 4, 4)
+            h = F.conv2d(h, w2.reshape(-1, *w2.shape[2:]), p["conv2.bias"].reshape(-1), padding=1, groups=C)
+            h = torch.relu(h).mean(dim=(2, 3)).reshape(B, C, -1).transpose(0, 1)  # (C, B, 32)
+        return torch.baddbmm(p["out.bias"].unsqueeze(1), h, p["out.weight"].transpose(1, 2))  # (C, B, 10)
+
+    def round(self, rnd: int) -> tuple[float, float, dict[str, torch.Tensor]]:
+        t = time.perf_counter()
+        C, bs = self.C, self.bs
+        P = {k: v.unsqueeze(0).repeat(C, *[1] * v.dim()).requires_grad_(True) for k, v in self.global_.items()}
+        orders = [batch_order(int(n), 1, self.seed, rnd, i)[0] for i, n in enumerate(self.sizes)]
+        steps = int(-(-self.sizes.max() // bs))
+        idx = np.full((C, steps * bs), -1, dtype=np.int64)
+        for i, o in enumerate(orders):
+            idx[i, : len(o)] = o
+        idx = torch.from_numpy(idx.reshape(C, steps, bs))
+        rows = torch.arange(C)[:, None]
+        for s in range(steps):
+            ii = idx[:, s]  # (C, bs)
+            w = (ii >= 0).float()
+            ii = ii.clamp(min=0)
+            logits = self.forward(P, self.X[rows, ii])  # (C, bs, 10)
+            ce = F.cross_entropy(logits.reshape(C * bs, -1), self.Y[rows, ii].reshape(-1), reduction="none")
+            loss = ((ce.reshape(C, bs) * w).sum(1) / w.sum(1).clamp(min=1)).sum()
+            grads = torch.autograd.grad(loss, list(P.values()))
+            with torch.no_grad():
+                for p, g in zip(P.values(), grads):
+                    p.sub_(g, alpha=self.lr)
+        t_train = time.perf_counter() - t
+        with torch.no_grad():  # FedAvg: sample-weighted mean
+            self.global_ = {k: torch.tensordot(self.weights, v, dims=1) for k, v in P.items()}
+        return t_train, time.perf_counter() - t, {k: v[0].detach() for k, v in P.items()}
+
+
+def bench(model: str, rounds: int) -> list[tuple]:
+    loops = {"sequential (ours)": OurLoop(model, False), "batched (ours)": OurLoop(model, True),
+             "hand-written batched reference": Reference(model)}
+    startup, first, times = {}, {}, {k: [] for k in loops}
+    for name, loop in loops.items():  # round 0: start-up (data, model, first round), not timed below
+        t = time.perf_counter()
+        _, _, first[name] = loop.round(0)
+        startup[name] = loop.setup_s + time.perf_counter() - t
+    for rnd in range(1, rounds + 1):
+        for name, loop in loops.items():
+            tt, tr, _ = loop.round(rnd)
+            times[name].append((tt, tr))
+    ref = first["sequential (ours)"]
+    n = len(loops["batched (ours)"].cids)
+    out = []
+    for name in loops:
+        tt = np.array(times[name])
+        diff = max(float((first[name][k] - ref[k]).abs().max()) for k in ref)
+        out.append((model, name, n * rounds / tt[:, 0].sum(), n * rounds / tt[:, 1].sum(), startup[name], diff))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per loop (after one start-up round)")
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; imports {T_IMPORTS:.2f} s; "
+          f"FedAvg, 100 clients, digits 2 classes/client, 1 epoch, batch 16, lr 0.05, {args.rounds} timed rounds")
+    rows = [r for m in args.models.split(",") for r in bench(m, args.rounds)]
+    print(f"\n| model | loop | updates/s (train) | updates/s (round) | start-up to first round (s) | "
+          f"max abs diff vs sequential, round 0 |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for model, name, ut, ur, st, d in rows:
+        print(f"| {model} | {name} | {ut:,.0f} | {ur:,.0f} | {st:.2f} | {d:.1e} |")
+    print("\n| model | batched / reference (train) | batched / sequential (train) | batched / sequential (round) |")
+    print("| --- | ---: | ---: | ---: |")
+    for model in args.models.split(","):
+        r = {name: (ut, ur) for m, name, ut, ur, *_ in rows if m == model}
+        b, s, h = r["batched (ours)"], r["sequential (ours)"], r["hand-written batched reference"]
+        print(f"| {model} | {b[0] / h[0]:.0%} | {b[0] / s[0]:.1f}× | {b[1] / s[1]:.1f}× |")
+    print(f"\nstart-up adds the imports ({T_IMPORTS:.2f} s) to the first loop built.")
+
+
+if __name__ == "__main__":
+    main()

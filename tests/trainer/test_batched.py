@@ -1,0 +1,185 @@
+"""Batched local training (trainer.batched) against the sequential reference (trainer.local_training)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from edgemask.errors import EdgemaskError
+from trainer.algorithms import ALGORITHMS
+from trainer.algorithms.base import LocalTask
+from trainer.batched import compatible_groups, local_train_batched, step_indices
+from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+from trainer.data import DataConfig
+from trainer.local_training import local_train
+from trainer.sampling import batch_order
+from trainer.simulation import simulate
+
+TOL = 1e-5
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert list(a) == list(b)
+    return max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
+
+
+def _model_task(model: nn.Module, lr: float = 0.1, **kw) -> LocalTask:
+    def forward(p, c, x, b):
+        return functional_call(model, {**p, **b}, (x,))
+
+    return LocalTask({k: v.detach().clone() for k, v in model.named_parameters()}, forward,
+                     buffers={k: v.clone() for k, v in model.named_buffers()}, lr=lr, **kw)
+
+
+def _clients(sizes: list[int], shape=(6,), seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, *shape, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in sizes]
+
+
+def _check_same(tasks, data, orders, bs, momentum, wd, **kw):
+    got = local_train_batched(tasks, data, orders, bs, momentum, wd, **kw)
+    for t, (x, y), o, r in zip(tasks, data, orders, got):
+        ref = local_train(t, x, y, o, bs, momentum, wd)
+        assert _max_diff(r.trained, ref.trained) <= TOL
+        assert _max_diff(r.buffers, ref.buffers) <= TOL
+        assert r.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)
+        assert (r.samples_seen, r.num_samples) == (ref.samples_seen, ref.num_samples)
+    return got
+
+
+def test_step_indices_are_the_sequential_batches():
+    orders = [np.array([4, 0, 2, 1, 3]), np.array([1, 2, 3, 4, 0])]
+    got = step_indices(orders, epochs=2, max_steps=3, batch_size=2)
+    assert got.tolist() == [[4, 0], [2, 1], [3, -1]]  # a partial batch at the epoch's end; 3 steps at most
+    assert step_indices(orders, 2, None, 2).tolist()[3:] == [[1, 2], [3, 4], [0, -1]]
+
+
+def test_unequal_clients_momentum_and_weight_decay_match_sequential():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    sizes = [23, 5, 0, 16, 9]  # 3, 1, 0, 2, 2 steps of batch 8; one client with no data at all
+    tasks = [_model_task(model, lr=0.05 + 0.01 * i, epochs=1 + i % 2) for i in range(len(sizes))]
+    tasks[3].max_steps = 3
+    data = _clients(sizes)
+    orders = [batch_order(n, t.epochs, 0, 0, i) for i, (n, t) in enumerate(zip(sizes, tasks))]
+    got = _check_same(tasks, data, orders, 8, momentum=0.9, wd=0.01)
+    assert got[2].samples_seen == 0 and _max_diff(got[2].trained, tasks[2].trainable) == 0.0
+
+
+def test_client_with_fewer_steps_does_not_move_after_its_last_step():
+    torch.manual_seed(1)
+    model = nn.Linear(6, 3)
+    tasks = [_model_task(model) for _ in range(2)]
+    data = _clients([40, 8])  # 5 steps vs 1 step of batch 8
+    orders = [batch_order(40, 1, 0, 0, 0), batch_order(8, 1, 0, 0, 1)]
+    short = local_train_batched(tasks, data, orders, 8, momentum=0.9, weight_decay=0.1)[1]
+    # by hand: one SGD step, p − lr·(∇ + wd·p); momentum's buffer is the first gradient, so nothing more
+    p = {k: v.clone().requires_grad_(True) for k, v in tasks[1].trainable.items()}
+    x, y = data[1]
+    loss = nn.functional.cross_entropy(functional_call(model, p, (x[torch.from_numpy(orders[1][0])],)),
+                                       y[torch.from_numpy(orders[1][0])])
+    grads = torch.autograd.grad(loss, list(p.values()))
+    one_step = {k: (v - 0.1 * (g + 0.1 * v)).detach() for (k, v), g in zip(p.items(), grads)}
+    assert _max_diff(short.trained, one_step) <= 1e-6
+    assert _max_diff(short.trained, tasks[1].trainable) > 1e-3  # it did take its step
+
+
+def test_batch_norm_running_stats_per_client():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 3)).train()
+    sizes = [19, 7, 12]
+    tasks = [_model_task(model, epochs=2) for _ in sizes]
+    data = _clients(sizes, shape=(1, 4, 4))
+    orders = [batch_order(n, 2, 0, 0, i) for i, n in enumerate(sizes)]
+    got = _check_same(tasks, data, orders, 8, momentum=0.5, wd=0.0)
+    assert int(got[0].buffers["1.num_batches_tracked"]) == 6 and int(got[1].buffers["1.num_batches_tracked"]) == 2
+
+
+def test_own_loss_and_per_tensor_rates():
+    torch.manual_seed(3)
+    model = nn.Linear(6, 3)
+
+    def loss(p, c, x, y, b):  # a loss that needs the whole batch: the mean of the two halves' losses
+        h = x.shape[0] // 2 or 1
+        f = nn.functional.cross_entropy
+        return 0.5 * (f(functional_call(model, p, (x[:h],)), y[:h]) + f(functional_call(model, p, (x,)), y))
+
+    sizes = [13, 6, 9]
+    tasks = [_model_task(model, loss=loss, lrs={"weight": 0.2 + 0.1 * i}) for i in range(3)]
+    data = _clients(sizes)
+    orders = [batch_order(n, 1, 0, 0, i) for i, n in enumerate(sizes)]
+    _check_same(tasks, data, orders, 4, momentum=0.9, wd=0.0)
+
+
+def test_chunks_and_groups_give_the_same_result():
+    torch.manual_seed(4)
+    small, large = nn.Linear(6, 3), nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    tasks = [_model_task(small if i % 3 else large) for i in range(7)]
+    assert compatible_groups(tasks) == [[0, 3, 6], [1, 2, 4, 5]]
+    sizes = [11, 4, 17, 8, 9, 2, 14]
+    data = _clients(sizes)
+    orders = [batch_order(n, 1, 0, 0, i) for i, n in enumerate(sizes)]
+    whole = _check_same(tasks, data, orders, 4, momentum=0.9, wd=0.01)
+    for chunk in (1, 3):
+        parts = local_train_batched(tasks, data, orders, 4, 0.9, 0.01, max_clients_per_chunk=chunk)
+        for a, b in zip(whole, parts):
+            assert _max_diff(a.trained, b.trained) <= 1e-6 and a.loss == pytest.approx(b.loss, rel=1e-6)
+    tiny_budget = local_train_batched(tasks, data, orders, 4, 0.9, 0.01, memory_budget=1)  # one client a chunk
+    for a, b in zip(whole, tiny_budget):
+        assert _max_diff(a.trained, b.trained) <= 1e-6
+
+
+def test_random_forward_falls_back_to_the_sequential_loop():
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3)).train()
+    tasks = [_model_task(model) for _ in range(2)]
+    data = _clients([8, 5])
+    orders = [batch_order(8, 1, 0, 0, 0), batch_order(5, 1, 0, 0, 1)]
+    with pytest.warns(RuntimeWarning, match="falls back to the sequential loop"):
+        got = local_train_batched(tasks, data, orders, 4)
+    assert [r.samples_seen for r in got] == [8, 5]
+
+
+# -- every registered algorithm, through the round loop ----------------------------------------------------
+def _config(algorithm: str, batched: bool) -> TrainConfig:
+    return TrainConfig(
+        run=RunConfig(seed=3),
+        data=DataConfig(name="digits", num_clients=4, partition="dirichlet", alpha=0.5, samples_per_client=48),
+        model=ModelConfig("mlp", {"hidden": [16, 12]}), algorithm=AlgorithmConfig(algorithm),
+        training=TrainingConfig(rounds=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3,
+                                participation=0.75, batched=batched))
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS._entries))
+def test_batched_round_loop_matches_sequential(algorithm):
+    try:
+        seq = simulate(_config(algorithm, False))
+    except EdgemaskError as e:  # an algorithm that needs another model or dataset than this small run's
+        pytest.skip(f"{algorithm} does not run on digits/mlp: {e}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bat = simulate(_config(algorithm, True))
+    fallbacks = [str(w.message) for w in caught if "falls back" in str(w.message)]
+    if algorithm in ("fedavg", "fedmask"):
+        assert not fallbacks
+    sizes = {c.num_train for c in seq.algorithm.dataset.clients}
+    assert len(sizes) > 1  # unequal clients: padding is exercised
+    assert [(r["round"], r["client"], r["metric"]) for r in seq.history] == \
+           [(r["round"], r["client"], r["metric"]) for r in bat.history]
+    for a, b in zip(seq.history, bat.history):
+        assert b["value"] == pytest.approx(a["value"], rel=1e-5, abs=1e-5, nan_ok=True), (a, b)
+    assert _max_diff(seq.algorithm.shared_state(), bat.algorithm.shared_state()) <= TOL
+    for cid in seq.algorithm.client_ids:
+        s, b = seq.algorithm.client_state(cid), bat.algorithm.client_state(cid)
+        for f in dataclasses.fields(s):
+            va, vb = getattr(s, f.name), getattr(b, f.name)
+            if isinstance(va, dict) and all(isinstance(v, torch.Tensor) for v in va.values()):
+                assert _max_diff(va, vb) <= TOL, (cid, f.name)
+    keys = ("bytes_up", "bytes_down", "flops_train", "mean_accuracy")
+    assert {k: bat.summary[k] for k in keys} == pytest.approx({k: seq.summary[k] for k in keys}, rel=1e-6)
