@@ -1,0 +1,56 @@
+"""Ditto (Li et al., "Ditto: Fair and Robust Federated Learning Through Personalization", ICML 2021),
+Algorithm 1: each round a client updates the global model w as FedAvg does (phase 0, uploaded and averaged), then
+its personal model v_k on min F_k(v) + λ/2 ‖v − w^t‖², w^t the global model it received (phase 1, kept
+locally). Clients are evaluated, and exported, with v_k."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.fedprox import with_proximal
+from trainer.run_dir import ClientState
+
+
+@dataclass(frozen=True)
+class DittoArgs:
+    lam: float = 0.1  # λ
+    personal_epochs: int = -1  # -1: training.local_epochs
+
+
+@ALGORITHMS.register("ditto")
+class Ditto(Algorithm):
+    name = "ditto"
+    Args = DittoArgs
+
+    def setup(self) -> None:
+        self.personal: dict[str, dict[str, torch.Tensor]] = {}
+        self.personal_buffers: dict[str, dict[str, torch.Tensor]] = {}
+        self.round_updates: dict[str, LocalResult] = {}
+
+    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
+        if phase > 1:
+            return None
+        self.round_updates[cid] = result  # the global-model update (phase 0) is what the client uploads
+        v = self.personal.get(cid, self.global_params)
+        task = LocalTask({k: t.clone() for k, t in v.items()}, lambda p, c, x, b: self.call(p, b, x),
+                         buffers={k: t.clone() for k, t in self.personal_buffers.get(cid, self.global_buffers).items()},
+                         epochs=self.args.personal_epochs if self.args.personal_epochs > 0 else self.local_epochs,
+                         lr=self.cfg.training.lr)
+        return with_proximal(task, self.global_params, self.args.lam)  # λ/2 ‖v − w^t‖²
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        self.personal[cid], self.personal_buffers[cid] = result.trained, result.buffers
+        glob = self.round_updates.pop(cid)
+        glob.samples_seen = result.samples_seen
+        return super().client_update(cid, rnd, glob)
+
+    def eval_forward(self, cid: str):
+        params = self.personal.get(cid, self.global_params)
+        buffers = self.personal_buffers.get(cid, self.global_buffers)
+        return lambda x: self.call(params, buffers, x)
+
+    def client_state(self, cid: str) -> ClientState:
+        return ClientState(params={**self.personal.get(cid, {}), **self.personal_buffers.get(cid, {})})

@@ -1,0 +1,51 @@
+"""FedPer (Arivazhagan et al., "Federated Learning with Personalization Layers", 2019): the base layers are
+trained by every client and averaged by sample count (FedAvg); the personalization layers — here the model's
+``head`` — stay on each client, trained locally and never averaged."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.accounting import tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.aggregation import average_state
+from trainer.models.registry import head_names
+from trainer.run_dir import ClientState
+
+
+@ALGORITHMS.register("fedper")
+class FedPer(Algorithm):
+    name = "fedper"
+
+    def setup(self) -> None:
+        self.head = [k for k in head_names(self.model)]
+        self.body = [k for k in self.global_params if k not in self.head]
+        self.heads = {cid: {k: self.global_params[k].clone() for k in self.head} for cid in self.client_ids}
+
+    def personal_params(self, cid: str) -> dict[str, torch.Tensor]:
+        return {**self.global_params, **self.heads[cid]}
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        task = super().local_task(cid, rnd)
+        task.trainable = {k: v.clone() for k, v in self.personal_params(cid).items()}
+        return task
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        self.heads[cid] = {k: result.trained[k] for k in self.head}
+        body = {k: result.trained[k] for k in self.body}
+        return ClientUpdate(cid, result.num_samples, {**body, **result.buffers}, bytes_up=tensor_bytes(body),
+                            bytes_down=tensor_bytes(body), train_loss=result.loss, samples_seen=result.samples_seen)
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        w = [u.num_samples for u in updates]
+        self.global_params.update(average_state([u.payload for u in updates], w, self.body))
+        if self.global_buffers:
+            avg = average_state([u.payload for u in updates], w, list(self.global_buffers))
+            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+
+    def eval_forward(self, cid: str):
+        params = self.personal_params(cid)
+        return lambda x: self.call(params, self.global_buffers, x)
+
+    def client_state(self, cid: str) -> ClientState:
+        return ClientState(params=dict(self.heads[cid]))

@@ -1,0 +1,197 @@
+"""FedSelect (Tamirisa et al., "FedSelect: Customized Selection of Parameters for Fine-Tuning during
+Personalized Federated Learning", 2023), Algorithms 1 (GradLTN) and 2 (FedSelect).
+
+Each round, every sampled client k, starting from its model θ_0 = θ_k^{t−1}:
+
+* GradLTN(θ_0, L, r = 1 − p) (Alg. 1): m_0 = 1; iteration i trains E epochs with gradients masked by m_i; then
+  γ = |θ_trained − θ_0| ⊙ m_i and m_{i+1} keeps the largest (1 − r) = p fraction of the m_i candidates (over the
+  whole model); the model is reset to θ_0. After L iterations m_L marks the personal parameters v_k = θ_0 ⊙ m_L;
+  the rest u = θ_0 ⊙ ¬m_L is shared. (Alg. 1's training after computing m_L is skipped: it returns θ_0.)
+* LocalAlt (Pillutla et al., 2022): a pass over v_k (u frozen), then a pass over u (v_k frozen), each
+  ``localalt_epochs`` epochs.
+* The server averages each shared position over the clients that share it (mask 0 there), weighted by sample
+  count (:func:`shared_average`); a position no sampled client shares keeps θ_G. Each sampled client then holds
+  θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k and θ_k ⊙ m_k = v_k^+.
+
+Choices stated here: a client not sampled in a round keeps its personal parameters and takes θ_G on its shared
+ones (Alg. 2's m_G branch only matters under partial participation); a never-sampled client uses θ_G. Batch-norm
+running statistics are averaged like FedAvg's. The paper's backbone is an ImageNet-pretrained ResNet18, which
+cannot be downloaded here: ``init_weights`` loads a local file (safetensors, or a ``torch.load``-able state dict
+read with ``weights_only=True``; torchvision's ResNet names are mapped to the zoo's), from scratch by default.
+The paper's setting: 10 clients, s = 2 or 4 classes each, 20 train / 100 test samples per class
+(``data.options`` ``train_per_class``/``test_per_class``), L = 5, E = 5, LocalAlt 5 epochs, p ∈ {0.25, 0.5, 0.75}.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgemask.errors import ConfigError
+from trainer.accounting import mask_bytes, tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.run_dir import ClientState
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FedSelectArgs:
+    p: float = 0.5  # personalization rate: GradLTN keeps a fraction p of the candidates each iteration (r = 1 − p)
+    L: int = 5  # GradLTN iterations
+    E: int = 5  # epochs per GradLTN iteration
+    localalt_epochs: int = 5  # epochs of each LocalAlt pass (v_k, then u)
+    init_weights: str = ""  # a local weights file (pretrained backbone); empty: from scratch
+
+
+def top_candidates(gamma: Tensors, candidates: Tensors, keep: float) -> Tensors:
+    """The largest ``keep`` fraction (rounded, at least 1) of ``gamma`` among the candidate elements (mask 1),
+    over all tensors together. Returns boolean masks."""
+    names = list(gamma)
+    flat_g = torch.cat([gamma[n].reshape(-1) for n in names])
+    flat_c = torch.cat([candidates[n].reshape(-1).bool() for n in names])
+    n_keep = max(1, int(round(keep * int(flat_c.sum()))))
+    score = torch.where(flat_c, flat_g.float(), torch.full_like(flat_g, -1.0, dtype=torch.float32))
+    idx = torch.topk(score, n_keep).indices
+    out = torch.zeros_like(flat_c)
+    out[idx] = True
+    res, off = {}, 0
+    for n in names:
+        k = gamma[n].numel()
+        res[n] = out[off: off + k].reshape(gamma[n].shape)
+        off += k
+    return res
+
+
+def shared_average(global_value: torch.Tensor, values: list[torch.Tensor], personal: list[torch.Tensor],
+                   weights: list[float]) -> torch.Tensor:
+    """Each element averaged over the clients that share it (personal mask 0 there), weighted; elements no
+    client shares keep ``global_value``."""
+    share = [(~m).float() * w for m, w in zip(personal, weights)]
+    den = torch.stack(share).sum(0)
+    num = torch.stack([v.float() * s for v, s in zip(values, share)]).sum(0)
+    return torch.where(den > 0, num / den.clamp(min=1e-12), global_value)
+
+
+def _torchvision_name(name: str) -> str:
+    name = re.sub(r"^layer(\d)\.(\d)\.", r"layer\1_\2.", name)
+    name = name.replace("downsample.0.", "short_conv.").replace("downsample.1.", "short_bn.")
+    return re.sub(r"^fc\.", "out.", name)
+
+
+def load_init_weights(path: str, params: Tensors, buffers: Tensors) -> tuple[int, list[str]]:
+    """Copy the tensors of a local weights file into ``params``/``buffers`` (in place) where name and shape fit.
+    Returns (how many loaded, names skipped for their shape)."""
+    f = Path(path)
+    if not f.is_file():
+        raise ConfigError(f"fedselect: algorithm.args.init_weights {path!r}: file not found")
+    if f.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        state = load_file(str(f))
+    else:
+        state = torch.load(str(f), map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict):
+        raise ConfigError(f"fedselect: {path}: not a state dict of tensors")
+    loaded, skipped = 0, []
+    for k, v in state.items():
+        name = k if (k in params or k in buffers) else _torchvision_name(k)
+        target = params if name in params else buffers if name in buffers else None
+        if target is None or not torch.is_tensor(v):
+            continue
+        if tuple(v.shape) != tuple(target[name].shape):
+            skipped.append(name)
+            continue
+        target[name] = v.detach().to(target[name].dtype).clone()
+        loaded += 1
+    if loaded == 0:
+        raise ConfigError(f"fedselect: {path}: no tensor matches the model's names and shapes")
+    return loaded, skipped
+
+
+@ALGORITHMS.register("fedselect")
+class FedSelect(Algorithm):
+    name = "fedselect"
+    Args = FedSelectArgs
+
+    def setup(self) -> None:
+        if self.args.L < 1 or not 0 < self.args.p < 1:
+            raise ConfigError("fedselect: algorithm.args needs L ≥ 1 and 0 < p < 1")
+        self.init_report = {}
+        if self.args.init_weights:
+            n, skipped = load_init_weights(self.args.init_weights, self.global_params, self.global_buffers)
+            self.init_report = {"init_weights": self.args.init_weights, "loaded": n, "skipped_shape": skipped}
+        self.models: dict[str, Tensors] = {}  # θ_k, the client's full model
+        self.personal: dict[str, Tensors] = {}  # m_k (bool)
+        self.buffers: dict[str, Tensors] = {}
+        self.round_state: dict[str, dict] = {}
+
+    def client_model(self, cid: str) -> Tensors:
+        return self.models.get(cid, self.global_params)
+
+    def _task(self, start: Tensors, buffers: Tensors, keep: Tensors, epochs: int) -> LocalTask:
+        return LocalTask(trainable={k: v.clone() for k, v in start.items()},
+                         forward=lambda p, c, x, b: self.call(p, b, x),
+                         buffers={k: v.clone() for k, v in buffers.items()}, epochs=epochs,
+                         lr=self.cfg.training.lr, grad_keep={k: m.float() for k, m in keep.items()})
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        theta0 = {k: v.clone() for k, v in self.client_model(cid).items()}
+        buf0 = self.buffers.get(cid, self.global_buffers)
+        ones = {k: torch.ones_like(v, dtype=torch.bool) for k, v in theta0.items()}
+        self.round_state[cid] = {"theta0": theta0, "buf0": buf0, "mask": ones}
+        return self._task(theta0, buf0, ones, self.args.E)  # GradLTN iteration 0, m_0 = 1
+
+    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
+        st, L = self.round_state[cid], self.args.L
+        if phase <= L:  # GradLTN: prune after iteration phase − 1, reset to θ_0
+            theta0, m = st["theta0"], st["mask"]
+            gamma = {k: (result.trained[k] - theta0[k]).abs() for k in theta0}
+            st["mask"] = top_candidates(gamma, m, self.args.p)
+            if phase < L:
+                return self._task(theta0, st["buf0"], st["mask"], self.args.E)
+            return self._task(theta0, st["buf0"], st["mask"], self.args.localalt_epochs)  # LocalAlt: v_k
+        if phase == L + 1:  # LocalAlt: u, from the v_k pass
+            shared = {k: ~m for k, m in st["mask"].items()}
+            return self._task(result.trained, result.buffers, shared, self.args.localalt_epochs)
+        return None
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        m = self.round_state.pop(cid)["mask"]
+        self.personal[cid] = m
+        self.buffers[cid] = result.buffers
+        n_shared = sum(int((~v).sum()) for v in m.values())
+        return ClientUpdate(cid, result.num_samples, {**result.trained, **result.buffers},
+                            bytes_up=4 * n_shared + mask_bytes(m), bytes_down=tensor_bytes(self.global_params),
+                            train_loss=result.loss, samples_seen=result.samples_seen, extra={"personal": m})
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        w = [float(u.num_samples) for u in updates]
+        for k, g in self.global_params.items():
+            self.global_params[k] = shared_average(g, [u.payload[k] for u in updates],
+                                                   [u.extra["personal"][k] for u in updates], w)
+        if self.global_buffers:
+            from trainer.aggregation import average_state
+            avg = average_state([u.payload for u in updates], w, list(self.global_buffers))
+            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        trained = {u.client_id: u.payload for u in updates}
+        for cid in self.personal:  # θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k; θ_k ⊙ m_k = v_k^+ (sampled) or kept
+            src = trained.get(cid, self.models.get(cid, self.global_params))
+            self.models[cid] = {k: torch.where(self.personal[cid][k], src[k], g) for k, g in self.global_params.items()}
+
+    def eval_forward(self, cid: str):
+        params = self.client_model(cid)
+        return lambda x: self.call(params, self.global_buffers, x)
+
+    def client_state(self, cid: str) -> ClientState:
+        if cid not in self.personal:
+            return ClientState()
+        return ClientState(params={k: v for k, v in self.models[cid].items() if self.personal[cid][k].any()})
+
+    def summary_extra(self) -> dict:
+        total = sum(v.numel() for v in self.global_params.values())
+        frac = {cid: sum(int(v.sum()) for v in m.values()) / total for cid, m in self.personal.items()}
+        return {"personal_fraction": frac, **self.init_report}

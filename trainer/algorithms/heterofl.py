@@ -1,0 +1,124 @@
+"""HeteroFL (Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient Federated Learning for
+Heterogeneous Clients", ICLR 2021): client k, of capability r_k, trains the width-scaled submodel made of the
+first ⌈r_k·C⌉ channels / units of every hidden layer (inputs and classes always whole); the server averages each
+element over the clients that hold it (Σ_k m_k ⊙ w_k / Σ_k m_k, an element nobody holds keeps its value).
+
+The submodel is the full model with the other units masked out through :func:`effective_params` — a dead unit
+outputs exactly zero, its bias and batch-norm affine parameters gated — which computes what the sliced dense
+submodel computes, and is what export compacts back into a small dense network. Capabilities: ``rates``
+assigned to clients round-robin in client order (HeteroFL's levels a-e are 1, 1/2, 1/4, 1/8, 1/16). Batch-norm
+running statistics are averaged over all clients. HeteroFL's static BN and output scaler are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trainer.accounting import tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.perfedmask import mask_weighted_average
+from trainer.models.masking import MaskSite, effective_params
+from trainer.models.registry import head_names
+from trainer.run_dir import ClientState
+
+
+@dataclass(frozen=True)
+class HeteroFLArgs:
+    rates: list | None = None  # capability r per level; default [1.0, 0.5, 0.25]
+
+
+def width_masks(params: dict[str, torch.Tensor], sites: tuple[MaskSite, ...], head: set[str], rate: float
+                ) -> dict[str, torch.Tensor]:
+    """Prefix masks of the width-``rate`` submodel for every site's weight (out rows ⌈r·out⌉, input columns
+    ⌈r·in⌉ — for a linear fed by a flattened conv, ⌈r·C⌉ channels × H·W — inputs of the first layer and outputs
+    of the head whole)."""
+    out, prev = {}, None
+    for i, s in enumerate(sites):
+        if s.kind == "lstm":
+            raise ValueError("heterofl: LSTM layers are not supported")
+        W = params[s.weights[0]]
+        n_out, n_in = W.shape[0], W.shape[1]
+        rows = n_out if s.weights[0] in head else math.ceil(rate * n_out)
+        if i == 0:
+            cols = n_in
+        elif s.kind == "linear" and prev is not None and prev.kind == "conv" and n_in % params[prev.weights[0]].shape[0] == 0:
+            c = params[prev.weights[0]].shape[0]
+            cols = math.ceil(rate * c) * (n_in // c)
+        else:
+            cols = math.ceil(rate * n_in)
+        m = torch.zeros(W.shape)
+        m[:rows, :cols] = 1.0
+        out[s.weights[0]] = m
+        prev = s
+    return out
+
+
+def holder_masks(params: dict[str, torch.Tensor], sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor]
+                 ) -> dict[str, torch.Tensor]:
+    """Which elements of every parameter a client holds: its weight masks, its live units' biases and batch-norm
+    parameters, and everything else whole."""
+    hold = {k: torch.ones_like(v) for k, v in params.items()}
+    for s in sites:
+        m = masks[s.weights[0]]
+        hold[s.weights[0]] = m
+        alive = m.reshape(m.shape[0], -1).amax(1)
+        for b in s.biases:
+            hold[b] = alive.clone()
+        if s.norm is not None:
+            for p in (f"{s.norm}.weight", f"{s.norm}.bias"):
+                if p in hold:
+                    hold[p] = alive.clone()
+    return hold
+
+
+@ALGORITHMS.register("heterofl")
+class HeteroFL(Algorithm):
+    name = "heterofl"
+    Args = HeteroFLArgs
+
+    def setup(self) -> None:
+        rates = [float(r) for r in (self.args.rates or [1.0, 0.5, 0.25])]
+        head = set(head_names(self.model))
+        self.rate = {cid: rates[i % len(rates)] for i, cid in enumerate(self.client_ids)}
+        self.masks = {cid: width_masks(self.global_params, self.sites, head, r) for cid, r in self.rate.items()}
+        self.hold = {cid: holder_masks(self.global_params, self.sites, m) for cid, m in self.masks.items()}
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        masks = self.masks[cid]
+        return LocalTask(self.clone_global(), lambda p, c, x, b: self.call(effective_params(p, c, self.sites), b, x),
+                         constants=dict(masks), buffers={k: v.clone() for k, v in self.global_buffers.items()},
+                         epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        held = sum(int(h.sum()) for h in self.hold[cid].values()) * 4  # the submodel, both ways
+        return ClientUpdate(cid, result.num_samples, {**result.trained, **result.buffers}, bytes_up=held,
+                            bytes_down=held, train_loss=result.loss, samples_seen=result.samples_seen)
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        for k, g in self.global_params.items():
+            self.global_params[k] = mask_weighted_average(g, [u.payload[k] for u in updates],
+                                                          [self.hold[u.client_id][k] for u in updates])
+        if self.global_buffers:
+            from trainer.aggregation import average_state
+            avg = average_state([u.payload for u in updates], [u.num_samples for u in updates],
+                                list(self.global_buffers))
+            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+
+    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        return self.masks[cid]
+
+    def eval_forward(self, cid: str):
+        params = effective_params(self.global_params, self.masks[cid], self.sites)
+        return lambda x: self.call(params, self.global_buffers, x)
+
+    def trained_numel(self, cid: str) -> int:
+        return sum(int(h.sum()) for h in self.hold[cid].values())
+
+    def client_state(self, cid: str) -> ClientState:
+        return ClientState(masks=dict(self.masks[cid]))
+
+    def summary_extra(self) -> dict:
+        return {"rates": self.rate}
