@@ -47,6 +47,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         import dataclasses
 
         cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=args.rounds))
+    if args.device is not None:
+        import dataclasses
+
+        cfg = cfg.replace(training=dataclasses.replace(cfg.training, device=args.device))
     ws = _ws(args)
     path = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
     summary = json.loads((path / "summary.json").read_text())
@@ -155,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
     t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")
     t.add_argument("--rounds", type=int, default=None, help="override training.rounds")
+    t.add_argument("--device", default=None, help="override training.device: 'cuda' trains batched clients on the "
+                   "GPU when one is present (training.batched = true), 'cpu' otherwise")
 
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch.func import vmap
 from torch.nn.utils.rnn import pad_sequence
 
+from edgemask.errors import ConfigError
 from trainer.algorithms.base import LocalResult, LocalTask
 from trainer.local_training import local_train
 
@@ -51,7 +52,12 @@ _PROBED: dict[Hashable, tuple[int | str, tuple]] = {}  # signature -> (activatio
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``cuda`` (or ``cuda:N``) when asked for and available, the CPU otherwise."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"training.device: unknown device {device!r}; valid: 'cpu', 'cuda', 'cuda:N'")
     if dev.type == "cuda" and not torch.cuda.is_available():
         return torch.device("cpu")
     return dev

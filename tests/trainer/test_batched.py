@@ -183,3 +183,13 @@ def test_batched_round_loop_matches_sequential(algorithm):
                 assert _max_diff(va, vb) <= TOL, (cid, f.name)
     keys = ("bytes_up", "bytes_down", "flops_train", "mean_accuracy")
     assert {k: bat.summary[k] for k in keys} == pytest.approx({k: seq.summary[k] for k in keys}, rel=1e-6)
+
+
+def test_device_is_cuda_only_when_present():
+    from edgemask.errors import ConfigError
+    from trainer.batched import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("cuda").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="valid: 'cpu', 'cuda'"):
+        resolve_device("tpu")
