@@ -31,6 +31,17 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def _transport_dies(transport: paramiko.Transport, within_s: float = 1.0) -> bool:
+    """True when the transport is (or within ``within_s`` becomes) inactive: paramiko closes a dead link's
+    channels a moment before it marks the transport inactive."""
+    deadline = time.monotonic() + within_s
+    while transport.is_active():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 class _UnknownHostKey(paramiko.SSHException):
     def __init__(self, hostname: str, key: paramiko.PKey) -> None:
         super().__init__(f"unknown host key for {hostname}")
@@ -196,6 +207,10 @@ class SSHConnection(Connection):
                     if not busy:
                         time.sleep(0.005)
                 rc = chan.recv_exit_status()
+                if rc == -1 and _transport_dies(transport):
+                    # No exit status because the server went away (sshd killed, board rebooted), not because the
+                    # program was killed by a signal: a link fault to retry, not a result.
+                    raise EOFError("the connection closed before the command's exit status arrived")
             finally:
                 chan.close()
         except RunTimeout:

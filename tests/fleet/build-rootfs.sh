@@ -1,0 +1,45 @@
+#!/bin/sh
+# Build the Debian bookworm arm64 root filesystem of the emulated aarch64 board, once, into a cache folder.
+#
+#   sh tests/fleet/build-rootfs.sh DEST WHEELS
+#
+# DEST (e.g. /var/cache/edgemask-fleet/bookworm-arm64-<hash>) ends up as an extracted root filesystem with
+# python3 (+ venv, pip), OpenSSH server and sftp, and numpy + onnxruntime installed system-wide from the
+# aarch64 wheels in WHEELS (tests/fleet/fetch-wheels.sh). The fleet fixtures mount it read-only as the lower
+# layer of an overlay, so each test session starts from the same clean board. Takes 3-5 minutes on 2 cores
+# (everything inside runs under qemu-user); a DEST holding `.complete` is reused as it is.
+#
+# Needs root, mmdebstrap, arch-test, qemu-user-static + binfmt_misc (tests/fleet/install.sh sets them up)
+# and a reachable Debian mirror.
+set -eu
+DEST="$1"
+WHEELS="$2"
+MIRROR="${EDGEMASK_FLEET_MIRROR:-http://deb.debian.org/debian}"
+PACKAGES="python3,python3-venv,python3-pip,openssh-server,openssh-sftp-server,procps,ca-certificates"
+
+if [ -f "$DEST/.complete" ]; then
+    echo "arm64 root filesystem already in $DEST"
+    exit 0
+fi
+if ! arch-test arm64 >/dev/null 2>&1; then
+    echo "this machine cannot run arm64 binaries: mount binfmt_misc and register qemu-user-static" >&2
+    echo "(sh tests/fleet/install.sh does both), then rerun" >&2
+    exit 2
+fi
+PARENT="$(dirname "$DEST")"
+mkdir -p "$PARENT"
+TMP="$(mktemp -d "$PARENT/.partial.XXXXXX")"
+trap 'rm -rf "$TMP"' EXIT
+
+# A clean environment inside the chroot: the host's PIP_* variables and proxies name host paths.
+IN="env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 QEMU_CPU=cortex-a72"
+mmdebstrap --arch=arm64 --variant=minbase --include="$PACKAGES" \
+    --customize-hook="mkdir -p \"\$1/tmp/wheels\"" \
+    --customize-hook="copy-in $(ls "$WHEELS"/*.whl | tr '\n' ' ') /tmp/wheels" \
+    --customize-hook="chroot \"\$1\" $IN python3 -m pip install --quiet --no-index --break-system-packages --find-links /tmp/wheels numpy onnxruntime" \
+    --customize-hook="rm -rf \"\$1/tmp/wheels\" \"\$1\"/etc/ssh/ssh_host_*" \
+    bookworm "$TMP/rootfs" "$MIRROR"
+rm -rf "$DEST"
+mv "$TMP/rootfs" "$DEST"
+date -u +%FT%TZ > "$DEST/.complete"
+echo "built $DEST ($(du -sh "$DEST" | cut -f1))"
