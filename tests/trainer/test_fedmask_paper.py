@@ -1,0 +1,178 @@
+"""FedMask as the paper specifies it (Li et al., SenSys 2021): each test asserts a value a wrong implementation
+would not produce."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.accounting import tensor_bytes
+from trainer.aggregation import personalization_preserving
+from trainer.algorithms.fedmask import FedMask, group_lasso
+from trainer.config import TrainConfig
+from trainer.data import build_dataset
+from trainer.data.base import ClientData, FederatedDataset
+from trainer.local_training import local_train
+from trainer.masks import binarize, pack_bits, packed_nbytes
+from trainer.models.masking import MaskSite, effective_params
+from trainer.sampling import batch_order
+
+
+def cfg(algo="fedmask", model="mlp", clients=2, per_client=40, model_args=None, **args) -> TrainConfig:
+    return TrainConfig.from_dict({
+        "data": {"name": "digits", "num_clients": clients, "samples_per_client": per_client},
+        "model": {"name": model, "args": model_args or {}},
+        "algorithm": {"name": algo, "args": args},
+        "training": {"rounds": 1, "local_epochs": 1, "batch_size": 16, "lr": 100.0, "momentum": 0.9},
+    })
+
+
+@pytest.fixture(scope="module")
+def fedmask_digits():
+    c = cfg(prune_rate=0.2, prune_last=2, lambda_r=0.002)
+    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo.setup()
+    return algo
+
+
+def test_personalization_preserving_aggregation_on_hand_built_masks():
+    # 3 clients, 5 elements. Element 4 is kept by client 0 alone: its value stays client 0's.
+    masks = [torch.tensor([1., 0, 1, 1, 1]), torch.tensor([1., 1, 0, 0, 0]), torch.tensor([0., 1, 1, 1, 1])]
+    keeps = [torch.tensor([1., 1, 1, 0, 1]), torch.tensor([1., 1, 0, 1, 0]), torch.tensor([0., 1, 1, 1, 0])]
+    out = personalization_preserving(masks, keeps)
+    # kept by: e0 {0,1} -> (1+1)/2; e1 {0,1,2} -> (0+1+1)/3; e2 {0,2} -> (1+1)/2; e3 {1,2} -> (0+1)/2; e4 {0} -> own
+    torch.testing.assert_close(out[0], torch.tensor([1., 2 / 3, 1, 0, 1]))
+    torch.testing.assert_close(out[1], torch.tensor([1., 2 / 3, 0, .5, 0]))
+    torch.testing.assert_close(out[2], torch.tensor([0., 2 / 3, 1, .5, 0]))
+    assert binarize(out[1]).tolist() == [1, 1, 0, 1, 0]  # what is sent back: 1 bit per element
+
+
+def test_packed_sizes():
+    for n in range(0, 40):
+        assert pack_bits(torch.ones(n)).size == math.ceil(n / 8) == packed_nbytes(n)
+
+
+def test_fedmask_upload_is_exactly_the_packed_masks(fedmask_digits):
+    algo = fedmask_digits
+    cid = algo.client_ids[0]
+    task = algo.local_task(cid, 0)
+    task.max_steps = 1
+    d = algo.client_data(cid)
+    res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, 0), 16)
+    upd = algo.client_update(cid, 0, res)
+    # 64-128-64-10 MLP: fc1 128×64, fc2 64×128, out 10×64 -> ⌈8192/8⌉ + ⌈8192/8⌉ + ⌈640/8⌉
+    assert upd.bytes_up == 1024 + 1024 + 80 == upd.bytes_down
+    dense = tensor_bytes(algo.global_params)
+    assert 32 < dense / upd.bytes_up < 33  # 4 bytes per weight and bias vs 1 bit per weight
+
+
+def test_sigmoid_gradient_factor_through_the_fedmask_forward(fedmask_digits):
+    """Eq. 7-8: ∂L/∂m^r = m(1 − m) ⊙ ∂L/∂m with m = σ(m^r)."""
+    algo = fedmask_digits
+    cid = algo.client_ids[0]
+    task = algo.local_task(cid, 0)
+    d = algo.client_data(cid)
+    x, y = d.train_x[:8], d.train_y[:8]
+    mr = {k: (v + 0.3 * torch.randn_like(v)).requires_grad_(True) for k, v in task.trainable.items()}
+    F.cross_entropy(task.forward(mr, task.constants, x, task.buffers), y).backward()
+    keep = task.constants  # pruned elements: σ(m^r)·0
+    m = {k: (torch.sigmoid(v.detach()) * keep[k]).requires_grad_(True) for k, v in mr.items()}
+    F.cross_entropy(algo.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x), y).backward()
+    for w in ("fc1.weight",):  # not pruned: keep = 1 everywhere
+        s = m[w].detach()
+        torch.testing.assert_close(mr[w].grad, s * (1 - s) * m[w].grad)
+        assert mr[w].grad.abs().sum() > 0
+
+
+def test_one_shot_pruning_keeps_exactly_p_r_of_the_last_layers(fedmask_digits):
+    algo = fedmask_digits
+    for cid in algo.client_ids:
+        keep = algo.keep[cid]
+        assert keep["fc1.weight"].sum() == keep["fc1.weight"].numel()  # not among the last 2: 100 %
+        for w in ("fc2.weight", "out.weight"):
+            assert int(keep[w].sum()) == round(0.2 * keep[w].numel())
+            assert float((algo.local[cid][w] * (1 - keep[w])).abs().sum()) == 0  # pruned stays zero
+    a, b = algo.client_ids
+    assert not torch.equal(algo.keep[a]["out.weight"], algo.keep[b]["out.weight"])  # heterogeneous
+
+
+def test_group_lasso_value_is_the_group_norm_not_l1():
+    site = MaskSite("c", "conv", ("c.weight",), ())
+    m = torch.tensor([1., 1, 0, 0]).reshape(2, 1, 1, 2)  # filter 0 = (1, 1), filter 1 = (0, 0); one channel
+    # filters: √2 + 0; channel 0: √2  (L1 would give 2 + 2)
+    assert float(group_lasso(site, {"c.weight": m})) == pytest.approx(2 * math.sqrt(2), abs=1e-5)
+
+
+def test_group_lasso_kills_whole_useless_filters():
+    """A conv with 6 filters whose last 3 do not reach the output: with the group lasso of Eq. 9-10 their masks
+    die as whole filters, the useful ones survive."""
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(6, 1, 3, 3, generator=g)
+    head = torch.randn(3, 6, generator=g)
+    head[:, 3:] = 0  # filters 3-5 are useless
+    site = MaskSite("conv", "conv", ("conv.weight",), ())
+    x = torch.randn(64, 1, 6, 6, generator=g)
+
+    def net(mask):
+        h = torch.relu(F.conv2d(x, W * mask, padding=1)).mean(dim=(2, 3))  # (B, 6)
+        return h @ head.T  # (B, 3)
+
+    y = net(torch.ones_like(W)).argmax(1)
+
+    def train(lam):
+        mr = torch.full_like(W, 1.0).requires_grad_(True)
+        opt = torch.optim.SGD([mr], lr=2.0, momentum=0.9)
+        for _ in range(150):
+            soft = torch.sigmoid(mr)
+            loss = F.cross_entropy(net(soft), y) + lam * group_lasso(site, {"conv.weight": soft})
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return binarize(torch.sigmoid(mr.detach()))
+
+    mask = train(0.005)
+    per_filter = mask.reshape(6, -1).sum(1)
+    assert per_filter[3:].tolist() == [0, 0, 0]  # whole filters dead
+    assert per_filter[:3].sum() > 0
+    assert (net(mask).argmax(1) == y).float().mean() > 0.9  # the task is still solved
+    assert train(0.0).reshape(6, -1).sum(1)[3:].tolist() == [9, 9, 9]  # without R_g nothing kills them
+
+
+def test_lstm_partial_mask_trains_the_output_gate_and_masks_the_others():
+    torch.manual_seed(0)
+    T, V = 6, 5
+
+    def client(i):
+        x = torch.randint(0, V, (24, T))
+        return ClientData(f"client-{i:03d}", x[:16], x[:16, -1] % V, x[16:], x[16:, -1] % V)
+
+    ds = FederatedDataset("toy", (T,), V, (client(0), client(1)), input_dtype="int64")
+    c = TrainConfig.from_dict({"data": {"name": "digits", "num_clients": 2},
+                               "model": {"name": "char_lstm", "args": {"hidden": 4, "embed": 3, "fc": [6, 5]}},
+                               "algorithm": {"name": "fedmask", "args": {"prune_last": 2}},
+                               "training": {"lr": 1.0}})
+    algo = FedMask(c, ds)
+    algo.setup()
+    H = 4
+    w = "lstm.weight_ih_l0"
+    assert algo.masks["client-000"][w].shape == (3 * H, 3)  # masks on i, f, g only
+    before = algo.global_params[w].clone()
+    task = algo.local_task("client-000", 0)
+    assert task.trainable[f"o:{w}"].shape == (H, 3)  # W_o real-valued and trained
+    updates = []
+    for i, cid in enumerate(algo.client_ids):
+        task = algo.local_task(cid, 0)
+        d = algo.client_data(cid)
+        res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, i), 8)
+        updates.append(algo.client_update(cid, 0, res))
+    o = [u.extra["o"][f"o:{w}"] for u in updates]
+    assert not torch.equal(o[0], before[3 * H:])
+    algo.aggregate(0, updates)
+    after = algo.global_params[w]
+    torch.testing.assert_close(after[:3 * H], before[:3 * H], rtol=0, atol=0)  # i, f, g frozen
+    torch.testing.assert_close(after[3 * H:], (o[0] * 16 + o[1] * 16) / 32)  # W_o averaged
+    assert updates[0].bytes_up == sum(packed_nbytes(m.numel()) for m in updates[0].payload.values()) \
+        + 4 * sum(v.numel() for v in updates[0].extra["o"].values())
