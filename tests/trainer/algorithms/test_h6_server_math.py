@@ -1,0 +1,111 @@
+"""Hand-computed server updates and mask math of PerFedMask, FedPeWS, FedSelect, FedProx and HeteroFL."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.algorithms.fedpews import bernoulli_ste, fixed_partition, server_update
+from trainer.algorithms.fedprox import proximal_term
+from trainer.algorithms.fedselect import shared_average, top_candidates
+from trainer.algorithms.perfedmask import mask_weighted_average, pmask_objective, solve_pmask
+
+
+# -- PerFedMask -------------------------------------------------------------------------------------------
+def test_perfedmask_kn_weighting_by_hand():
+    g = torch.tensor([9.0, 9.0, 9.0, 9.0])
+    w = [torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([5.0, 6.0, 7.0, 8.0]), torch.tensor([0.0, 10.0, 20.0, 30.0])]
+    m = [torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 0.0, 0.0, 0.0])]
+    # element 0: k = 1/3 each; 1: only device 0; 2: only device 1; 3: nobody -> keeps w_g
+    expect = torch.tensor([(1 + 5 + 0) / 3, 2.0, 7.0, 9.0])
+    assert torch.allclose(mask_weighted_average(g, w, m), expect)
+
+
+def _brute_force(sizes, psi):
+    s, p = np.array(sizes, float), np.array(psi, float)
+    best = None
+    for bits in itertools.product([0, 1], repeat=len(sizes) * len(psi)):
+        m = np.array(bits).reshape(len(psi), len(sizes))
+        if np.any(m @ s > p):  # ε_n ≥ 0
+            continue
+        o = pmask_objective(m, s, p)
+        best = o if best is None or o < best else best
+    return best
+
+
+@pytest.mark.parametrize("sizes,psi", [([3, 5, 2, 4], [14, 7, 5]), ([4, 1, 6], [11, 6, 2]), ([2, 2, 3], [7, 7, 3])])
+def test_pmask_milp_equals_brute_force(sizes, psi):
+    m, obj = solve_pmask(sizes, psi)
+    assert obj == pytest.approx(_brute_force(sizes, psi))
+    assert np.all(m @ np.array(sizes) <= np.array(psi))  # the budgets hold
+    assert set(np.unique(m)) <= {0, 1}
+
+
+def test_pmask_objective_by_hand():
+    # two devices, layers of 2 and 3 params; device 0 trains both, device 1 the second: k̃ = [[1, 1/2], [0, 1/2]]
+    m = np.array([[1, 1], [0, 1]])
+    # d_w = 5: device 0: 5·1 − 2 + (5 − 5) = 3; device 1: 5·0.5 − 1 + (4 − 3) = 2.5
+    assert pmask_objective(m, np.array([2.0, 3.0]), np.array([5.0, 4.0])) == pytest.approx(5.5)
+
+
+# -- FedPeWS ----------------------------------------------------------------------------------------------
+def test_fedpews_server_update_by_hand():
+    xg = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    xs = [torch.tensor([3.0, 5.0, 7.0, 2.0]), torch.tensor([5.0, 9.0, 11.0, 4.0])]
+    ms = [torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0])]
+    # Σ x⊙m / Σ m = [4, 9, 7, (none: x_g = 1)];  x_g − 0.5 (x_g − avg)
+    assert torch.allclose(server_update(xg, xs, ms, 0.5), torch.tensor([2.5, 5.0, 4.0, 1.0]))
+    assert torch.allclose(server_update(xg, xs, ms, 1.0), torch.tensor([4.0, 9.0, 7.0, 1.0]))
+
+
+def test_ste_passes_gradient_through_bernoulli_sample():
+    torch.manual_seed(0)
+    s = torch.tensor([0.3, -1.0, 2.0], requires_grad=True)
+    w = torch.tensor([1.0, 2.0, -3.0])
+    theta = torch.sigmoid(s)
+    m = bernoulli_ste(theta)
+    assert set(m.detach().tolist()) <= {0.0, 1.0}  # the forward value is a binary sample
+    (m * w).sum().backward()
+    expect = w * theta.detach() * (1 - theta.detach())  # ∂m/∂θ = 1, then the sigmoid
+    assert s.grad is not None and torch.allclose(s.grad, expect)
+    assert torch.all(s.grad != 0)
+
+
+@pytest.mark.parametrize("units,parts", [(32, 4), (7, 3), (5, 5)])
+def test_fedpews_fixed_partition_is_disjoint_and_covering(units, parts):
+    ms = torch.stack(fixed_partition(units, parts))
+    assert torch.equal(ms.sum(0), torch.ones(units))  # covering, and no neuron in two subnetworks
+    assert torch.all(ms.sum(1) >= 1)
+
+
+# -- FedSelect --------------------------------------------------------------------------------------------
+def test_fedselect_shared_only_average_by_hand():
+    g = torch.tensor([0.0, 0.0, 0.0])
+    vals = [torch.tensor([2.0, 4.0, 6.0]), torch.tensor([8.0, 10.0, 12.0])]
+    personal = [torch.tensor([False, True, True]), torch.tensor([False, False, True])]
+    # pos 0 shared by both, weights 1 and 3: (2 + 3·8)/4 = 6.5; pos 1 only client 1: 10; pos 2 nobody: keep 0
+    out = shared_average(g, vals, personal, [1.0, 3.0])
+    assert torch.allclose(out, torch.tensor([6.5, 10.0, 0.0]))
+
+
+def test_gradltn_keeps_exactly_the_largest_fraction_of_candidates():
+    gamma = {"a": torch.tensor([[5.0, 1.0], [9.0, 3.0]]), "b": torch.tensor([7.0, 2.0, 8.0, 4.0])}
+    cand = {"a": torch.tensor([[True, True], [False, True]]), "b": torch.tensor([True, True, False, True])}
+    # candidates' γ: a: 5, 1, 3; b: 7, 2, 4 (9 and 8 are not candidates); keep 0.5·6 = 3 largest: 7, 5, 4
+    keep = top_candidates(gamma, cand, 0.5)
+    assert torch.equal(keep["a"], torch.tensor([[True, False], [False, False]]))
+    assert torch.equal(keep["b"], torch.tensor([True, False, False, True]))
+    assert sum(int(v.sum()) for v in keep.values()) == 3
+
+
+# -- FedProx ----------------------------------------------------------------------------------------------
+def test_fedprox_gradient_includes_mu_times_distance():
+    w = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    wg = torch.tensor([0.5, 0.0, 4.0])
+    reg = proximal_term(0.2)({"w": w}, {"g:w": wg})
+    assert float(reg.detach()) == pytest.approx(0.1 * (0.25 + 4 + 1))
+    reg.backward()
+    assert torch.allclose(w.grad, 0.2 * (w.detach() - wg))
