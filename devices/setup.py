@@ -30,6 +30,7 @@ from devices.inventory import DeviceSpec
 
 VENV = "venv"
 WHEELHOUSE = "wheelhouse"
+GENERIC_KINDS = ("linux", "local")  # no fixed board profile: install what the inventory declares
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Package:
 def packages_for(spec: DeviceSpec) -> list[Package]:
     """What ``spec``'s kind needs for its declared runtimes, numpy first; runtimes its kind cannot run are left out
     (`unavailable_runtimes` says why)."""
-    wanted = [rt for rt in spec.runtimes if rt in spec.profile.runtimes]
+    wanted = [rt for rt in spec.runtimes if rt in spec.profile.runtimes or spec.kind in GENERIC_KINDS]
     if spec.kind == "jetson-tx2":
         pkgs = [Package("numpy", "numpy==1.19.5", "numpy")]
         if "onnxruntime" in wanted:
@@ -69,6 +70,8 @@ def packages_for(spec: DeviceSpec) -> list[Package]:
 
 def unavailable_runtimes(spec: DeviceSpec) -> dict[str, str]:
     """Runtimes the inventory declares that the board's kind has no build of, with the reason."""
+    if spec.kind in GENERIC_KINDS:
+        return {}  # any Linux: the inventory's runtimes are the user's word
     return {rt: f"a {spec.kind} has no {rt} build ({spec.profile.notes or spec.profile.os})"
             for rt in spec.runtimes if rt not in spec.profile.runtimes}
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The test suite: set up .venv if needed, install the stand-in devices' prerequisites (OpenSSH server) when
+# The test suite: set up .venv if needed, install the stand-in devices' prerequisites (OpenSSH, qemu-user, mmdebstrap, nftables) when
 # running as root, then pytest. Extra args pass to pytest, e.g. -m "not slow and not fleet" for a quick loop.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
-if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ]; then
-  sh tests/fleet/install.sh
+if [ "$(id -u)" = 0 ]; then
+  sh tests/fleet/install.sh  # idempotent: packages once, binfmt_misc after each boot
 fi
 set +e
 python -m pytest "$@"

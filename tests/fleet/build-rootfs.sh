@@ -33,7 +33,11 @@ trap 'rm -rf "$TMP"' EXIT
 
 # A clean environment inside the chroot: the host's PIP_* variables and proxies name host paths.
 IN="env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 QEMU_CPU=cortex-a72"
+# Placeholder host keys: openssh-server's postinst then skips generating keys, which under qemu takes minutes
+# (RSA 3072); each stand-in gets its own key at start-up anyway.
+KEYS='mkdir -p "$1/etc/ssh"; for t in rsa ecdsa ed25519; do touch "$1/etc/ssh/ssh_host_${t}_key"; done'
 mmdebstrap --arch=arm64 --variant=minbase --include="$PACKAGES" \
+    --essential-hook="$KEYS" \
     --customize-hook="mkdir -p \"\$1/tmp/wheels\"" \
     --customize-hook="copy-in $(ls "$WHEELS"/*.whl | tr '\n' ' ') /tmp/wheels" \
     --customize-hook="chroot \"\$1\" $IN python3 -m pip install --quiet --no-index --break-system-packages --find-links /tmp/wheels numpy onnxruntime" \

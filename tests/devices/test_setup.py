@@ -1,0 +1,76 @@
+"""Provisioning plans and the `missing` list of `devices check` (pure parts; the real setup runs on the aarch64
+stand-in in tests/fleet/test_fleet_arm64.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from devices.errors import DeviceError
+from devices.inventory import DeviceSpec
+from devices.setup import missing_items, packages_for, satisfies, setup_device, venv_python
+
+
+def board(kind: str, runtimes: tuple[str, ...], **kw) -> DeviceSpec:
+    return DeviceSpec(name="b1", kind=kind, host="10.0.0.9", user="pi", workdir="edgemask", runtimes=runtimes, **kw)
+
+
+@pytest.mark.parametrize("version, req, ok", [
+    ("1.26.4", "numpy<2", True), ("2.0.0", "numpy<2", False), ("2.4.6", "numpy", True), (None, "numpy", False),
+    ("1.10.0", "onnxruntime==1.10.0", True), ("1.10", "onnxruntime==1.10.0", True),
+    ("1.31.1", "onnxruntime==1.10.0", False), ("1.19.5", "numpy>=1.19", True), ("1.18.5", "numpy>=1.19", False),
+    ("2.14.0+rpi", "tflite-runtime<=2.14", True),
+])
+def test_satisfies(version, req, ok):
+    assert satisfies(version, req) is ok
+
+
+def test_a_pi_with_tflite_gets_tflite_runtime_and_numpy_below_2():
+    reqs = [p.requirement for p in packages_for(board("rpi4", ("onnxruntime", "tflite")))]
+    assert reqs == ["numpy<2", "onnxruntime", "tflite-runtime"]
+
+
+def test_a_pi_with_executorch_gets_ai_edge_litert_for_tflite_and_numpy_2():
+    pkgs = packages_for(board("rpi4", ("onnxruntime", "tflite", "executorch")))
+    assert [p.requirement for p in pkgs] == ["numpy", "onnxruntime", "ai-edge-litert", "executorch"]
+    assert [p.module for p in pkgs] == ["numpy", "onnxruntime", "ai_edge_litert", "executorch.runtime"]
+
+
+def test_a_tx2_gets_the_last_python_36_builds_and_nothing_it_cannot_run():
+    spec = board("jetson-tx2", ("onnxruntime", "tflite"))
+    assert [p.requirement for p in packages_for(spec)] == ["numpy==1.19.5", "onnxruntime==1.10.0"]
+    items = missing_items(spec, {"numpy": "1.19.5", "runtimes": {"onnxruntime": "onnxruntime 1.10.0"}})
+    assert [i["what"] for i in items] == ["tflite"]
+    assert "remove 'tflite' from runtimes of [devices.b1]" in items[0]["fix"]
+
+
+def test_missing_names_each_runtime_and_the_fix():
+    spec = board("rpi4", ("onnxruntime", "tflite"))
+    probe = {"numpy": "2.4.6", "python_executable": "/usr/bin/python3",
+             "runtimes": {"onnxruntime": "onnxruntime 1.31.1", "tflite": None, "executorch": None}}
+    items = {i["what"]: i for i in missing_items(spec, probe)}
+    assert set(items) == {"numpy", "tflite", "python"}  # numpy 2.4.6 breaks tflite-runtime; onnxruntime is fine
+    assert "does not meet numpy<2" in items["numpy"]["why"]
+    assert items["tflite"]["fix"].startswith("edgemask devices setup b1")
+    assert "python3 -m pip install 'tflite-runtime'" in items["tflite"]["fix"]
+    assert f'set python = "{venv_python(spec)}"' in items["python"]["fix"]
+
+
+def test_nothing_missing_on_a_set_up_board():
+    spec = board("rpi4", ("onnxruntime",))
+    spec = replace(spec, python=venv_python(spec))
+    assert venv_python(spec) == "edgemask/venv/bin/python"
+    assert missing_items(spec, {"numpy": "2.4.6", "runtimes": {"onnxruntime": "onnxruntime 1.31.1"}}) == []
+
+
+def test_either_tflite_package_counts():
+    spec = board("linux", ("tflite",))
+    assert missing_items(spec, {"numpy": "2.4.6", "runtimes": {"tflite": "tflite_runtime 2.14.0"}}) == []
+
+
+def test_setup_refuses_the_local_device(tmp_path):
+    from devices.inventory import local_device
+
+    with pytest.raises(DeviceError, match="pip install"):
+        setup_device(local_device(tmp_path))
