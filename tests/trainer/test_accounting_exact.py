@@ -1,0 +1,49 @@
+"""Forward FLOPs with masks, exact: zero weights, dead output units and dead input units cost nothing."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.accounting import dense_reference, forward_flops, layer_positions
+from trainer.models import build_model, model_sites
+from trainer.models.masking import all_ones_masks
+
+
+def test_a_column_fed_by_a_dead_unit_costs_nothing():
+    model = build_model("mlp", (1, 8, 8), 10, hidden=(4, 3))  # 64 -> 4 -> 3 -> 10
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+    masks = all_ones_masks(model, sites)
+    assert forward_flops(model, sites, masks, pos) == 2 * (64 * 4 + 4 * 3 + 3 * 10)
+    masks["fc1.weight"][1] = 0  # fc1 unit 1 dead: its row, and column 1 of fc2, do no work
+    masks["fc1.weight"][0, :10] = 0
+    assert forward_flops(model, sites, masks, pos) == 2 * (64 * 3 - 10 + 3 * 3 + 3 * 10)
+    masks["fc2.weight"][2] = 0  # fc2 unit 2 dead: column 2 of out is free too
+    assert forward_flops(model, sites, masks, pos) == 2 * (64 * 3 - 10 + 2 * 3 + 2 * 10)
+
+
+def test_dead_conv_filters_free_the_next_conv_and_the_head():
+    model = build_model("cnn", (1, 8, 8), 10)  # conv1 16×1×3×3 at 8×8, pool, conv2 32×16×3×3 at 4×4, out 10×32
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+    assert dict(pos) == {"conv1": 64, "conv2": 16, "out": 1}
+    masks = all_ones_masks(model, sites)
+    masks["conv1.weight"][:4] = 0
+    masks["conv2.weight"][:8] = 0
+    expect = 2 * (12 * 9 * 64 + 24 * 12 * 9 * 16 + 10 * 24)
+    assert forward_flops(model, sites, masks, pos) == expect
+    assert dense_reference(model, sites, pos)["flops_fwd"] == 2 * (16 * 9 * 64 + 32 * 16 * 9 * 16 + 320)
+
+
+def test_dead_lstm_hidden_units_cost_nothing_anywhere():
+    model = build_model("char_lstm", (5,), 7, hidden=4, embed=3, fc=(6,))  # lstm 2 layers, fc1 4->6, out 6->7
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 5, dtype=torch.long))
+    masks = all_ones_masks(model, sites)
+    dense = forward_flops(model, sites, masks, pos)
+    assert dense == 2 * 5 * (16 * 3 + 16 * 4 + 16 * 4 + 16 * 4) + 2 * (4 * 6 + 6 * 7)
+    for w in ("lstm.weight_ih_l1", "lstm.weight_hh_l1"):  # layer-2 hidden unit 0: g rows zero -> dead
+        masks[w][8] = 0
+    # layer 2 keeps 3 units: 4 gates × 3 rows × (4 inputs + 3 live recurrent columns); fc1 loses a column
+    expect = 2 * 5 * (16 * 3 + 16 * 4 + 12 * 4 + 12 * 3) + 2 * (3 * 6 + 6 * 7)
+    assert forward_flops(model, sites, masks, pos) == expect
