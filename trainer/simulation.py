@@ -81,6 +81,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         return mean
 
     mean_acc = float("nan")
+    if progress:
+        progress(0, cfg.training.rounds, {})  # start the clock before the first round
     for rnd in range(cfg.training.rounds):
         updates = []
         for cid, res in train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd):
