@@ -4,7 +4,7 @@ reference loop for the same workload, measured in one run so the ratios share th
 Workload: FedAvg, 100 clients, digits split 2 classes per client, 1 local epoch, batch 16, lr 0.05, on the MLP
 64-128-64-10 (``mlp``, hidden (128, 64)) and the small CNN (``cnn``). Every loop uses the same per-client orders
 (``trainer.sampling.batch_order``); the rounds are interleaved (sequential, batched, reference, repeat) so a busy
-machine slows all three alike. "train" times local training only (for ours: ``simulation.train_clients``, i.e.
+machine slows all three alike, and each loop's median round is reported. "train" times local training only (for ours: ``simulation.train_clients``, i.e.
 ``local_task`` + orders + training + results); "round" adds the uploads and the server's aggregate.
 
     python benchmarks/bench_batched.py [--rounds 5] [--models mlp,cnn] [--threads N]
@@ -142,9 +142,9 @@ def bench(model: str, rounds: int) -> list[tuple]:
     n = len(loops["batched (ours)"].cids)
     out = []
     for name in loops:
-        tt = np.array(times[name])
+        tt = np.median(np.array(times[name]), axis=0)  # the median round: robust to a busy machine's spikes
         diff = max(float((first[name][k] - ref[k]).abs().max()) for k in ref)
-        out.append((model, name, n * rounds / tt[:, 0].sum(), n * rounds / tt[:, 1].sum(), startup[name], diff))
+        out.append((model, name, n / tt[0], n / tt[1], startup[name], diff))
     return out
 
 
