@@ -109,3 +109,14 @@ def test_fedprox_gradient_includes_mu_times_distance():
     assert float(reg.detach()) == pytest.approx(0.1 * (0.25 + 4 + 1))
     reg.backward()
     assert torch.allclose(w.grad, 0.2 * (w.detach() - wg))
+
+
+# -- rounds to a target accuracy (FedPeWS Table 2) --------------------------------------------------------
+def test_rounds_to_target_counts_from_one_on_the_global_accuracy():
+    from trainer.simulation import global_summary
+
+    hist = [{"round": r, "client": "server", "metric": "global_accuracy", "value": v}
+            for r, v in enumerate([0.3, 0.6, 0.95, 0.8, 0.99])]
+    hist.append({"round": 0, "client": "client-000", "metric": "accuracy", "value": 1.0})  # not the global model
+    assert global_summary(hist, 0.9) == {"global_accuracy": 0.99, "target_accuracy": 0.9, "rounds_to_target": 3}
+    assert global_summary(hist, 0.999)["rounds_to_target"] is None
