@@ -74,3 +74,21 @@ def test_perfedmask_frozen_layers_do_not_move():
         moved = not torch.equal(v, algo.global_params[k])
         assert moved == bool(algo.keep[cid][k].any()), k  # exactly the unmasked layers moved (head frozen)
     assert algo.trained_numel(cid) <= 0.5 * sum(v.numel() for k, v in algo.global_params.items() if not k.startswith("out"))
+
+
+def test_fedselect_starts_from_a_local_weights_file(tmp_path):
+    import pytest
+    from safetensors.torch import save_file
+
+    from edgemask.errors import ConfigError
+
+    ref = _algo("fedavg", {})
+    state = {k: torch.randn_like(v) for k, v in ref.global_params.items()}
+    save_file(state, str(tmp_path / "w.safetensors"))
+    torch.save({"fc." + k[len("out."):] if k.startswith("out.") else k: v for k, v in state.items()}, tmp_path / "w.pt")
+    for f in ("w.safetensors", "w.pt"):  # .pt: read with weights_only=True, torchvision's "fc." mapped to "out."
+        algo = _algo("fedselect", {"init_weights": str(tmp_path / f), "L": 1, "E": 1})
+        for k, v in state.items():
+            assert torch.equal(algo.global_params[k], v), (f, k)
+    with pytest.raises(ConfigError, match="not found"):
+        _algo("fedselect", {"init_weights": str(tmp_path / "missing.pt")})
