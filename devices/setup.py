@@ -232,7 +232,9 @@ def setup_device(spec: DeviceSpec, wheels_dir: Path | None = None, conn: Connect
         source = None
         if todo:
             reqs = [p.requirement for p in todo]
-            pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet"]
+            # --no-compile: byte-compiling numpy and the runtimes takes minutes on a slow board (or under
+            # emulation); Python compiles what the runner imports on first use instead.
+            pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet", "--no-compile"]
             if wheels_dir is not None:
                 house = _upload_wheels(conn, spec, py, Path(wheels_dir))
                 argv, source = [*pip, "--no-index", "--find-links", house, *reqs], f"uploaded wheels ({wheels_dir})"

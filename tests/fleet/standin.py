@@ -35,6 +35,7 @@ SUBNET = "10.231"  # 10.231.N.0/24 per device: a private range created here, on 
 CACHE_DIR = Path(os.environ.get("EDGEMASK_FLEET_CACHE", "/var/cache/edgemask-fleet"))
 WHEELS_SCRIPT = HERE / "fetch-wheels.sh"
 ROOTFS_SCRIPT = HERE / "build-rootfs.sh"
+OWNERS = Path("/run/edgemask-fleet")  # <netns name> -> pid of the test process that made it
 INSTALL_HINT = "run `sh tests/fleet/install.sh` as root (OpenSSH, mmdebstrap, qemu-user-static, nftables)"
 
 
@@ -295,6 +296,8 @@ class StandIn:
         return dev
 
     def _network_up(self) -> None:
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        (OWNERS / self.netns).write_text(f"{os.getpid()}\n")
         peer = f"{PREFIX}{self.index}d"
         host_ip = f"{SUBNET}.{self.index}.1/24"
         sh("ip", "netns", "add", self.netns)
@@ -448,29 +451,47 @@ LogLevel ERROR
         self.clear_loss()
         sh("ip", "netns", "del", self.netns, check=False)  # takes the veth pair with it
         sh("ip", "link", "del", self.host_if, check=False)
+        (OWNERS / self.netns).unlink(missing_ok=True)
+
+
+def _owner_alive(name: str) -> bool:
+    """Is the test process that made ``name`` (netns, cgroup or table of one device) still running?"""
+    try:
+        pid = int((OWNERS / name).read_text())
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and Path(f"/proc/{pid}").exists()
 
 
 def sweep() -> list[str]:
-    """Remove namespaces, cgroups and nftables tables that a killed run left behind; return their names."""
+    """Remove namespaces, cgroups and nftables tables that a killed run left behind; return their names.
+    Devices of another test run that is still going (its process alive) are left alone."""
     gone = []
     for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX):
+        if name.startswith(PREFIX) and not _owner_alive(name):
             for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
             sh("ip", "netns", "del", name, check=False)
+            (OWNERS / name).unlink(missing_ok=True)
             gone.append(name)
     for d in list(Path("/sys/fs/cgroup").glob(f"{PREFIX}*")) + list(Path("/sys/fs/cgroup").glob(f"*/{PREFIX}*")):
+        if _owner_alive(d.name):
+            continue
         c = CpuCgroup.__new__(CpuCgroup)
         c.dirs = [d]
         c.remove()
         gone.append(str(d))
     for line in sh("nft", "list", "tables", check=False).stdout.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[2].startswith(PREFIX):
+        if len(parts) == 3 and parts[2].startswith(PREFIX) and not _owner_alive(parts[2]):
             sh("nft", "delete", "table", parts[1], parts[2], check=False)
             gone.append(parts[2])
     return gone
+
+
+if __name__ == "__main__":  # after a killed test run: cd tests && python -m fleet.standin
+    print("removed:", ", ".join(sweep()) or "nothing")

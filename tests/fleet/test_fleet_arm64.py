@@ -58,10 +58,10 @@ def test_devices_check_shows_an_aarch64_board(arm64_device, tmp_path, capsys):
 
 def test_deploy_and_measure_onnx_on_the_emulated_aarch64_board(arm64_device, tmp_path):
     art = make_artifact(tmp_path / "art", n=8, wrong_labels=2)
-    spec = arm64_device.spec()
+    spec = arm64_device.spec(workdir="/root/measure")  # its own workdir: nothing deployed there yet
     with open_connection(spec) as conn:
         m = run_benchmark(conn, spec, art, "onnx", settings=SETTINGS, timeout=600)
-        assert conn.uploads == 3
+        assert conn.uploads == 3  # runner, model, sample_io
     with open_connection(spec) as conn:
         again = run_benchmark(conn, spec, art, "onnx", settings=SETTINGS, timeout=600)
         assert conn.uploads == 0  # unchanged artifacts are not sent again

@@ -15,7 +15,7 @@ from devices.connection import open_connection
 from devices.records import RunnerSettings
 from edgemask.cli import main as edgemask_main
 
-pytestmark = [pytest.mark.fleet]
+pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 SETTINGS = RunnerSettings(warmup_runs=2, warmup_seconds=0.0, min_runs=30, min_seconds=1.0, idle_seconds=0.6,
                           power_rate_hz=50.0)
