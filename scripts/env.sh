@@ -1,5 +1,5 @@
-# Sourced by demo.sh and test.sh: create .venv if missing and install edgemask into it when pyproject.toml
-# changed since the last install (a stamp file holds its hash). Uses the machine's python3.11.
+# Sourced by demo.sh and test.sh: create .venv if missing and install edgemask into it with the extras the
+# caller wants (EXTRAS), unless a stamp says this pyproject.toml is already installed with them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -10,12 +10,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.edgemask-installed"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)-${EDGEMASK_EXTRAS:-test}"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  echo "edgemask: installing into $VENV (first time: about 1-2 minutes)" >&2
+HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+HAVE=""
+if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$HASH" ]; then HAVE="$(sed -n 2p "$STAMP")"; fi
+# the extras wanted now, plus those already installed for this pyproject.toml (never uninstall an extra)
+ALL="$(printf '%s\n' ${EXTRAS//,/ } ${HAVE//,/ } | sort -u | paste -sd, -)"
+if [ ! -f "$STAMP" ] || [ "$(head -1 "$STAMP")" != "$HASH" ] || [ "$ALL" != "$HAVE" ]; then
+  echo "edgemask: installing into $VENV${ALL:+ with extras [$ALL]} (first time: a few minutes)" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch is pinned to 2.13.0 in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build.
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[${EDGEMASK_EXTRAS:-test}]"
-  echo "$WANT" > "$STAMP"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT${ALL:+[$ALL]}"
+  printf '%s\n%s\n' "$HASH" "$ALL" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
