@@ -3,11 +3,11 @@ and the runtimes its kind supports, installed from the board's own package index
 
 What a kind gets (see DESIGN.md, "What the boards can run"):
 
-| kind | numpy | onnxruntime | TFLite | ExecuTorch |
-| --- | --- | --- | --- | --- |
-| jetson-tx2 (Python 3.6) | numpy==1.19.5 | onnxruntime==1.10.0 | none for Python 3.6 | none (needs Python >= 3.10) |
-| rpi4 (Python 3.11) | numpy (numpy<2 with tflite-runtime) | onnxruntime | tflite-runtime; ai-edge-litert next to ExecuTorch | executorch (+ torch) |
-| linux, local | numpy | onnxruntime | ai-edge-litert | executorch |
+- jetson-tx2 (Python 3.6): numpy==1.19.5, onnxruntime==1.10.0; no TFLite for Python 3.6, no ExecuTorch
+  (it needs Python >= 3.10).
+- rpi4 (Python 3.11): numpy, onnxruntime, tflite-runtime (then numpy<2), executorch (+ torch); with ExecuTorch
+  wanted too, ai-edge-litert for TFLite.
+- linux, local: numpy and whatever the inventory declares (onnxruntime, ai-edge-litert, executorch).
 
 tflite-runtime 2.14 needs numpy<2 and ExecuTorch needs numpy>=2, so a Pi that wants both gets ai-edge-litert,
 which the runner also accepts. Setup is idempotent: what is already importable at a fitting version is left

@@ -74,3 +74,15 @@ def test_setup_refuses_the_local_device(tmp_path):
 
     with pytest.raises(DeviceError, match="pip install"):
         setup_device(local_device(tmp_path))
+
+
+def test_cli_setup_needs_a_name_and_refuses_local(tmp_path, capsys):
+    from edgemask.cli import main
+
+    ws = str(tmp_path / "ws")
+    assert main(["devices", "setup", "--workspace", ws]) == 2
+    assert "name the device(s) to set up" in capsys.readouterr().err
+    assert main(["devices", "setup", "local", "--workspace", ws]) == 2
+    assert "local device uses this machine's Python" in capsys.readouterr().err
+    assert main(["devices", "setup", "nope", "--workspace", ws]) == 2
+    assert "unknown device 'nope'; valid names: local" in capsys.readouterr().err

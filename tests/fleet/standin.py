@@ -414,7 +414,8 @@ LogLevel ERROR
     def loss(self, percent: int) -> None:
         """Drop ``percent`` % of the packets towards the device, at random (nftables numgen)."""
         self.clear_loss()
-        rules = (f"table inet {self.nft_table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n"
+        rules = (f"table inet {self.nft_table} {{\n chain out {{\n"
+                 "  type filter hook output priority 0; policy accept;\n"
                  f"  oifname \"{self.host_if}\" numgen random mod 100 < {int(percent)} counter drop\n }}\n}}\n")
         p = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
         if p.returncode != 0:
