@@ -55,6 +55,8 @@ class LocalTask:
     captured in the closures — so the loop can stack clients and train them together (torch.func.vmap);
     the closures may capture what every client shares (e.g. FedMask's frozen weights).
     ``grad_keep`` zeroes the gradient of frozen elements (pruned mask entries, PerFedMask's frozen params).
+    Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm
+    keeps (the default task holds the global model itself: no per-client copy before training).
     """
 
     trainable: dict[str, torch.Tensor]
@@ -146,10 +148,10 @@ class Algorithm:
         return sampled
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
-        return LocalTask(
-            trainable=self.clone_global(),
+        return LocalTask(  # the global tensors themselves: the loops copy what they train (see LocalTask)
+            trainable=dict(self.global_params),
             forward=lambda p, c, x, b: self.call(p, b, x),
-            buffers={k: v.clone() for k, v in self.global_buffers.items()},
+            buffers=dict(self.global_buffers),
             epochs=self.local_epochs, lr=self.cfg.training.lr,
         )
 
