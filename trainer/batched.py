@@ -48,6 +48,7 @@ from trainer.local_training import local_train
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
 _PROBED: dict[Hashable, tuple[int | str, tuple]] = {}  # signature -> (activation bytes or why not, its functions)
+_PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data): see _padded_data
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -156,8 +157,18 @@ def _value_key(v: Any) -> Hashable:
 
 
 # -- probe and memory --------------------------------------------------------------------------------------
-def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device) -> dict[str, torch.Tensor]:
-    return {k: torch.stack([d[k] for d in ds]).to(dev) for k in ds[0]}
+def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device, copy: bool = True) -> dict[str, torch.Tensor]:
+    """``{k: (C, *shape)}`` from C clients' tensors, one op per key. A tensor all clients share (the same
+    object, e.g. the global weights of FedAvg's tasks) is broadcast instead: copied once per client when
+    ``copy`` (state that is trained), else a stride-0 view (read-only constants and keep masks)."""
+    out = {}
+    for k, v in ds[0].items():
+        if all(d[k] is v for d in ds):
+            v = v.to(dev).unsqueeze(0).expand(len(ds), *v.shape)
+            out[k] = v.clone(memory_format=torch.contiguous_format) if copy else v
+        else:
+            out[k] = torch.stack([d[k] for d in ds]).to(dev)
+    return out
 
 
 def _client_loss(task: LocalTask) -> Callable:
@@ -244,9 +255,9 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     C = len(tasks)
     t0 = tasks[0]
     P = {k: v.detach().requires_grad_(True) for k, v in _stack([t.trainable for t in tasks], dev).items()}
-    K = _stack([t.constants for t in tasks], dev) if t0.constants else {}
+    K = _stack([t.constants for t in tasks], dev, copy=False) if t0.constants else {}
     Bf = _stack([t.buffers for t in tasks], dev) if t0.buffers else {}  # stack copies: the tasks' stay as given
-    keep = _stack([t.grad_keep for t in tasks], dev) if t0.grad_keep else {}
+    keep = _stack([t.grad_keep for t in tasks], dev, copy=False) if t0.grad_keep else {}
     keep = {k: m for k, m in keep.items() if k in P}
     lr: dict[str, float | torch.Tensor] = {}  # per tensor: one rate, or one per client (C,)
     for k in P:
@@ -254,6 +265,8 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         lr[k] = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=dev)
     padded = not Bf and t0.loss is None  # else split by batch size: batch norm statistics, own losses
     loss_fn = vmap(_client_loss(t0))
+    forward = vmap(t0.forward)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
+    regularizer = vmap(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
 
     # Minibatch plan: idx (S, C, B) into each client's samples, w (S, C, B) real-sample weights.
     plans = [step_indices(o, t.epochs, t.max_steps, batch_size) for o, t in zip(orders, tasks)]
@@ -266,12 +279,9 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     idx = torch.from_numpy(np.where(real_np, idx_np, 0)).to(dev)
     w = torch.from_numpy(real_np).to(dev, torch.float32)
     counts = torch.from_numpy(counts_np).to(dev, torch.float32)
+    mean_w = w / counts.clamp(min=1).unsqueeze(2)  # (S, C, B): 1/n on each of a client's n real samples, else 0
 
-    # Data padded to the largest client: X (C, N, *input), Y (C, N).
-    X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
-    Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
-    if X.shape[1] == 0:  # no client has a sample: there are no steps, but the gathers need a row
-        X, Y = X.new_zeros((C, 1, *X.shape[2:])), Y.new_zeros((C, 1))
+    X, Y = _padded_data(data, dev)  # (C, N, *input), (C, N)
     rows = torch.arange(C, device=dev)[:, None]
 
     keys = list(P)
@@ -287,8 +297,11 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.
             xb, yb = X[rows, idx[s]], Y[rows, idx[s]]  # (C, B, *input), (C, B)
-            data_loss, reg = loss_fn(P, K, Bf, xb, yb, w[s], counts[s].clamp(min=1))  # (C,), (C,)
-            per_client = data_loss + reg
+            logits = forward(P, K, xb, Bf)  # (C, B, classes)
+            # all clients' cross-entropies in one op over the flattened batch (C·B,), then each client's mean
+            ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none")
+            data_loss = (ce.view(C, -1) * mean_w[s]).sum(1)  # (C,)
+            per_client = (data_loss + regularizer(P, K)) if regularizer is not None else data_loss
             total = per_client.sum() if all_active else (per_client * active).sum()
             grads = torch.autograd.grad(total, [P[k] for k in keys], allow_unused=True)
             loss_sum += data_loss.detach().double() * counts[s]
@@ -313,6 +326,9 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                         bufs[k] = torch.where(a, bufs[k] * momentum + g, bufs[k])
                     g = bufs[k]
                 rate = lr[k]
+                if all_active and not isinstance(rate, torch.Tensor):
+                    p.sub_(g, alpha=rate)  # the common case in one fused op, as torch.optim.SGD does it
+                    continue
                 step = g * (rate.view(C, *[1] * (p.dim() - 1)) if isinstance(rate, torch.Tensor) else rate)
                 if all_active:
                     p.sub_(step)
@@ -326,6 +342,23 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     return [LocalResult({k: trained[k][c] for k in keys}, {k: buffers[k][c] for k in Bf},
                         losses[c] / max(int(seen[c]), 1), int(seen[c]), int(len(data[c][1])))
             for c in range(C)]
+
+
+def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
+                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clients' samples padded to the largest client's N: ``X (C, N, *input)``, ``Y (C, N)`` (N ≥ 1, so
+    the gathers have a row). The same clients' tensors come back round after round (client data are never
+    modified in place), so the result is kept, keyed by the tensors' identity; the entry holds the tensors."""
+    key = (tuple(id(t) for xy in data for t in xy), str(dev))
+    if key not in _PADDED:
+        X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
+        Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
+        if X.shape[1] == 0:  # no client has a sample: there are no steps, but the gathers need a row
+            X, Y = X.new_zeros((len(data), 1, *X.shape[2:])), Y.new_zeros((len(data), 1))
+        if len(_PADDED) >= 8:
+            _PADDED.clear()
+        _PADDED[key] = (X, Y, list(data))
+    return _PADDED[key][0], _PADDED[key][1]
 
 
 def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, counts_s, keys, loss_sum, dev):
