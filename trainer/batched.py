@@ -120,8 +120,8 @@ def task_signature(task: LocalTask) -> Hashable:
     """Two tasks with equal signatures compute the same function of their (stacked) tensors: same forward and
     regularizer code over the same captured objects, same tensor names, shapes and dtypes."""
 
-    def spec(d: dict[str, torch.Tensor]) -> tuple:
-        return tuple((k, tuple(v.shape), v.dtype) for k, v in d.items())
+    def spec(d: dict[str, torch.Tensor]) -> tuple:  # torch.Size hashes and compares as a tuple
+        return tuple([(k, v.shape, v.dtype) for k, v in d.items()]) if d else ()
 
     return (_fn_key(task.forward), _fn_key(task.regularizer), _fn_key(task.loss), spec(task.trainable),
             spec(task.constants), spec(task.buffers), spec(task.grad_keep))
@@ -163,7 +163,7 @@ def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device, copy: bool = Tr
     ``copy`` (state that is trained), else a stride-0 view (read-only constants and keep masks)."""
     out = {}
     for k, v in ds[0].items():
-        if all(d[k] is v for d in ds):
+        if len({id(d[k]) for d in ds}) == 1:
             v = v.to(dev).unsqueeze(0).expand(len(ds), *v.shape)
             out[k] = v.clone(memory_format=torch.contiguous_format) if copy else v
         else:
@@ -249,6 +249,32 @@ def step_indices(orders: list[np.ndarray], epochs: int, max_steps: int | None, b
     return out[:max_steps] if max_steps is not None else out
 
 
+def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: list[int | None],
+               batch_size: int) -> np.ndarray:
+    """All clients' minibatches at once: ``(S, C, batch_size)`` sample indices, -1 padding (a client's partial
+    minibatch, or every step after its plan ends); client c's rows are :func:`step_indices` of its ``orders[c]``,
+    ``epochs[c]`` and ``max_steps[c]``. Per epoch, one concatenation of the orders and one scatter: no loop over
+    the clients' steps."""
+    C, B = len(orders), batch_size
+    E = max(epochs, default=0)
+    lens = np.array([[len(o[e % len(o)]) if e < n else 0 for o, n in zip(orders, epochs)] for e in range(E)],
+                    dtype=np.int64).reshape(E, C)  # (E, C) samples per epoch; 0 past a client's epochs
+    nb = -(-lens // B)  # (E, C) minibatches per epoch
+    first = np.cumsum(nb, 0) - nb  # (E, C) the step of each epoch's first minibatch
+    no_cap = np.iinfo(np.int64).max
+    cap = np.array([no_cap if m is None else m for m in max_steps], dtype=np.int64)
+    steps = np.minimum(nb.sum(0), cap)  # (C,)
+    out = np.full((int(steps.max(initial=0)), C, B), -1, dtype=np.int64)
+    for e in range(E):
+        flat = np.concatenate([o[e % len(o)] for o, n in zip(orders, epochs) if e < n]).astype(np.int64)
+        client = np.repeat(np.arange(C), lens[e])  # (n,) each sample's client
+        pos = np.arange(len(flat)) - np.repeat(np.cumsum(lens[e]) - lens[e], lens[e])  # its place in the epoch
+        row = first[e, client] + pos // B
+        ok = row < steps[client]
+        out[row[ok], client[ok], pos[ok] % B] = flat[ok]
+    return out
+
+
 def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
                    orders: list[list[np.ndarray]], batch_size: int, momentum: float, weight_decay: float,
                    dev: torch.device) -> list[LocalResult]:
@@ -260,8 +286,9 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     keep = _stack([t.grad_keep for t in tasks], dev, copy=False) if t0.grad_keep else {}
     keep = {k: m for k, m in keep.items() if k in P}
     lr: dict[str, float | torch.Tensor] = {}  # per tensor: one rate, or one per client (C,)
+    base_rates, per_tensor = [t.lr for t in tasks], any(t.lrs for t in tasks)
     for k in P:
-        rates = [t.lrs.get(k, t.lr) for t in tasks]
+        rates = [t.lrs.get(k, t.lr) for t in tasks] if per_tensor else base_rates
         lr[k] = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=dev)
     padded = not Bf and t0.loss is None  # else split by batch size: batch norm statistics, own losses
     loss_fn = vmap(_client_loss(t0))
@@ -269,11 +296,8 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     regularizer = vmap(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
 
     # Minibatch plan: idx (S, C, B) into each client's samples, w (S, C, B) real-sample weights.
-    plans = [step_indices(o, t.epochs, t.max_steps, batch_size) for o, t in zip(orders, tasks)]
-    S = max((len(p) for p in plans), default=0)
-    idx_np = np.full((S, C, batch_size), -1, dtype=np.int64)
-    for c, p in enumerate(plans):
-        idx_np[: len(p), c] = p
+    idx_np = step_plans(orders, [t.epochs for t in tasks], [t.max_steps for t in tasks], batch_size)
+    S = len(idx_np)
     real_np = idx_np >= 0
     counts_np = real_np.sum(2)  # (S, C) real samples per client per step
     idx = torch.from_numpy(np.where(real_np, idx_np, 0)).to(dev)

@@ -14,7 +14,7 @@ from torch.func import functional_call
 from edgemask.errors import EdgemaskError
 from trainer.algorithms import ALGORITHMS
 from trainer.algorithms.base import LocalTask
-from trainer.batched import compatible_groups, local_train_batched, step_indices
+from trainer.batched import compatible_groups, local_train_batched, step_indices, step_plans
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
 from trainer.data import DataConfig
 from trainer.local_training import local_train
@@ -58,6 +58,18 @@ def test_step_indices_are_the_sequential_batches():
     got = step_indices(orders, epochs=2, max_steps=3, batch_size=2)
     assert got.tolist() == [[4, 0], [2, 1], [3, -1]]  # a partial batch at the epoch's end; 3 steps at most
     assert step_indices(orders, 2, None, 2).tolist()[3:] == [[1, 2], [3, 4], [0, -1]]
+
+
+def test_all_clients_plans_at_once_are_each_clients_own():
+    rng = np.random.default_rng(0)
+    sizes, epochs, max_steps = [5, 0, 9, 3, 7], [2, 1, 1, 0, 3], [None, None, 2, None, 4]
+    orders = [[rng.permutation(n) for _ in range(max(e, 1))] for n, e in zip(sizes, epochs)]
+    got = step_plans(orders, epochs, max_steps, 2)  # (S, C, B)
+    assert got.shape == (6, 5, 2)  # client 0: 2 epochs of 3 minibatches; the others end sooner
+    assert got[:, 2].tolist() == [orders[2][0][:2].tolist(), orders[2][0][2:4].tolist()] + [[-1, -1]] * 4
+    for c in range(5):
+        own = step_indices(orders[c], epochs[c], max_steps[c], 2)
+        assert np.array_equal(got[: len(own), c], own) and (got[len(own):, c] == -1).all()
 
 
 def test_unequal_clients_momentum_and_weight_decay_match_sequential():
