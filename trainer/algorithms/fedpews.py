@@ -4,7 +4,9 @@ Heterogeneous Federated Learning"), Algorithm 1.
 * Neuron-level mask scores s_i ∈ R^h on the hidden layers only (every masked layer but the head): θ_i = σ(s_i),
   binary neuron masks m̃_i ~ Bernoulli(θ_i) with a straight-through estimator (§4: the gradient passes the
   sampling as if it were the identity), expanded to parameters by 𝒢: a weight is selected when the neurons at
-  both of its ends are (inputs and classes always are), a bias when its neuron is.
+  both of its ends are (inputs and classes always are), a bias when its neuron is. In the forward a neuron's
+  mask scales its outgoing weights (:meth:`FedPeWS.masked_params`), so the STE's ∂L/∂m̃ is the loss's
+  sensitivity to the neuron for dropped neurons too, not only for the kept ones.
 * Each local step k on a minibatch ξ (Alg. 1 lines 11-17):
   Procedure I — weights frozen, s ← s − η_s ∇_s [f_i(x ⊙ 𝒢(s), ξ) − λ ‖σ(s) − θ_{g∖i}‖²] (Eq. 6: the mask
   diversity term is *maximized*, pushing a participant's mask away from the others');
@@ -57,7 +59,7 @@ class FedPeWSArgs:
 def bernoulli_ste(theta: torch.Tensor) -> torch.Tensor:
     """A binary sample m ~ Bernoulli(θ) whose gradient passes to θ unchanged (straight-through: ∂m/∂θ = 1)."""
     sample = torch.bernoulli(theta.detach())
-    return sample + theta - theta.detach()
+    return sample + (theta - theta.detach())  # (θ − θ̄) is exactly 0: the value stays binary in float32
 
 
 def server_update(x_g: torch.Tensor, xs: list[torch.Tensor], masks: list[torch.Tensor], server_lr: float
@@ -148,15 +150,24 @@ class FedPeWS(Algorithm):
         return out
 
     def masked_params(self, params: Tensors, neuron: Tensors) -> Tensors:
-        """x with each hidden neuron's incoming weights and bias scaled by its (STE) mask: a dropped neuron
-        outputs exactly zero, so the weights it feeds see no input (the forward of x ⊙ 𝒢(s))."""
+        """The forward of x ⊙ 𝒢(s) (Eq. 5): each hidden neuron's mask scales its *outgoing* weights — the columns
+        of the next masked layer (a conv channel's columns repeated over the flattened positions where a
+        flatten follows) — so a dropped neuron's output reaches nothing and, as its incoming weights and bias
+        then receive no gradient either, none of its parameters move (Alg. 1 line 17).
+
+        Why the outgoing side: the straight-through estimator (§4, [49]) passes ∂L/∂m̃ to θ as if the sampling
+        were the identity, and ∂L/∂m̃_j must be the loss's sensitivity to switching neuron j on. Scaling the
+        outgoing weights gives ∂L/∂m̃_j = Σ_k δ_k W_kj relu(z_j) — the same as masking the activation — for a
+        dropped neuron too. Scaling the incoming weights instead gives relu'(m̃_j z_j)·z_j = 0 whenever m̃_j = 0,
+        so a dropped neuron's score would only ever learn from the minibatches where it happened to be kept."""
         out = dict(params)
-        for s in self.hidden:
-            a = neuron[s.name]
+        for prev, s in zip(self.sites, self.sites[1:]):
+            if prev.name not in neuron:
+                continue
+            a = neuron[prev.name]
             W = params[s.weights[0]]
-            out[s.weights[0]] = W * a.reshape(-1, *([1] * (W.dim() - 1)))
-            for b in s.biases:
-                out[b] = params[b] * a
+            cols = a.repeat_interleave(W.shape[1] // a.numel())
+            out[s.weights[0]] = W * cols.reshape(1, -1, *([1] * (W.dim() - 2)))
         return out
 
     # -- local training -------------------------------------------------------------------------------
