@@ -20,8 +20,10 @@ computation:
 Batch norm: running statistics are stacked per client and updated in place under ``vmap``. Since padding
 would enter a batch's statistics, clients with buffers are never padded: at each step the clients are split by
 their real batch size and each split runs unpadded (usually one or two splits per step). The same holds for a
-task with its own ``loss`` (it sees whole batches, e.g. Per-FedAvg's half-batches). ``lrs`` (per-tensor rates)
-may differ per client; ``epochs`` and ``max_steps`` too (a client's steps end where its own plan ends).
+task with its own ``loss`` (it sees whole batches; with ``batches_per_step`` k > 1 a step's k minibatches, e.g.
+Per-FedAvg's D and D', split by the tuple of their sizes). ``lrs`` (per-tensor rates) may differ per client;
+``epochs`` and ``max_steps`` too (a client's steps end where its own plan ends). ``project`` runs under ``vmap``
+after each step, on the clients that took it.
 
 Groups that cannot run under ``vmap`` (random ops such as dropout, tensors captured on another device, ops
 without a batching rule) are detected by a one-sample probe and trained by the sequential loop instead, with a
@@ -43,7 +45,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import LocalResult, LocalTask
-from trainer.local_training import local_train
+from trainer.local_training import local_train, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
@@ -88,7 +90,7 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
                 _PROBED.clear()
             t = tasks[first]
             # the entry holds the functions, so the objects whose ids are in the key outlive it
-            _PROBED[key] = (_probe(t, data[first], batch_size, dev), (t.forward, t.regularizer, t.loss))
+            _PROBED[key] = (_probe(t, data[first], batch_size, dev), (t.forward, t.regularizer, t.loss, t.project))
         probe = _PROBED[key][0]
         if isinstance(probe, str):
             warnings.warn(f"batched training falls back to the sequential loop for {len(group)} client(s): {probe}",
@@ -123,8 +125,9 @@ def task_signature(task: LocalTask) -> Hashable:
     def spec(d: dict[str, torch.Tensor]) -> tuple:  # torch.Size hashes and compares as a tuple
         return tuple([(k, v.shape, v.dtype) for k, v in d.items()]) if d else ()
 
-    return (_fn_key(task.forward), _fn_key(task.regularizer), _fn_key(task.loss), spec(task.trainable),
-            spec(task.constants), spec(task.buffers), spec(task.grad_keep))
+    return (_fn_key(task.forward), _fn_key(task.regularizer), _fn_key(task.loss), _fn_key(task.project),
+            task.batches_per_step, spec(task.trainable), spec(task.constants), spec(task.buffers),
+            spec(task.grad_keep))
 
 
 def _fn_key(fn: Callable | None) -> Hashable:
@@ -204,11 +207,17 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
         saved += t.numel() * t.element_size()
         return t
 
+    k = task.batches_per_step
+    xb, yb = x[idx].unsqueeze(0).to(dev), y[idx].unsqueeze(0).to(dev)
+    if k > 1:  # the step's k minibatches
+        xb, yb = (xb,) * k, (yb,) * k
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            vmap(_client_loss(task))(p, c, b, x[idx].unsqueeze(0).to(dev), y[idx].unsqueeze(0).to(dev),
-                                     torch.ones(1, batch_size, device=dev), torch.full((1,), float(batch_size),
-                                                                                       device=dev))
+            vmap(_client_loss(task))(p, c, b, xb, yb, torch.ones(1, k * batch_size, device=dev),
+                                     torch.full((1,), float(k * batch_size), device=dev))
+        if task.project is not None:
+            with torch.no_grad():
+                vmap(task.project)({n: v.detach() for n, v in p.items()})
     except RuntimeError as e:  # random ops under vmap, tensors captured on another device, in-place on shared
         return str(e).splitlines()[0]
     return saved
@@ -237,16 +246,8 @@ def clients_per_chunk(task: LocalTask, max_samples: int, x: torch.Tensor, activa
 # -- the stacked loop --------------------------------------------------------------------------------------
 def step_indices(orders: list[np.ndarray], epochs: int, max_steps: int | None, batch_size: int) -> np.ndarray:
     """The client's minibatches as rows of sample indices, -1 padding a partial batch: ``(steps, batch_size)``.
-    Exactly the batches :func:`trainer.local_training.local_train` visits, in its order."""
-    rows = []
-    for epoch in range(epochs):
-        order = np.asarray(orders[epoch % len(orders)], dtype=np.int64)
-        nb = -(-len(order) // batch_size)
-        padded = np.full(nb * batch_size, -1, dtype=np.int64)
-        padded[: len(order)] = order
-        rows.append(padded.reshape(nb, batch_size))
-    out = np.concatenate(rows) if rows else np.zeros((0, batch_size), dtype=np.int64)
-    return out[:max_steps] if max_steps is not None else out
+    Exactly the batches :func:`trainer.local_training.local_train` visits, in its order (one per step)."""
+    return step_plan(orders, epochs, max_steps, batch_size)[:, 0]
 
 
 def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: list[int | None],
@@ -290,18 +291,30 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     for k in P:
         rates = [t.lrs.get(k, t.lr) for t in tasks] if per_tensor else base_rates
         lr[k] = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=dev)
+    per_step = t0.batches_per_step
+    if per_step > 1 and t0.loss is None:
+        raise ValueError(f"batches_per_step = {per_step} needs the task's own loss (it receives the minibatches)")
     padded = not Bf and t0.loss is None  # else split by batch size: batch norm statistics, own losses
     loss_fn = vmap(_client_loss(t0))
     forward = vmap(t0.forward)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
     regularizer = vmap(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
+    project = vmap(t0.project) if t0.project is not None else None
 
-    # Minibatch plan: idx (S, C, B) into each client's samples, w (S, C, B) real-sample weights.
-    idx_np = step_plans(orders, [t.epochs for t in tasks], [t.max_steps for t in tasks], batch_size)
+    # Minibatch plan: idx (S, C, k, B) into each client's samples (k minibatches per step), w real-sample weights.
+    if per_step == 1:  # one minibatch a step: all clients' plans at once
+        idx_np = step_plans(orders, [t.epochs for t in tasks], [t.max_steps for t in tasks], batch_size)[:, :, None]
+    else:
+        plans = [step_plan(o, t.epochs, t.max_steps, batch_size, per_step) for o, t in zip(orders, tasks)]
+        S = max((len(p) for p in plans), default=0)
+        idx_np = np.full((S, C, per_step, batch_size), -1, dtype=np.int64)
+        for c, p in enumerate(plans):
+            idx_np[: len(p), c] = p
     S = len(idx_np)
     real_np = idx_np >= 0
-    counts_np = real_np.sum(2)  # (S, C) real samples per client per step
+    parts_np = real_np.sum(3)  # (S, C, k) real samples per client per step and minibatch
+    counts_np = parts_np.sum(2)  # (S, C) real samples per client per step
     idx = torch.from_numpy(np.where(real_np, idx_np, 0)).to(dev)
-    w = torch.from_numpy(real_np).to(dev, torch.float32)
+    w = torch.from_numpy(real_np[:, :, 0]).to(dev, torch.float32)  # the padded loop's (k = 1)
     counts = torch.from_numpy(counts_np).to(dev, torch.float32)
     mean_w = w / counts.clamp(min=1).unsqueeze(2)  # (S, C, B): 1/n on each of a client's n real samples, else 0
 
@@ -320,7 +333,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         active = torch.from_numpy(active_np).to(dev)
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.
-            xb, yb = X[rows, idx[s]], Y[rows, idx[s]]  # (C, B, *input), (C, B)
+            xb, yb = X[rows, idx[s, :, 0]], Y[rows, idx[s, :, 0]]  # (C, B, *input), (C, B)
             logits = forward(P, K, xb, Bf)  # (C, B, classes)
             # all clients' cross-entropies in one op over the flattened batch (C·B,), then each client's mean
             ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none")
@@ -330,7 +343,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
             grads = torch.autograd.grad(total, [P[k] for k in keys], allow_unused=True)
             loss_sum += data_loss.detach().double() * counts[s]
         else:
-            grads = _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx[s], counts_np[s], keys, loss_sum, dev)
+            grads = _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx[s], parts_np[s], keys, loss_sum, dev)
         with torch.no_grad():
             for k, g in zip(keys, grads):
                 if g is None:  # the parameter took no part in the loss: torch.optim.SGD skips it
@@ -358,6 +371,9 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                     p.sub_(step)
                 else:
                     p.sub_(torch.where(active.view(C, *[1] * (p.dim() - 1)), step, torch.zeros((), device=dev)))
+            if project is not None:  # only the clients that took step s: an idle one is never projected
+                for k, v in project(P).items():
+                    P[k].copy_(v if active_np.all() else torch.where(active.view(C, *[1] * (v.dim() - 1)), v, P[k]))
 
     seen = counts_np.sum(0)
     losses = loss_sum.cpu().tolist()
@@ -385,21 +401,24 @@ def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
     return _PADDED[key][0], _PADDED[key][1]
 
 
-def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, counts_s, keys, loss_sum, dev):
+def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum, dev):
     """One step for clients with buffers (batch norm) or their own loss: no padding may enter a batch's
-    statistics or a loss we cannot weight per sample, so the clients are split by their real batch size; each
-    split runs unpadded and updates only its own buffers."""
-    C = len(counts_s)
+    statistics or a loss we cannot weight per sample, so the clients are split by their real batch size (by the
+    sizes of the step's minibatches when it has several: ``idx_s (C, k, B)``, ``parts_s (C, k)``); each split runs
+    unpadded and updates only its own buffers."""
+    C, per_step = parts_s.shape
     total = None
-    for b in sorted(set(int(n) for n in counts_s if n > 0)):
-        sel_np = np.nonzero(counts_s == b)[0]
+    for sizes in sorted(set(tuple(int(n) for n in row) for row in parts_s if row.sum() > 0)):
+        sel_np = np.nonzero((parts_s == np.asarray(sizes)).all(1))[0]
         whole = len(sel_np) == C
         sel = torch.from_numpy(sel_np).to(dev)
         pick = (lambda d: d) if whole else (lambda d: {k: v[sel] for k, v in d.items()})
         bsub = pick(Bf) if whole else {k: v[sel].clone() for k, v in Bf.items()}
-        ii = idx_s[sel, :b]  # (C', b): real samples only
         r = sel[:, None]
-        xb, yb = X[r, ii], Y[r, ii]
+        xs = tuple(X[r, idx_s[sel, j, :b]] for j, b in enumerate(sizes))  # (C', b_j): real samples only
+        ys = tuple(Y[r, idx_s[sel, j, :b]] for j, b in enumerate(sizes))
+        xb, yb = (xs, ys) if per_step > 1 else (xs[0], ys[0])
+        b = sum(sizes)
         ones = torch.ones(len(sel_np), b, device=dev)
         data_loss, reg = loss_fn(pick(P), pick(K), bsub, xb, yb, ones, torch.full((len(sel_np),), float(b),
                                                                                      device=dev))

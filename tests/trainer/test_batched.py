@@ -130,6 +130,31 @@ def test_own_loss_and_per_tensor_rates():
     _check_same(tasks, data, orders, 4, momentum=0.9, wd=0.0)
 
 
+def test_two_minibatches_per_step_and_projection_match_sequential():
+    """``batches_per_step`` (a step's loss sees k consecutive minibatches, the last group wrapping around) and
+    ``project`` (after each step, only on the clients that took it) in the stacked loop, clients of unequal plans."""
+    torch.manual_seed(5)
+    model = nn.Linear(6, 3)
+
+    def loss(p, c, x, y, b):  # depends on which minibatch is which: weight 0.3 on the first, 0.7 on the second
+        f = nn.functional.cross_entropy
+        return 0.3 * f(functional_call(model, p, (x[0],)), y[0]) + 0.7 * f(functional_call(model, p, (x[1],)), y[1])
+
+    def project(p):
+        return {"weight": p["weight"].clamp(-0.2, 0.2)}
+
+    sizes = [13, 6, 9, 0]  # epochs 1, 2, 1, 2: 4, 2+2, 3 and 0 minibatches of 4, i.e. 2, 2, 2 and 0 steps
+    tasks = [_model_task(model, lr=0.5, loss=loss, batches_per_step=2, project=project, epochs=1 + i % 2)
+             for i in range(4)]
+    tasks[3].trainable["weight"] += 1.0  # an idle client outside the box stays there: never projected
+    data = _clients(sizes)
+    orders = [batch_order(n, t.epochs, 0, 0, i) for i, (n, t) in enumerate(zip(sizes, tasks))]
+    got = _check_same(tasks, data, orders, 4, momentum=0.9, wd=0.01)
+    assert [r.samples_seen for r in got] == [13, 12, 9 + 4, 0]  # 9 samples: the third minibatch pairs with the first
+    assert all(bool(r.trained["weight"].abs().max() <= torch.tensor(0.2)) for r in got[:3])  # float32 0.2
+    assert torch.equal(got[3].trained["weight"], tasks[3].trainable["weight"])
+
+
 def test_chunks_and_groups_give_the_same_result():
     torch.manual_seed(4)
     small, large = nn.Linear(6, 3), nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
