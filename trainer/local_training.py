@@ -9,43 +9,73 @@ import torch.nn.functional as F
 from trainer.algorithms.base import LocalResult, LocalTask
 
 
+def step_plan(orders: list[np.ndarray], epochs: int, max_steps: int | None, batch_size: int,
+              batches_per_step: int = 1) -> np.ndarray:
+    """The client's optimizer steps as sample indices, ``(steps, batches_per_step, batch_size)``, -1 padding a
+    partial minibatch (the last of an epoch). The minibatches are the consecutive ``batch_size`` slices of each
+    epoch's order, epochs one after another; a step takes the next ``batches_per_step`` of them, a last incomplete
+    group wrapping around to the first minibatches; ``max_steps`` keeps the first steps. The one plan of both the
+    sequential and the batched loop."""
+    rows = []
+    for epoch in range(epochs):
+        order = np.asarray(orders[epoch % len(orders)], dtype=np.int64)
+        nb = -(-len(order) // batch_size)
+        padded = np.full(nb * batch_size, -1, dtype=np.int64)
+        padded[: len(order)] = order
+        rows.append(padded.reshape(nb, batch_size))
+    out = np.concatenate(rows) if rows else np.zeros((0, batch_size), dtype=np.int64)
+    k = batches_per_step
+    if k < 1:
+        raise ValueError(f"batches_per_step must be ≥ 1, got {k}")
+    steps = -(-len(out) // k)
+    out = out[np.arange(steps * k) % max(len(out), 1)] if len(out) else out
+    out = out.reshape(steps, k, batch_size)
+    return out[:max_steps] if max_steps is not None else out
+
+
 def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[np.ndarray],
                 batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> LocalResult:
-    """Run ``task.epochs`` epochs over the client's samples in the given per-epoch orders.
+    """Run ``task.epochs`` epochs over the client's samples in the given per-epoch orders (:func:`step_plan`).
 
-    Loss per batch: mean cross-entropy + ``task.regularizer`` (if any). Gradients of elements where
-    ``task.grad_keep`` is 0 are zeroed before the step, so frozen elements never move (momentum included).
+    Loss per step: mean cross-entropy (or ``task.loss``) + ``task.regularizer`` (if any). Gradients of elements
+    where ``task.grad_keep`` is 0 are zeroed before the step, so frozen elements never move (momentum included);
+    after the step, ``task.project`` (if any) replaces the tensors it returns.
     """
-    params = {k: v.detach().clone().requires_grad_(True) for k, v in task.trainable.items()}
-    buffers = {k: v.clone() for k, v in task.buffers.items()}
-    groups = ([{"params": [v], "lr": task.lrs.get(k, task.lr)} for k, v in params.items()] if task.lrs
+    k = task.batches_per_step
+    if k > 1 and task.loss is None:
+        raise ValueError(f"batches_per_step = {k} needs the task's own loss (it receives the {k} minibatches)")
+    params = {k_: v.detach().clone().requires_grad_(True) for k_, v in task.trainable.items()}
+    buffers = {k_: v.clone() for k_, v in task.buffers.items()}
+    groups = ([{"params": [v], "lr": task.lrs.get(n, task.lr)} for n, v in params.items()] if task.lrs
               else list(params.values()))  # per-tensor rates where the task names any
     opt = torch.optim.SGD(groups, lr=task.lr, momentum=momentum, weight_decay=weight_decay)
-    keep = {k: task.grad_keep[k] for k in params if k in task.grad_keep}
-    total, seen, steps = 0.0, 0, 0
-    for epoch in range(task.epochs):
-        order = orders[epoch % len(orders)]
-        for start in range(0, len(order), batch_size):
-            if task.max_steps is not None and steps >= task.max_steps:
-                break
-            idx = torch.from_numpy(order[start: start + batch_size])
-            xb, yb = x[idx], y[idx]
-            if task.loss is not None:
-                loss = task.loss(params, task.constants, xb, yb, buffers)
-            else:
-                loss = F.cross_entropy(task.forward(params, task.constants, xb, buffers), yb)
-            total += float(loss.detach()) * len(idx)
-            seen += len(idx)
-            if task.regularizer is not None:
-                loss = loss + task.regularizer(params, task.constants)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for k, m in keep.items():
-                if params[k].grad is not None:
-                    params[k].grad.mul_(m)
-            opt.step()
-            steps += 1
-    trained = {k: v.detach() for k, v in params.items()}
+    keep = {n: task.grad_keep[n] for n in params if n in task.grad_keep}
+    total, seen = 0.0, 0
+    for step in step_plan(orders, task.epochs, task.max_steps, batch_size, k):
+        parts = [torch.from_numpy(r[r >= 0]) for r in step]
+        n = sum(len(i) for i in parts)
+        if k > 1:
+            loss = task.loss(params, task.constants, tuple(x[i] for i in parts), tuple(y[i] for i in parts),
+                             buffers)
+        elif task.loss is not None:
+            loss = task.loss(params, task.constants, x[parts[0]], y[parts[0]], buffers)
+        else:
+            loss = F.cross_entropy(task.forward(params, task.constants, x[parts[0]], buffers), y[parts[0]])
+        total += float(loss.detach()) * n
+        seen += n
+        if task.regularizer is not None:
+            loss = loss + task.regularizer(params, task.constants)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for name, m in keep.items():
+            if params[name].grad is not None:
+                params[name].grad.mul_(m)
+        opt.step()
+        if task.project is not None:
+            with torch.no_grad():
+                for name, v in task.project(params).items():
+                    params[name].copy_(v)
+    trained = {n: v.detach() for n, v in params.items()}
     return LocalResult(trained, buffers, total / max(seen, 1), seen, int(len(y)))
 
 

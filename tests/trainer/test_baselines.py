@@ -13,6 +13,7 @@ from trainer.accounting import tensor_bytes
 from trainer.algorithms import ALGORITHMS
 from trainer.algorithms.base import LocalTask
 from trainer.algorithms.perfedavg import fo_maml_loss
+from trainer.batched import local_train_batched
 from trainer.algorithms.topk import top_k_sparsify
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
@@ -32,12 +33,12 @@ def cfg(algo, clients=2, per_client=40, rounds=1, lr=0.05, args=None, **training
     })
 
 
-def one_update(algo, cid, steps=2):
-    task = algo.local_task(cid, 0)
+def one_update(algo, cid, steps=2, rnd=0):
+    task = algo.local_task(cid, rnd)
     task.max_steps = steps
     d = algo.client_data(cid)
-    res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, 0), 16, 0.9)
-    return res, algo.client_update(cid, 0, res)
+    res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, rnd, 0), 16, 0.9)
+    return res, algo.client_update(cid, rnd, res)
 
 
 def make(algo_name, **kw):
@@ -108,33 +109,88 @@ def test_bnn_straight_through_gradient_is_cancelled_outside_one():
     assert w.grad.tolist() == [0.0, 2.0, 3.0, 0.0]
 
 
-def test_perfedavg_first_order_update_by_hand():
-    """One FO-MAML step on a linear softmax model, computed with numpy: w̃ = w − α∇f(w; D), w ← w − β∇f(w̃; D')."""
+def test_bnn_shadow_weights_are_clipped_to_one_after_every_step():
+    """Hubara et al. Algorithm 1: W ← clip(W − η·g, −1, 1). A huge rate throws every unclipped weight far out."""
+    algo = make("bnn_fedavg", clients=3, lr=1e3)
+    tasks, data, orders = [], [], []
+    for i, cid in enumerate(algo.client_ids):
+        tasks.append(algo.local_task(cid, 0))
+        d = algo.client_data(cid)
+        data.append((d.train_x[: 8 * (i + 1)], d.train_y[: 8 * (i + 1)]))  # 1, 2, 3 steps: idle clients too
+        orders.append(batch_order(8 * (i + 1), 1, 0, 0, i))
+    seq = [local_train(t, x, y, o, 8, 0.9) for t, (x, y), o in zip(tasks, data, orders)]
+    bat = local_train_batched(tasks, data, orders, 8, 0.9)
+    for s, b in zip(seq, bat):
+        for w in algo.binary:
+            for r in (s, b):
+                assert float(r.trained[w].abs().max()) <= 1.0
+            assert float(s.trained[w].abs().max()) == 1.0  # the step did try to leave [−1, 1]
+            torch.testing.assert_close(b.trained[w], s.trained[w], rtol=1e-5, atol=1e-5)
+        assert float(s.trained["fc1.bias"].abs().max()) > 1.0  # biases are not binarized, hence not clipped
+    # the straight-through gradient still flows through the clipped weights (|W| ≤ 1 includes the boundary)
+    from trainer.algorithms.bnn_fedavg import binarize_ste
+
+    w = torch.tensor([-1.0, 1.0], requires_grad=True)
+    binarize_ste(w, scale=False).sum().backward()
+    assert w.grad.tolist() == [1.0, 1.0]
+
+
+def _softmax_grad(W, x, y):  # mean cross-entropy of softmax(x Wᵀ): (softmax − onehot)ᵀ x / n
+    z = x @ W.T
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1
+    return p.T @ x / len(y)
+
+
+@pytest.mark.parametrize("n", [8, 6])
+def test_perfedavg_first_order_update_by_hand_on_two_different_batches(n):
+    """FO-MAML steps on a linear softmax model, computed with numpy: w̃ = w − α∇f(w; D), w ← w − β∇f(w̃; D'),
+    D and D' two consecutive minibatches of the client's order (not two halves of one): 8 samples in batches of
+    2 make two steps (B0, B1), (B2, B3); 6 samples make (B0, B1), (B2, B0) — the odd batch wraps around."""
     rng = np.random.default_rng(0)
-    X = rng.normal(size=(4, 3)).astype(np.float32)
-    Y = np.array([0, 1, 1, 0])
+    X = rng.normal(size=(n, 3)).astype(np.float32)
+    Y = rng.integers(0, 2, size=n)
     W0 = rng.normal(size=(2, 3)).astype(np.float32)
     alpha, beta = 0.1, 0.5
-
-    def grad(W, x, y):  # mean cross-entropy of softmax(x Wᵀ): (softmax − onehot)ᵀ x / n
-        z = x @ W.T
-        p = np.exp(z - z.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        p[np.arange(len(y)), y] -= 1
-        return p.T @ x / len(y)
-
-    W_tilde = W0 - alpha * grad(W0, X[:2], Y[:2])
-    expected = W0 - beta * grad(W_tilde, X[2:], Y[2:])
+    order = rng.permutation(n)
+    B = [order[i: i + 2] for i in range(0, n, 2)]
+    pairs = [(B[0], B[1]), (B[2], B[3])] if n == 8 else [(B[0], B[1]), (B[2], B[0])]
+    W = W0.astype(np.float64)
+    for D, D2 in pairs:
+        assert not set(D) & set(D2)  # two different batches
+        W_tilde = W - alpha * _softmax_grad(W, X[D], Y[D])
+        W = W - beta * _softmax_grad(W_tilde, X[D2], Y[D2])
 
     call = lambda p, b, x: x @ p["w"].T  # noqa: E731
     task = LocalTask({"w": torch.from_numpy(W0.copy())}, forward=lambda p, c, x, b: call(p, b, x), lr=beta,
-                     loss=fo_maml_loss(call, alpha))
-    res = local_train(task, torch.from_numpy(X), torch.from_numpy(Y), [np.arange(4)], batch_size=4)
-    np.testing.assert_allclose(res.trained["w"].numpy(), expected, rtol=1e-5, atol=1e-6)
+                     loss=fo_maml_loss(call, alpha), batches_per_step=2)
+    x, y = torch.from_numpy(X), torch.from_numpy(Y)
+    res = local_train(task, x, y, [order], batch_size=2)
+    np.testing.assert_allclose(res.trained["w"].numpy(), W, rtol=1e-5, atol=1e-6)
+    assert res.samples_seen == 8  # four minibatches of 2: with n = 6, B0 serves twice
+    # the batched loop takes the same pairs, also next to a client with another plan (one step, 3 + 2 samples)
+    x2, y2 = torch.from_numpy(rng.normal(size=(5, 3)).astype(np.float32)), torch.from_numpy(rng.integers(0, 2, 5))
+    other = LocalTask({"w": torch.from_numpy(W0.copy())}, forward=task.forward, lr=beta, loss=task.loss,
+                      batches_per_step=2)
+    bat = local_train_batched([task, other], [(x, y), (x2, y2)], [[order], [np.arange(5)]], batch_size=3)
+    ref = [local_train(t, a, b, [o], batch_size=3) for t, (a, b), o in
+           zip([task, other], [(x, y), (x2, y2)], [order, np.arange(5)])]
+    for r, q in zip(bat, ref):
+        torch.testing.assert_close(r.trained["w"], q.trained["w"], rtol=1e-5, atol=1e-6)
+        assert (r.samples_seen, r.loss) == (q.samples_seen, pytest.approx(q.loss, rel=1e-5))
+
+
+def test_perfedavg_task_takes_two_minibatches_per_step():
+    algo = make("perfedavg")
+    task = algo.local_task(algo.client_ids[0], 0)
+    assert task.batches_per_step == 2
+    res, _ = one_update(algo, algo.client_ids[0], steps=1)
+    assert res.samples_seen == 16 + 14  # one step: D and D', the client's 30 samples in minibatches of 16
 
 
 def test_lg_fedavg_uploads_only_the_head_and_keeps_the_representation_personal():
-    algo = make("lg_fedavg")
+    algo = make("lg_fedavg", args={"warmup_rounds": 0})
     head = set(head_names(algo.model))
     assert head == {"out.weight", "out.bias"}
     init = {k: v.clone() for k, v in algo.global_params.items()}
@@ -149,6 +205,46 @@ def test_lg_fedavg_uploads_only_the_head_and_keeps_the_representation_personal()
     total = sum(u.num_samples for u in ups)
     torch.testing.assert_close(algo.global_params["out.weight"],
                                sum(u.payload["out.weight"] * u.num_samples / total for u in ups))
+
+
+def test_lg_fedavg_warmup_is_fedavg_on_the_whole_model_then_head_only():
+    """Liang et al.'s first stage: W rounds of FedAvg uploading every parameter, then only the head travels (and
+    a device's first local round downloads the FedAvg model's representation once)."""
+    assert make("lg_fedavg", rounds=10).warmup == 8  # default: ⌊0.8·T⌋ (400 FedAvg rounds of 500 in the paper's code)
+    algo = make("lg_fedavg", rounds=4, args={"warmup_rounds": 2})
+    head = set(head_names(algo.model))
+    full, head_bytes = tensor_bytes(algo.global_params), 4 * (10 * 64 + 10)
+    assert not algo.global_buffers and full > 10 * head_bytes
+    for rnd in range(4):
+        before = {k: v.clone() for k, v in algo.global_params.items()}
+        if rnd == 2:  # the switch: every device's representation starts from the FedAvg model
+            for cid in algo.client_ids:
+                assert torch.equal(algo.local_task(cid, rnd).trainable["fc1.weight"], before["fc1.weight"])
+        ups = [one_update(algo, cid, rnd=rnd)[1] for cid in algo.client_ids]
+        algo.aggregate(rnd, ups)
+        total = sum(u.num_samples for u in ups)
+        if rnd < 2:  # FedAvg: the whole model up and down, every parameter averaged
+            for u in ups:
+                assert set(u.payload) == set(algo.global_params) and u.bytes_up == full == u.bytes_down
+            torch.testing.assert_close(algo.global_params["fc1.weight"],
+                                       sum(u.payload["fc1.weight"] * u.num_samples / total for u in ups))
+            assert not torch.equal(algo.global_params["fc1.weight"], before["fc1.weight"])
+        else:
+            for u in ups:
+                assert set(u.payload) == head and u.bytes_up == head_bytes
+                assert u.bytes_down == (full if rnd == 2 else head_bytes)
+            assert torch.equal(algo.global_params["fc1.weight"], before["fc1.weight"])  # representation stays local
+    a, b = algo.client_ids
+    assert not torch.equal(algo.rep[a]["fc1.weight"], algo.rep[b]["fc1.weight"])
+
+
+def test_lg_fedavg_bytes_per_stage_in_the_history():
+    res = simulate(cfg("lg_fedavg", rounds=3, participation=1.0, args={"warmup_rounds": 1}))
+    up = {(r["round"], r["client"]): r["value"] for r in res.history if r["metric"] == "bytes_up"}
+    full, head_bytes = tensor_bytes(res.algorithm.global_params), 4 * (10 * 64 + 10)
+    assert {v for (rnd, _), v in up.items() if rnd == 0} == {full}
+    assert {v for (rnd, _), v in up.items() if rnd > 0} == {head_bytes}
+    assert res.summary["warmup_rounds"] == 1
 
 
 def test_standalone_communicates_nothing_and_trains_every_round():

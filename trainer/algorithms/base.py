@@ -67,12 +67,21 @@ class LocalTask:
     epochs: int = 1
     lr: float = 0.05
     grad_keep: dict[str, torch.Tensor] = field(default_factory=dict)
-    max_steps: int | None = None  # stop after this many minibatches (Per-FedAvg's fixed step count)
+    max_steps: int | None = None  # stop after this many steps (each of ``batches_per_step`` minibatches)
     # per-tensor learning rates overriding ``lr`` (FedPeWS's mask rate η_s next to the weights' η_ℓ)
     lrs: dict[str, float] = field(default_factory=dict)
-    # ``loss(trainable, constants, x, y, buffers)``: the data loss of a minibatch, replacing
-    # cross-entropy(forward(...), y) (Per-FedAvg's first-order MAML step needs the labels of two half-batches).
-    loss: Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, Tensors], torch.Tensor] | None = None
+    # ``loss(trainable, constants, x, y, buffers)``: the data loss of a step, replacing
+    # cross-entropy(forward(...), y). With ``batches_per_step`` k > 1, ``x`` and ``y`` are tuples of the step's k
+    # minibatches (Per-FedAvg's first-order MAML step: inner step on D, outer step on D').
+    loss: Callable[[Tensors, Tensors, Any, Any, Tensors], torch.Tensor] | None = None
+    # How many consecutive minibatches of the client's batch order one optimizer step consumes (needs ``loss``):
+    # the order's minibatches (over all epochs) are taken k at a time; a last incomplete group wraps around to
+    # the round's first minibatches, so every sample is used and the step count is ceil(minibatches / k).
+    batches_per_step: int = 1
+    # ``project(trainable) -> {name: tensor}``: after every optimizer step, the named trainable tensors are
+    # replaced by the returned ones (a projection, e.g. BNN's clip of the shadow weights to [-1, 1]). Must be
+    # per-client (it runs under vmap on stacked clients in the batched loop); ``None``: no projection.
+    project: Callable[[Tensors], Tensors] | None = None
 
 
 @dataclass

@@ -7,6 +7,11 @@ El-Yaniv, Bengio, "Binarized Neural Networks", NeurIPS 2016).
   Biases, batch norm and embeddings stay real-valued.
 * Backward: straight-through estimator with the saturation of Hubara et al. (§1.3): ∂L/∂W = ∂L/∂W_b · 1_{|W|≤1};
   the optimizer updates real-valued shadow weights W locally.
+* Shadow weights are clipped to [−1, 1] after every update (Hubara et al., Algorithm 1, "parameters update":
+  W_k^{t+1} ← clip(update(W_k^t, η, g_{W_k}), −1, 1); §1.3: otherwise the real-valued weights would grow very
+  large without any impact on the binary weights). Done by the task's ``project`` hook, which the one local loop
+  (sequential and batched alike) applies after each optimizer step; biases and norms are updated unclipped, as
+  θ_k in their Algorithm 1.
 * Communication (paper: "map the real-value parameters to the binary ones before transmit ... and convert them
   back after receiving the updated binary parameters"): a client uploads sign(W) packed 1 bit per element plus
   α (4 bytes per layer when ``scale``), and the real-valued biases / norms / buffers as float32. The server takes
@@ -55,9 +60,14 @@ class BNNFedAvg(Algorithm):
     def _binarized(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {**params, **{w: binarize_ste(params[w], self.args.scale) for w in self.binary}}
 
+    def clip(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Hubara et al. Algorithm 1: the binarized layers' shadow weights clipped to [−1, 1] after each update."""
+        return {w: params[w].clamp(-1.0, 1.0) for w in self.binary}
+
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)  # shadow weights start at the received α·sign (converted back)
         task.forward = lambda p, c, x, b: self.call(self._binarized(p), b, x)
+        task.project = self.clip
         return task
 
     def _wire_bytes(self, real: dict[str, torch.Tensor]) -> int:

@@ -1,14 +1,22 @@
 """Per-FedAvg, first-order version (Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning: A
 Meta-Learning Approach", NeurIPS 2020, Algorithm 1 with the FO-MAML gradient of §5 / Eq. 8-9).
 
-Local step on two independent batches D, D' (here the two halves of each minibatch of the one local loop, whose
-order is a fresh random permutation, so they are independent draws):
+Each local step uses two separately drawn minibatches D and D' (Fallah et al. Algorithm 1: at local step t device
+i samples D_t^i and D'_t^i independently; the first-order version, Per-FedAvg (FO), drops the Hessian term of the
+MAML gradient, so the third batch D''_t^i is not needed):
     w̃ = w − α ∇f(w; D)            (inner step, α = ``alpha``)
-    w ← w − β ∇f(w̃; D')           (outer step, β = training.lr; first order: the Hessian term is dropped)
-written as the loss L(w) = f(w − α·stopgrad(∇f(w; D)); D'), whose gradient is exactly ∇f(w̃; D'). The server
-averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient step of size
-α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with w_i; that
-adapted model is what the run directory stores for the client.
+    w ← w − β ∇f(w̃; D')           (outer step, β = training.lr)
+written as the loss L(w) = f(w − α·stopgrad(∇f(w; D)); D'), whose gradient is exactly ∇f(w̃; D').
+
+Which minibatches: the client's deterministic batch order (``trainer.sampling.batch_order``, a fresh permutation per
+epoch and round, the same in the sequential and batched loops) cut into ``batch_size`` minibatches, epochs one after
+another, taken as consecutive pairs (D, D') = (B_0, B_1), (B_2, B_3), …: the task sets ``batches_per_step = 2``, so
+one local step consumes two minibatches and E local epochs of n samples make ⌈E·⌈n/B⌉ / 2⌉ steps. With an odd
+count, the last D is paired with the round's first minibatch B_0 (a different batch, as an independent draw may be;
+only a client whose whole round is one minibatch uses it as both D and D'). ``max_steps`` counts such steps.
+The server averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient
+step of size α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with
+w_i; that adapted model is what the run directory stores for the client.
 """
 
 from __future__ import annotations
@@ -29,15 +37,14 @@ class PerFedAvgArgs:
 
 
 def fo_maml_loss(call: Callable, alpha: float) -> Callable:
-    """The first-order MAML loss of one minibatch: first half D for the inner step, second half D' for the outer."""
+    """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``:
+    D for the inner step, D' for the outer (a task with ``batches_per_step = 2``)."""
     def loss(p, c, x, y, b):
-        h = (len(y) + 1) // 2
-        if len(y) < 2:
-            return F.cross_entropy(call(p, b, x), y)
-        inner = F.cross_entropy(call(p, b, x[:h]), y[:h])
+        (x_d, x_d2), (y_d, y_d2) = x, y
+        inner = F.cross_entropy(call(p, b, x_d), y_d)
         grads = torch.autograd.grad(inner, list(p.values()), allow_unused=True)  # no create_graph: first order
         adapted = {k: v - alpha * g if g is not None else v for (k, v), g in zip(p.items(), grads)}
-        return F.cross_entropy(call(adapted, b, x[h:]), y[h:])
+        return F.cross_entropy(call(adapted, b, x_d2), y_d2)
     return loss
 
 
@@ -61,6 +68,7 @@ class PerFedAvg(Algorithm):
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)
         task.loss = fo_maml_loss(self.call, self.args.alpha)
+        task.batches_per_step = 2  # (D, D'): two consecutive minibatches of the client's order per step
         return task
 
     def eval_forward(self, cid: str):
