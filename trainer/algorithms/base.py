@@ -173,13 +173,27 @@ class Algorithm:
                             samples_seen=result.samples_seen)
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        self.average_params(updates, list(self.global_params))
+        self.average_buffers(updates)
+
+    # -- aggregation helpers for subclasses -------------------------------------------------------------
+    def average_params(self, updates: list[ClientUpdate], keys: list[str]) -> None:
+        """FedAvg's sample-weighted average of the uploaded ``keys`` into the global parameters."""
         from trainer.aggregation import average_state
 
-        weights = [u.num_samples for u in updates]
-        self.global_params = average_state([u.payload for u in updates], weights, list(self.global_params))
-        if self.global_buffers:
-            avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.global_params = {**self.global_params,
+                              **average_state([u.payload for u in updates], [u.num_samples for u in updates], keys)}
+
+    def average_buffers(self, updates: list[ClientUpdate], weights: list[float] | None = None) -> None:
+        """Average the batch-norm buffers the updates carry (sample-weighted unless ``weights``); integer
+        buffers (``num_batches_tracked``) keep their dtype."""
+        from trainer.aggregation import average_state
+
+        if not self.global_buffers:
+            return
+        weights = weights if weights is not None else [u.num_samples for u in updates]
+        avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
+        self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
 
     def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda x: self.call(self.global_params, self.global_buffers, x)

@@ -96,6 +96,4 @@ class BNNFedAvg(Algorithm):
             alpha = weighted_average([u.payload[f"scale:{w}"] for u in updates], weights)
             new[w] = alpha * sign(vote)
         self.global_params = new
-        if self.global_buffers:
-            avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.average_buffers(updates)

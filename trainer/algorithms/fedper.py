@@ -8,7 +8,6 @@ import torch
 
 from trainer.accounting import tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
-from trainer.aggregation import average_state
 from trainer.models.registry import head_names
 from trainer.run_dir import ClientState
 
@@ -37,11 +36,8 @@ class FedPer(Algorithm):
                             bytes_down=tensor_bytes(body), train_loss=result.loss, samples_seen=result.samples_seen)
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
-        w = [u.num_samples for u in updates]
-        self.global_params.update(average_state([u.payload for u in updates], w, self.body))
-        if self.global_buffers:
-            avg = average_state([u.payload for u in updates], w, list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.average_params(updates, self.body)
+        self.average_buffers(updates)
 
     def eval_forward(self, cid: str):
         params = self.personal_params(cid)

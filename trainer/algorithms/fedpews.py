@@ -255,10 +255,7 @@ class FedPeWS(Algorithm):
         for k, xg in self.global_params.items():
             masks = [u.extra["masks"].get(k, torch.ones_like(xg)) for u in updates]
             self.global_params[k] = server_update(xg, [u.payload[k] for u in updates], masks, self.args.server_lr)
-        if self.global_buffers:
-            from trainer.aggregation import average_state
-            self.global_buffers = average_state([u.payload for u in updates], [1.0] * len(updates),
-                                                list(self.global_buffers))
+        self.average_buffers(updates, weights=[1.0] * len(updates))  # unweighted, as Alg. 1 line 21
 
     def eval_masks(self, cid: str) -> Tensors:
         """The masks of the client's last local training (for its FLOPs); dense after the warmup."""

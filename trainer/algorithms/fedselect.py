@@ -173,10 +173,7 @@ class FedSelect(Algorithm):
         for k, g in self.global_params.items():
             self.global_params[k] = shared_average(g, [u.payload[k] for u in updates],
                                                    [u.extra["personal"][k] for u in updates], w)
-        if self.global_buffers:
-            from trainer.aggregation import average_state
-            avg = average_state([u.payload for u in updates], w, list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.average_buffers(updates)
         trained = {u.client_id: u.payload for u in updates}
         for cid in self.personal:  # θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k; θ_k ⊙ m_k = v_k^+ (sampled) or kept
             src = trained.get(cid, self.models.get(cid, self.global_params))

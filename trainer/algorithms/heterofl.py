@@ -101,11 +101,7 @@ class HeteroFL(Algorithm):
         for k, g in self.global_params.items():
             self.global_params[k] = mask_weighted_average(g, [u.payload[k] for u in updates],
                                                           [self.hold[u.client_id][k] for u in updates])
-        if self.global_buffers:
-            from trainer.aggregation import average_state
-            avg = average_state([u.payload for u in updates], [u.num_samples for u in updates],
-                                list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.average_buffers(updates)
 
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.masks[cid]

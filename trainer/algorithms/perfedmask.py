@@ -203,11 +203,7 @@ class PerFedMask(Algorithm):
         for k, g in self.global_params.items():
             self.global_params[k] = mask_weighted_average(
                 g, [u.payload[k] for u in updates], [self.keep[u.client_id][k] for u in updates])
-        if self.global_buffers:
-            from trainer.aggregation import average_state
-            avg = average_state([u.payload for u in updates], [u.num_samples for u in updates],
-                                list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.average_buffers(updates)
 
     def backward_flops(self, cid: str, fwd: int) -> int:
         return self.bwd[cid]
