@@ -4,15 +4,17 @@ Clients whose :class:`LocalTask` s are compatible (same forward and regularizer 
 closure, same tensor names, shapes and dtypes) are stacked along a leading client dimension C and trained as one
 computation:
 
-* ``trainable`` / ``constants`` / ``buffers`` / ``grad_keep``: ``(C, *shape)`` — per-client state; what the
-  closures capture (e.g. FedMask's frozen weights) is shared and never copied;
+* ``trainable`` / ``constants`` / ``buffers`` / ``grad_keep``: ``(C, *shape)`` — per-client state, one op per
+  tensor name (a tensor every task holds, e.g. FedAvg's global weights, is broadcast); what the closures
+  capture (e.g. FedMask's frozen weights) is shared and never copied;
 * step ``s`` of every client at once: ``x (C, B, *input)``, ``y (C, B)`` gathered from each client's own order
   (:func:`trainer.sampling.batch_order`, the same orders as the sequential loop), with a per-sample weight
   ``w (C, B)``: 1 for a real sample, 0 for padding (a client's last partial batch, or no batch at all once the
   client has run out of steps);
 * loss: client c's loss is the mean cross-entropy over its real samples (+ its regularizer), the total loss
   the *sum* over active clients, so each client's gradient is exactly its own; the forward is
-  ``vmap`` over the task's ``functional_call``-based forward;
+  ``vmap`` over the task's ``functional_call``-based forward, the cross-entropy one op over the flattened
+  ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
 * SGD with momentum and weight decay written on the stacked tensors, equal to ``torch.optim.SGD`` per client
   (``d = g ⊙ keep + wd·p``; ``buf = d`` on the first step, ``buf = μ·buf + d`` after; ``p -= lr·buf``); a
   client with no real batch at step ``s`` takes no step at all (no decay, no momentum).
@@ -99,7 +101,7 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
                 results[i] = local_train(tasks[i], *data[i], orders[i], batch_size, momentum, weight_decay)
             continue
         chunk = max_clients_per_chunk or clients_per_chunk(
-            tasks[first], max(len(data[i][1]) for i in group), data[first][0], probe, dev, memory_budget)
+            tasks[first], max(data[i][1].shape[0] for i in group), data[first][0], probe, dev, memory_budget)
         for s in range(0, len(group), chunk):
             part = group[s: s + chunk]
             out = _train_stacked([tasks[i] for i in part], [data[i] for i in part], [orders[i] for i in part],
@@ -380,7 +382,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     trained = {k: v.detach().cpu().unbind(0) for k, v in P.items()}
     buffers = {k: v.cpu().unbind(0) for k, v in Bf.items()}
     return [LocalResult({k: trained[k][c] for k in keys}, {k: buffers[k][c] for k in Bf},
-                        losses[c] / max(int(seen[c]), 1), int(seen[c]), int(len(data[c][1])))
+                        losses[c] / max(int(seen[c]), 1), int(seen[c]), int(data[c][1].shape[0]))
             for c in range(C)]
 
 
@@ -389,7 +391,7 @@ def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
     """The clients' samples padded to the largest client's N: ``X (C, N, *input)``, ``Y (C, N)`` (N ≥ 1, so
     the gathers have a row). The same clients' tensors come back round after round (client data are never
     modified in place), so the result is kept, keyed by the tensors' identity; the entry holds the tensors."""
-    key = (tuple(id(t) for xy in data for t in xy), str(dev))
+    key = (tuple([id(t) for xy in data for t in xy]), str(dev))
     if key not in _PADDED:
         X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
         Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
