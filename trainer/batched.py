@@ -51,8 +51,9 @@ from trainer.local_training import local_train, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
+PADDED_CACHE_BYTES = 256 << 20  # padded client data kept between rounds (see _padded_data), at most
 _PROBED: dict[Hashable, tuple[int | str, tuple]] = {}  # signature -> (activation bytes or why not, its functions)
-_PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data): see _padded_data
+_PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, bytes): see _padded_data
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -390,17 +391,21 @@ def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
                  dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The clients' samples padded to the largest client's N: ``X (C, N, *input)``, ``Y (C, N)`` (N ≥ 1, so
     the gathers have a row). The same clients' tensors come back round after round (client data are never
-    modified in place), so the result is kept, keyed by the tensors' identity; the entry holds the tensors."""
+    modified in place), so the result is kept, keyed by the tensors' identity; the entry holds the tensors.
+    At most :data:`PADDED_CACHE_BYTES` are kept (a run that samples other clients every round rarely hits)."""
     key = (tuple([id(t) for xy in data for t in xy]), str(dev))
-    if key not in _PADDED:
-        X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
-        Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
-        if X.shape[1] == 0:  # no client has a sample: there are no steps, but the gathers need a row
-            X, Y = X.new_zeros((len(data), 1, *X.shape[2:])), Y.new_zeros((len(data), 1))
-        if len(_PADDED) >= 8:
-            _PADDED.clear()
-        _PADDED[key] = (X, Y, list(data))
-    return _PADDED[key][0], _PADDED[key][1]
+    if key in _PADDED:
+        return _PADDED[key][0], _PADDED[key][1]
+    X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
+    Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
+    if X.shape[1] == 0:  # no client has a sample: there are no steps, but the gathers need a row
+        X, Y = X.new_zeros((len(data), 1, *X.shape[2:])), Y.new_zeros((len(data), 1))
+    size = X.numel() * X.element_size() + Y.numel() * Y.element_size()
+    if size + sum(e[3] for e in _PADDED.values()) > PADDED_CACHE_BYTES:
+        _PADDED.clear()
+    if size <= PADDED_CACHE_BYTES:
+        _PADDED[key] = (X, Y, list(data), size)
+    return X, Y
 
 
 def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum, dev):
