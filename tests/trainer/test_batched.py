@@ -193,7 +193,7 @@ def _config(algorithm: str, batched: bool) -> TrainConfig:
                                 participation=0.75, batched=batched))
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS._entries))
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
 def test_batched_round_loop_matches_sequential(algorithm):
     try:
         seq = simulate(_config(algorithm, False))
