@@ -176,7 +176,14 @@ class Algorithm:
         self.average_params(updates, list(self.global_params))
         self.average_buffers(updates)
 
-    # -- aggregation helpers for subclasses -------------------------------------------------------------
+    # -- upload and aggregation helpers for subclasses ------------------------------------------------
+    def partial_update(self, cid: str, result: LocalResult, keys: list[str]) -> ClientUpdate:
+        """An upload of only ``keys`` (e.g. the body in FedPer/FedBABU) plus the batch-norm buffers; the same
+        tensors come back down."""
+        sent = {k: result.trained[k] for k in keys}
+        return ClientUpdate(cid, result.num_samples, {**sent, **result.buffers}, bytes_up=tensor_bytes(sent),
+                            bytes_down=tensor_bytes(sent), train_loss=result.loss, samples_seen=result.samples_seen)
+
     def average_params(self, updates: list[ClientUpdate], keys: list[str]) -> None:
         """FedAvg's sample-weighted average of the uploaded ``keys`` into the global parameters."""
         from trainer.aggregation import average_state

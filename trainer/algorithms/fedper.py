@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from trainer.accounting import tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
 from trainer.models.registry import head_names
 from trainer.run_dir import ClientState
@@ -31,9 +30,7 @@ class FedPer(Algorithm):
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         self.heads[cid] = {k: result.trained[k] for k in self.head}
-        body = {k: result.trained[k] for k in self.body}
-        return ClientUpdate(cid, result.num_samples, {**body, **result.buffers}, bytes_up=tensor_bytes(body),
-                            bytes_down=tensor_bytes(body), train_loss=result.loss, samples_seen=result.samples_seen)
+        return self.partial_update(cid, result, self.body)
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         self.average_params(updates, self.body)
