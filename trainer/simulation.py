@@ -43,7 +43,6 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     same model: dense float32 parameters and buffers, dense forward FLOPs per sample);
     per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
     """
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.perf_counter()
     ds = build_dataset(cfg.data, cfg.run.seed)
     algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds)
@@ -89,7 +88,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             upd = algo.client_update(cid, rnd, res)
             updates.append(upd)
             masks = algo.eval_masks(cid)
-            fwd = forward_flops(algo.model, algo.sites, masks, positions)
+            # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
+            fwd = forward_flops(algo.model, algo.sites, masks, positions) if masks else ref["flops_fwd"]
             fwd_train = fwd * res.samples_seen
             bwd_train = algo.backward_flops(cid, fwd) * res.samples_seen
             record(rnd, cid, "bytes_up", upd.bytes_up)
