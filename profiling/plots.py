@@ -25,18 +25,24 @@ def _label(row: pd.Series | Mapping) -> str:
     return f"{row['client_id']}" if row.get("client_id") else str(row["artifact"])
 
 
+def _panel_grid(df: pd.DataFrame) -> tuple[Figure, list]:
+    """A figure with one panel per device × format × variant × threads (two columns), and the
+    ``(axes, ((device, format, variant, threads), rows))`` pairs to draw into."""
+    groups = list(df.groupby(["device", "format", "variant", "threads"], sort=True))
+    ncols = min(2, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    fig = Figure(figsize=(6.5 * ncols, 3.2 * nrows), layout="constrained")
+    return fig, [(fig.add_subplot(nrows, ncols, i + 1), grp) for i, grp in enumerate(groups)]
+
+
 def latency_distributions(df: pd.DataFrame) -> Figure | None:
     """Box plots of the raw latency samples: one panel per device × format (× variant, threads), one box per
     artifact (all repetitions pooled)."""
     ok = df[df["ok"].astype(bool) & df["latency_ms"].map(len).gt(0)]
     if ok.empty:
         return None
-    panels = list(ok.groupby(["device", "format", "variant", "threads"], sort=True))
-    ncols = min(2, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(6.5 * ncols, 3.2 * nrows), layout="constrained")
-    for i, ((device, fmt, variant, threads), g) in enumerate(panels):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
+    fig, panels = _panel_grid(ok)
+    for ax, ((device, fmt, variant, threads), g) in panels:
         by_artifact = g.groupby("artifact", sort=True)
         data = [np.concatenate([np.asarray(x, float) for x in a["latency_ms"]]) for _, a in by_artifact]
         labels = [f"{a.iloc[0]['run_id']}\n{a.iloc[0]['client_id']}" if a.iloc[0].get("run_id") else name
@@ -111,12 +117,8 @@ def energy_per_inference(summary: pd.DataFrame) -> Figure | None:
     rows = summary[np.isfinite(summary["energy_mj"].astype(float))]
     if rows.empty:
         return None
-    panels = list(rows.groupby(["device", "format", "variant", "threads"], sort=True))
-    ncols = min(2, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(6.5 * ncols, 3.2 * nrows), layout="constrained")
-    for i, ((device, fmt, variant, threads), g) in enumerate(panels):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
+    fig, panels = _panel_grid(rows)
+    for ax, ((device, fmt, variant, threads), g) in panels:
         x = np.arange(len(g))
         ax.bar(x - 0.2, g["energy_mj"].astype(float), width=0.4, label="total")
         ax.bar(x + 0.2, g["energy_above_idle_mj"].astype(float), width=0.4, label="above idle")
