@@ -204,6 +204,24 @@ CPUINFO_A72 = "".join(
 ) + "Hardware\t: EMULATED edgemask test fleet (qemu-user, cortex-a72)\n"
 
 
+def write_inventory(path: Path, spec, name: str | None = None, kind: str | None = None,
+                    runtimes: tuple[str, ...] = ("onnxruntime",)) -> Path:
+    """A devices.toml holding one stand-in, as a user would write it for a real board."""
+    rt = ", ".join(f'"{r}"' for r in runtimes)
+    path.write_text(f"""
+[devices.{name or spec.name}]
+kind = "{kind or spec.kind}"
+host = "{spec.host}"
+user = "{spec.user}"
+key_file = "{spec.key_file}"
+known_hosts = "{spec.known_hosts}"
+python = "{spec.python}"
+workdir = "{spec.workdir}"
+runtimes = [{rt}]
+""")
+    return path
+
+
 def _free_index() -> int:
     used = sh("ip", "-o", "-4", "addr", "show").stdout
     netns = sh("ip", "netns", "list").stdout

@@ -17,6 +17,7 @@ from devices.probe import check_device
 from devices.records import RunnerSettings
 from devices.setup import setup_device
 from edgemask.cli import main as edgemask_main
+from fleet.standin import write_inventory
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -24,25 +25,9 @@ SETTINGS = RunnerSettings(warmup_runs=2, warmup_seconds=0.0, min_runs=20, min_se
                           power_rate_hz=20.0)
 
 
-def _inventory(tmp_path, spec, runtimes: str = '["onnxruntime"]'):
-    inv = tmp_path / "devices.toml"
-    inv.write_text(f"""
-[devices.{spec.name}]
-kind = "{spec.kind}"
-host = "{spec.host}"
-user = "{spec.user}"
-key_file = "{spec.key_file}"
-known_hosts = "{spec.known_hosts}"
-python = "{spec.python}"
-workdir = "{spec.workdir}"
-runtimes = {runtimes}
-""")
-    return inv
-
-
 def test_devices_check_shows_an_aarch64_board(arm64_device, tmp_path, capsys):
     spec = arm64_device.spec()
-    inv = _inventory(tmp_path, spec, runtimes='["onnxruntime", "tflite"]')
+    inv = write_inventory(tmp_path / "devices.toml", spec, runtimes=("onnxruntime", "tflite"))
     rc = edgemask_main(["devices", "check", spec.name, "--inventory", str(inv), "--workspace", str(tmp_path / "ws")])
     report = json.loads(capsys.readouterr().out)
     assert rc == 0, report

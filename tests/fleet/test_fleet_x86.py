@@ -14,6 +14,7 @@ from devices.benchmark import run_benchmark
 from devices.connection import open_connection
 from devices.records import RunnerSettings
 from edgemask.cli import main as edgemask_main
+from fleet.standin import write_inventory
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -62,18 +63,7 @@ def test_cpu_quota_makes_the_device_slower_than_the_host(x86_device):
 
 def test_devices_check_cli_reports_the_standin(x86_device, tmp_path, capsys):
     spec = x86_device.spec()
-    inv = tmp_path / "devices.toml"
-    inv.write_text(f"""
-[devices.x86-a]
-kind = "linux"
-host = "{spec.host}"
-user = "{spec.user}"
-key_file = "{spec.key_file}"
-known_hosts = "{spec.known_hosts}"
-python = "{spec.python}"
-workdir = "{spec.workdir}"
-runtimes = ["onnxruntime"]
-""")
+    inv = write_inventory(tmp_path / "devices.toml", spec, name="x86-a", kind="linux")
     t0 = time.monotonic()
     rc = edgemask_main(["devices", "check", "x86-a", "--inventory", str(inv), "--workspace", str(tmp_path / "ws")])
     report = json.loads(capsys.readouterr().out)
