@@ -3,7 +3,7 @@ reference loop for the same workload, measured in one run so the ratios share th
 
 Workload: FedAvg, 100 clients, digits split 2 classes per client, 1 local epoch, batch 16, lr 0.05, on the MLP
 64-128-64-10 (``mlp``, hidden (128, 64)) and the small CNN (``cnn``). Every loop uses the same per-client orders
-(``trainer.sampling.batch_order``); the rounds are interleaved (sequential, batched, reference, repeat) so a busy
+(``trainer.sampling.batch_orders``); the rounds are interleaved (sequential, batched, reference, repeat) so a busy
 machine slows all three alike, and each loop's median round is reported. "train" times local training only (for ours: ``simulation.train_clients``, i.e.
 ``local_task`` + orders + training + results); "round" adds the uploads and the server's aggregate.
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from trainer.algorithms import ALGORITHMS  # noqa: E402
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig  # noqa: E402
 from trainer.data import DataConfig, build_dataset  # noqa: E402
-from trainer.sampling import batch_order  # noqa: E402
+from trainer.sampling import batch_orders  # noqa: E402
 from trainer.simulation import train_clients  # noqa: E402
 
 T_IMPORTS = time.perf_counter() - T_PROCESS
@@ -102,7 +102,7 @@ class Reference:
         t = time.perf_counter()
         C, bs = self.C, self.bs
         P = {k: v.unsqueeze(0).repeat(C, *[1] * v.dim()).requires_grad_(True) for k, v in self.global_.items()}
-        orders = [batch_order(int(n), 1, self.seed, rnd, i)[0] for i, n in enumerate(self.sizes)]
+        orders = [o[0] for o in batch_orders(self.sizes, [1] * C, self.seed, rnd, range(C))]
         steps = int(-(-self.sizes.max() // bs))
         idx = np.full((C, steps * bs), -1, dtype=np.int64)
         for i, o in enumerate(orders):

@@ -5,12 +5,19 @@ from __future__ import annotations
 import torch
 
 
+STACK_ELEMENTS = 1 << 24  # clients' tensors stacked at once by weighted_average (64 MiB of float32)
+
+
 def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """FedAvg: Σ_k w_k x_k / Σ_k w_k (weights are usually local sample counts)."""
+    """FedAvg: Σ_k w_k x_k / Σ_k w_k (weights are usually local sample counts). The clients' tensors are
+    stacked and contracted with the weights, a chunk of clients at a time (at most :data:`STACK_ELEMENTS`)."""
     total = float(sum(weights))
+    w = torch.tensor([x / total for x in weights], dtype=torch.float32)
     out = torch.zeros_like(tensors[0], dtype=torch.float32)
-    for t, w in zip(tensors, weights):
-        out += t.float() * (w / total)
+    step = max(1, STACK_ELEMENTS // max(tensors[0].numel(), 1))
+    for s in range(0, len(tensors), step):
+        part = torch.stack(tensors[s: s + step]).float()
+        out += torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
     return out
 
 

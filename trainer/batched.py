@@ -34,6 +34,7 @@ warning naming the reason. Memory is bounded by chunking clients (:func:`clients
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 import warnings
@@ -116,17 +117,27 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
 def compatible_groups(tasks: list[LocalTask]) -> list[list[int]]:
     """Indices of ``tasks`` grouped by :func:`task_signature`, groups in order of first appearance."""
     groups: dict[Hashable, list[int]] = {}
+    specs: dict[Hashable, tuple] = {}  # tasks that hold the same tensors (FedAvg's global weights) share a spec
     for i, t in enumerate(tasks):
-        groups.setdefault(task_signature(t), []).append(i)
+        groups.setdefault(task_signature(t, specs), []).append(i)
     return list(groups.values())
 
 
-def task_signature(task: LocalTask) -> Hashable:
+def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -> Hashable:
     """Two tasks with equal signatures compute the same function of their (stacked) tensors: same forward and
-    regularizer code over the same captured objects, same tensor names, shapes and dtypes."""
+    regularizer code over the same captured objects, same tensor names, shapes and dtypes. ``memo`` keeps the
+    specs of dicts of the very same tensors (by identity) while the tensors are alive, e.g. one grouping call."""
 
     def spec(d: dict[str, torch.Tensor]) -> tuple:  # torch.Size hashes and compares as a tuple
-        return tuple([(k, v.shape, v.dtype) for k, v in d.items()]) if d else ()
+        if not d:
+            return ()
+        if memo is None:
+            return tuple([(k, v.shape, v.dtype) for k, v in d.items()])
+        key = (tuple(d), tuple(map(id, d.values())))
+        out = memo.get(key)
+        if out is None:
+            out = memo[key] = tuple([(k, v.shape, v.dtype) for k, v in d.items()])
+        return out
 
     return (_fn_key(task.forward), _fn_key(task.regularizer), _fn_key(task.loss), _fn_key(task.project),
             task.batches_per_step, spec(task.trainable), spec(task.constants), spec(task.buffers),
@@ -380,11 +391,12 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
 
     seen = counts_np.sum(0)
     losses = loss_sum.cpu().tolist()
-    trained = {k: v.detach().cpu().unbind(0) for k, v in P.items()}
-    buffers = {k: v.cpu().unbind(0) for k, v in Bf.items()}
-    return [LocalResult({k: trained[k][c] for k in keys}, {k: buffers[k][c] for k in Bf},
-                        losses[c] / max(int(seen[c]), 1), int(seen[c]), int(data[c][1].shape[0]))
-            for c in range(C)]
+    trained = zip(*[v.detach().cpu().unbind(0) for v in P.values()])  # per client, its tensors in keys' order
+    bkeys = list(Bf)
+    buffers = zip(*[v.cpu().unbind(0) for v in Bf.values()]) if Bf else itertools.repeat(())
+    return [LocalResult(dict(zip(keys, tr)), dict(zip(bkeys, bu)), losses[c] / max(int(seen[c]), 1), int(seen[c]),
+                        int(data[c][1].shape[0]))
+            for c, tr, bu in zip(range(C), trained, buffers)]
 
 
 def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],

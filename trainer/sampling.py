@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -14,8 +16,62 @@ def sampling_schedule(client_ids: list[str], rounds: int, participation: float, 
     return [[client_ids[i] for i in sorted(rng.choice(n, size=k, replace=False))] for _ in range(rounds)]
 
 
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's output function (Steele, Lea & Flood, OOPSLA 2014) on one 64-bit integer."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    """:func:`_mix` on a uint64 array (numpy's uint64 arithmetic wraps like the masks above)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(0xBF58476D1CE4E5B9)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def batch_orders(sizes: Sequence[int], epochs: Sequence[int], seed: int, round_: int,
+                 client_indices: Sequence[int]) -> list[list[np.ndarray]]:
+    """For each client ``c``, per local epoch, the permutation of its ``sizes[c]`` samples: the same for every
+    algorithm and for the sequential and batched loops, and a function of (seed, round, client index, epoch)
+    only — not of which other clients train this round.
+
+    Each sample j draws a 64-bit key SplitMix64(h + (j+1)·γ), h a SplitMix64 hash of (seed, round, client index,
+    epoch) and γ the golden-ratio increment (SplitMix64's own stream); the permutation sorts the keys. All
+    clients and epochs of a round take one vectorized pass and one sort, instead of a seeded generator each."""
+    if not (len(sizes) == len(epochs) == len(client_indices)):
+        raise ValueError(f"{len(sizes)} sizes, {len(epochs)} epoch counts and {len(client_indices)} client indices")
+    base = _mix(_mix((int(seed) & _M64) ^ 0x5EEDB7) ^ (int(round_) & _M64))
+    segs = []  # one per (client, epoch): (hash, length)
+    for n, e, c in zip(sizes, epochs, client_indices):
+        hc = _mix(base ^ (int(c) & _M64))
+        segs.extend((_mix(hc ^ k), int(n)) for k in range(int(e)))
+    lens = np.fromiter((n for _, n in segs), dtype=np.int64, count=len(segs))
+    total = int(lens.sum())
+    starts = np.cumsum(lens) - lens
+    j = np.arange(total, dtype=np.int64) - np.repeat(starts, lens)  # each sample's index in its segment
+    h = np.repeat(np.fromiter((hh for hh, _ in segs), dtype=np.uint64, count=len(segs)), lens)
+    with np.errstate(over="ignore"):
+        keys = _mix_array(h + (j.astype(np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN))
+    if len(segs) == 1:
+        perms = [np.argsort(keys, kind="stable")]
+    else:  # by segment, then by key: each segment's samples in key order
+        order = np.lexsort((keys, np.repeat(np.arange(len(segs)), lens)))
+        perms = np.split(j[order], starts[1:])
+    out: list[list[np.ndarray]] = []
+    pos = 0
+    for e in epochs:
+        out.append(perms[pos: pos + int(e)])
+        pos += int(e)
+    return out
+
+
 def batch_order(num_samples: int, epochs: int, seed: int, round_: int, client_index: int) -> list[np.ndarray]:
-    """Per local epoch, the permutation of a client's samples; the same for every algorithm and for the
-    sequential and batched loops."""
-    rng = np.random.default_rng([seed, round_, client_index, 0xB7])
-    return [rng.permutation(num_samples) for _ in range(epochs)]
+    """Per local epoch, the permutation of one client's samples (:func:`batch_orders` for one client)."""
+    return batch_orders([num_samples], [epochs], seed, round_, [client_index])[0]

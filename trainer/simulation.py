@@ -17,7 +17,7 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
 from trainer.run_dir import write_run
-from trainer.sampling import batch_order, sampling_schedule
+from trainer.sampling import batch_order, batch_orders, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -150,13 +150,13 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int) -> list[tuple[str,
 
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
         data = [algo.client_data(cid) for cid, _ in pairs]
-        orders = [batch_order(d.num_train, task.epochs, cfg.run.seed, rnd, index[cid] + phase * len(index))
-                  for d, (cid, task) in zip(data, pairs)]
+        order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
+                             [index[cid] + phase * len(index) for cid, _ in pairs])  # the phase's clients at once
         if t.batched:
-            return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], orders,
+            return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], order,
                                        t.batch_size, t.momentum, t.weight_decay, t.device)
         return [local_train(task, d.train_x, d.train_y, o, t.batch_size, t.momentum, t.weight_decay)
-                for d, (_, task), o in zip(data, pairs, orders)]
+                for d, (_, task), o in zip(data, pairs, order)]
 
     if not t.batched:  # phase by phase per client: the sequential reference keeps one client's tensors alive
         out = []

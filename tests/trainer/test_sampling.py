@@ -1,0 +1,66 @@
+"""Client sampling and the per-client batch orders (trainer.sampling)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.aggregation import weighted_average
+from trainer.sampling import _mix, _mix_array, batch_order, batch_orders, sampling_schedule
+
+
+def test_splitmix64_matches_the_published_first_outputs():
+    # SplitMix64 seeded with 0 (state += γ, then the output function): the reference C code's first outputs
+    gamma = 0x9E3779B97F4A7C15
+    assert [_mix((k * gamma) & ((1 << 64) - 1)) for k in (1, 2, 3)] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    z = np.array([gamma, 2 * gamma % (1 << 64)], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        assert _mix_array(z).tolist() == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
+
+
+def test_one_pass_orders_are_each_clients_own_and_ignore_the_others():
+    sizes, epochs, idx = [7, 0, 12, 3], [2, 1, 1, 3], [5, 0, 9, 2]
+    together = batch_orders(sizes, epochs, seed=3, round_=4, client_indices=idx)
+    for n, e, i, got in zip(sizes, epochs, idx, together):
+        alone = batch_order(n, e, 3, 4, i)
+        assert len(got) == e and all(np.array_equal(a, b) for a, b in zip(got, alone))
+        assert all(sorted(p.tolist()) == list(range(n)) for p in got)  # permutations of the client's samples
+    # the same client in a different company, or alone, gets the same orders
+    other = batch_orders([12], [1], 3, 4, [9])[0]
+    assert np.array_equal(other[0], together[2][0])
+
+
+def test_orders_differ_by_epoch_round_client_and_seed():
+    base = batch_order(50, 2, 0, 0, 0)
+    assert not np.array_equal(base[0], base[1])
+    for args in [(50, 1, 0, 1, 0), (50, 1, 0, 0, 1), (50, 1, 1, 0, 0)]:
+        assert not np.array_equal(batch_order(*args)[0], base[0])
+    assert np.array_equal(batch_order(50, 1, 0, 0, 0)[0], base[0])  # deterministic
+
+
+def test_orders_are_uniform_over_positions():
+    # where sample 0 lands, over 20,000 clients of 5 samples: each position ≈ 1/5 (±4σ of a binomial)
+    orders = batch_orders([5] * 20_000, [1] * 20_000, 0, 0, range(20_000))
+    pos = np.array([int(np.nonzero(o[0] == 0)[0][0]) for o in orders])
+    freq = np.bincount(pos, minlength=5) / len(pos)
+    assert np.all(np.abs(freq - 0.2) < 4 * np.sqrt(0.2 * 0.8 / len(pos)))
+
+
+def test_sampling_schedule_draws_k_distinct_clients_per_round():
+    ids = [f"c{i}" for i in range(10)]
+    sched = sampling_schedule(ids, rounds=5, participation=0.3, seed=0)
+    assert all(len(r) == 3 == len(set(r)) for r in sched)
+    assert sched == sampling_schedule(ids, 5, 0.3, 0)
+
+
+@pytest.mark.parametrize("n", [3, 40])
+def test_weighted_average_by_hand_in_chunks(n, monkeypatch):
+    import trainer.aggregation as agg
+
+    monkeypatch.setattr(agg, "STACK_ELEMENTS", 8)  # 4-element tensors: two clients per chunk
+    ts = [torch.full((2, 2), float(i)) for i in range(n)]
+    w = [float(i + 1) for i in range(n)]
+    expect = sum(i * (i + 1) for i in range(n)) / sum(w)  # Σ w_k x_k / Σ w_k
+    assert torch.allclose(weighted_average(ts, w), torch.full((2, 2), expect))
