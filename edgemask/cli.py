@@ -43,14 +43,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.simulation import train
 
     cfg = TrainConfig.load(args.config)
-    if args.rounds is not None:
+    overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
+    if args.sequential:
+        overrides["batched"] = False
+    if overrides:
         import dataclasses
 
-        cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=args.rounds))
-    if args.device is not None:
-        import dataclasses
-
-        cfg = cfg.replace(training=dataclasses.replace(cfg.training, device=args.device))
+        cfg = cfg.replace(training=dataclasses.replace(cfg.training, **overrides))
     ws = _ws(args)
     path = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
     summary = json.loads((path / "summary.json").read_text())
@@ -159,8 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
     t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")
     t.add_argument("--rounds", type=int, default=None, help="override training.rounds")
-    t.add_argument("--device", default=None, help="override training.device: 'cuda' trains batched clients on the "
-                   "GPU when one is present (training.batched = true), 'cpu' otherwise")
+    t.add_argument("--device", default=None, help="override training.device: 'cuda' trains the batched clients on "
+                   "the GPU when one is present, 'cpu' otherwise")
+    t.add_argument("--sequential", action="store_true", help="train the clients one after another (the reference "
+                   "loop; training.batched = false) instead of a round's clients together")
 
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")

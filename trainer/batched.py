@@ -225,10 +225,24 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     xb, yb = x[idx].unsqueeze(0).to(dev), y[idx].unsqueeze(0).to(dev)
     if k > 1:  # the step's k minibatches
         xb, yb = (xb,) * k, (yb,) * k
+    args = (p, c, b, xb, yb, torch.ones(1, k * batch_size, device=dev), torch.full((1,), float(k * batch_size),
+                                                                                 device=dev))
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            vmap(_client_loss(task))(p, c, b, xb, yb, torch.ones(1, k * batch_size, device=dev),
-                                     torch.full((1,), float(k * batch_size), device=dev))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                vmap(_client_loss(task))(*args)
+        except RuntimeError as e:
+            if "saved tensor hooks" not in str(e):
+                raise
+            # A loss that takes gradients itself with torch.func (Per-FedAvg's inner step) cannot be measured
+            # under the hooks: run it unmeasured, and count the forward's saved tensors on the step's samples
+            # twice (the inner and the outer pass).
+            saved = 0
+            vmap(_client_loss(task))(*args)
+            xs = torch.cat(xb, 1) if k > 1 else xb
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                vmap(task.forward)(p, c, xs, {n: v.clone() for n, v in b.items()})
+            saved *= 2
         if task.project is not None:
             with torch.no_grad():
                 vmap(task.project)({n: v.detach() for n, v in p.items()})

@@ -38,7 +38,7 @@ class TrainingConfig:
     participation: float = 1.0  # fraction of clients sampled per round (FedMask's K)
     eval_every: int = 1
     device: str = "cpu"
-    batched: bool = False  # train a round's clients together (trainer-speed issue); sequential is the reference
+    batched: bool = True  # train a round's clients together (trainer.batched); false: one after another, the reference
     target_accuracy: float | None = None  # υ: report rounds until the global model reaches it (FedPeWS Table 2)
 
 

@@ -108,3 +108,19 @@ def test_train_writes_a_run(tmp_path):
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / "runs" / "r1" / "summary.json").read_text())
     assert summary["rounds"] == 1 and set(summary["clients"]) == {"client-000", "client-001"}
+
+
+def test_train_sequential_flag_runs_the_reference_loop_with_the_same_result(tmp_path):
+    cfg = tmp_path / "t.toml"
+    body = ('[data]\nnum_clients = 3\n[model]\nname = "mlp"\n[model.args]\nhidden = [8]\n'
+            '[training]\nrounds = 2\nbatch_size = 16\n')
+    runs = {}
+    for flag, rid in (([], "batched"), (["--sequential"], "sequential")):
+        cfg.write_text(f'[run]\nrun_id = "{rid}"\n' + body)
+        p = edgemask("train", "--workspace", str(tmp_path), "--config", str(cfg), *flag)
+        assert p.returncode == 0, p.stderr
+        runs[rid] = json.loads((tmp_path / "runs" / rid / "summary.json").read_text())
+        config = (tmp_path / "runs" / rid / "config.toml").read_text()
+        assert ("batched = false" in config) == bool(flag)  # the run records which loop trained it
+    assert runs["batched"]["mean_accuracy"] == pytest.approx(runs["sequential"]["mean_accuracy"], abs=1e-9)
+    assert runs["batched"]["bytes_up"] == runs["sequential"]["bytes_up"]

@@ -39,11 +39,18 @@ class PerFedAvgArgs:
 def fo_maml_loss(call: Callable, alpha: float) -> Callable:
     """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``:
     D for the inner step, D' for the outer (a task with ``batches_per_step = 2``)."""
+    def inner(q, b, x_d, y_d):  # f(w; D), and the buffers its forward updated (batch norm)
+        b = {k: v.clone() for k, v in b.items()}
+        return F.cross_entropy(call(q, b, x_d), y_d), b
+
     def loss(p, c, x, y, b):
         (x_d, x_d2), (y_d, y_d2) = x, y
-        inner = F.cross_entropy(call(p, b, x_d), y_d)
-        grads = torch.autograd.grad(inner, list(p.values()), allow_unused=True)  # no create_graph: first order
-        adapted = {k: v - alpha * g if g is not None else v for (k, v), g in zip(p.items(), grads)}
+        # ∇f(w; D) at stopgrad(w): first order. torch.func.grad (not autograd.grad) so that the batched loop can
+        # vmap the step over clients; the inner forward's buffer updates come back as aux and are kept.
+        grads, new_b = torch.func.grad(inner, has_aux=True)({k: v.detach() for k, v in p.items()}, b, x_d, y_d)
+        for k, v in new_b.items():
+            b[k].copy_(v)
+        adapted = {k: v - alpha * grads[k] for k, v in p.items()}
         return F.cross_entropy(call(adapted, b, x_d2), y_d2)
     return loss
 
