@@ -1,0 +1,82 @@
+"""FedNova (Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+Optimization", NeurIPS 2020): normalized averaging. Clients that take more local steps move further, and FedAvg's
+plain average of their models drifts toward their objectives; FedNova averages each client's update *per unit of
+local work* and rescales by the round's effective number of steps. In the paper's general update rule
+x^{t+1} − x^t = −τ_eff Σ_i w_i η d_i with d_i = G_i a_i / ‖a_i‖₁, FedNova takes w_i = p_i and τ_eff = Σ_i p_i ‖a_i‖₁:
+
+    d_i = (x − y_i) / ‖a_i‖₁                 the normalized update (x: global model, y_i: client i's trained model)
+    x ← x − τ_eff Σ_i p_i d_i,   τ_eff = Σ_i p_i ‖a_i‖₁,   p_i = n_i / Σ_j n_j over the round's clients
+
+``a_i`` holds the weights with which client i's τ_i local gradients enter y_i − x (= η Σ_k a_{i,k} g_k). Plain
+SGD: a_i = [1, …, 1], ‖a_i‖₁ = τ_i. Local SGD with momentum ρ (the paper's momentum variant; PyTorch's
+buf ← ρ·buf + g, y ← y − η·buf): the k-th of τ gradients enters with (1 − ρ^{τ−k+1}) / (1 − ρ), so
+
+    ‖a_i‖₁ = [τ_i − ρ(1 − ρ^{τ_i}) / (1 − ρ)] / (1 − ρ).
+
+τ_i is the client's number of local optimizer steps (⌈n_i/B⌉ per epoch, the loop's own plan, partial last
+minibatch included; the paper writes ⌊E n_i/B⌋ for loops that drop it). p_i is normalized over the round's sampled
+clients. With every τ_i equal, τ_eff = ‖a‖₁ and the update is FedAvg's Σ p_i y_i. Weight decay is part of the local
+gradient. Batch-norm buffers are averaged as FedAvg does. The client sends y_i and the scalar ‖a_i‖₁ (4 bytes more
+than FedAvg); the server's rate is 1 (no server momentum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainer.accounting import tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
+from trainer.local_training import step_plan
+
+NORM_KEY = "fednova:a_norm"  # the upload's ‖a_i‖₁ (a float32 scalar)
+
+
+def local_steps(num_train: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
+    """τ: how many optimizer steps the local-training loop takes on ``num_train`` samples (its own plan)."""
+    return len(step_plan([np.arange(num_train)], epochs, max_steps, batch_size))
+
+
+def momentum_norm(tau: int, rho: float) -> float:
+    """‖a‖₁ of τ steps of SGD with momentum ρ: Σ_{j=1..τ} (1 − ρ^j)/(1 − ρ) = [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ);
+    τ when ρ = 0."""
+    if rho == 0.0:
+        return float(tau)
+    return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
+
+
+def normalized_average(x: dict[str, torch.Tensor], ys: list[dict[str, torch.Tensor]], norms: list[float],
+                       num_samples: list[int]) -> dict[str, torch.Tensor]:
+    """FedNova's server step: x − τ_eff Σ p_i (x − y_i)/‖a_i‖₁ with p_i = n_i/Σn and τ_eff = Σ p_i ‖a_i‖₁. A client
+    that took no step (‖a_i‖₁ = 0) has d_i = 0."""
+    total = float(sum(num_samples))
+    p = [n / total for n in num_samples]
+    tau_eff = sum(pi * a for pi, a in zip(p, norms))
+    out = {}
+    for k, xk in x.items():
+        d = torch.zeros_like(xk)  # Σ p_i d_i
+        for pi, a, y in zip(p, norms, ys):
+            if a > 0:
+                d += (pi / a) * (xk - y[k])
+        out[k] = xk - tau_eff * d
+    return out
+
+
+@ALGORITHMS.register("fednova")
+class FedNova(Algorithm):
+    name = "fednova"
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        upd = super().client_update(cid, rnd, result)  # y_i and the batch-norm buffers, as FedAvg
+        t = self.cfg.training
+        tau = local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs)
+        norm = torch.tensor(momentum_norm(tau, t.momentum), dtype=torch.float32)
+        upd.payload[NORM_KEY] = norm
+        upd.bytes_up += tensor_bytes([norm])
+        return upd
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        norms = [float(u.payload[NORM_KEY]) for u in updates]
+        self.global_params = normalized_average(self.global_params, [u.payload for u in updates], norms,
+                                                [u.num_samples for u in updates])
+        self.average_buffers(updates)
