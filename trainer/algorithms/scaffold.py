@@ -1,0 +1,110 @@
+"""SCAFFOLD (Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging for
+Federated Learning", ICML 2020), Algorithm 1 with option II for the client's control variate:
+
+    client i:  y_i ← x;  K times  y_i ← y_i − η_l (g_i(y_i) − c_i + c)           (the corrected local step)
+               c_i⁺ ← c_i − c + (x − y_i) / (K η_l)                               (option II)
+               upload (Δy_i, Δc_i) = (y_i − x, c_i⁺ − c_i);  c_i ← c_i⁺
+    server:    x ← x + η_g · (1/|S|) Σ_{i∈S} Δy_i
+               c ← c + (|S|/N) · (1/|S|) Σ_{i∈S} Δc_i
+
+The corrected gradient g − c_i + c is the gradient of f_i(y) + ⟨y, c − c_i⟩, so the correction is a linear
+regularizer of the local task (c and c_i ride in its constants) and both local-training loops run unchanged.
+K is the client's number of local optimizer steps (⌈n_i/B⌉ per epoch, the loop's own plan); a client with no step
+keeps its c_i. Control variates start at 0. The averages over S are uniform, as in the paper; batch-norm
+buffers are averaged as FedAvg does (they are statistics, not iterates).
+
+Momentum and weight decay: the paper analyses plain SGD. Weight decay is part of g_i here (SCAFFOLD corrects the
+decayed objective). With momentum ρ = ``training.momentum`` the correction enters the momentum buffer like the
+gradient, and y_i − x is no longer η_l·K times the mean corrected gradient but η_l·‖a‖₁ times a weighted mean,
+‖a‖₁ = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) (FedNova's normalizer, :func:`trainer.algorithms.fednova.momentum_norm`).
+Option II then divides by η_l‖a‖₁ instead of η_l K, so c_i⁺ stays an estimate of the local gradient, not one
+inflated up to 1/(1 − ρ) times; with ρ = 0 it is exactly the paper's K.
+
+Communication: down x and c, up y_i (sent as the model, like FedAvg) and Δc_i — twice FedAvg's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.accounting import tensor_bytes
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.fednova import local_steps, momentum_norm
+
+C_PREFIX, CI_PREFIX, DC_PREFIX = "scaffold:c:", "scaffold:ci:", "scaffold:dc:"
+
+
+@dataclass(frozen=True)
+class ScaffoldArgs:
+    server_lr: float = 1.0  # η_g (the paper's experiments use 1)
+
+
+def control_variate_term(trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
+    """⟨y, c − c_i⟩ summed over the parameters: its gradient c − c_i turns g_i(y) into g_i(y) − c_i + c.
+    A module-level function of the task's tensors only, so the batched loop stacks clients under it."""
+    total = torch.zeros(())
+    for k, y in trainable.items():
+        total = total + (y * (constants[C_PREFIX + k] - constants[CI_PREFIX + k])).sum()
+    return total
+
+
+def client_control_update(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float,
+                          steps: float) -> torch.Tensor:
+    """Option II: c_i⁺ = c_i − c + (x − y_i)/(K η_l), ``steps`` = K (or ‖a‖₁ with momentum); no step: c_i."""
+    if steps <= 0:
+        return c_i.clone()
+    return c_i - c + (x - y) / (steps * lr)
+
+
+def server_step(x: dict[str, torch.Tensor], c: dict[str, torch.Tensor], dys: list[dict[str, torch.Tensor]],
+                dcs: list[dict[str, torch.Tensor]], num_clients: int, server_lr: float
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """x ← x + η_g mean_S(Δy_i);  c ← c + (|S|/N) mean_S(Δc_i) = c + Σ_S Δc_i / N."""
+    s = len(dys)
+    new_x = {k: v + server_lr * sum(d[k] for d in dys) / s for k, v in x.items()}
+    new_c = {k: v + (s / num_clients) * sum(d[k] for d in dcs) / s for k, v in c.items()}
+    return new_x, new_c
+
+
+@ALGORITHMS.register("scaffold")
+class Scaffold(Algorithm):
+    name = "scaffold"
+    Args = ScaffoldArgs
+
+    def setup(self) -> None:
+        zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}
+        self.c = dict(zeros)  # the server's control variate
+        self.c_i = {cid: zeros for cid in self.client_ids}  # every client starts from the same zero tensors
+
+    def local_task(self, cid: str, rnd: int) -> LocalTask:
+        task = super().local_task(cid, rnd)
+        task.constants.update({C_PREFIX + k: v for k, v in self.c.items()})
+        task.constants.update({CI_PREFIX + k: v for k, v in self.c_i[cid].items()})
+        task.regularizer = control_variate_term  # y ← y − η_l (g − c_i + c)
+        return task
+
+    def local_steps(self, cid: str) -> float:
+        """K of option II (‖a‖₁ under momentum, see the module docstring)."""
+        t = self.cfg.training
+        return momentum_norm(local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs),
+                             t.momentum)
+
+    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        x, y, steps, lr = self.global_params, result.trained, self.local_steps(cid), self.cfg.training.lr
+        c_new = {k: client_control_update(self.c_i[cid][k], self.c[k], x[k], y[k], lr, steps) for k in x}
+        dc = {DC_PREFIX + k: c_new[k] - self.c_i[cid][k] for k in x}  # Δc_i = c_i⁺ − c_i
+        self.c_i[cid] = c_new  # c_i ← c_i⁺ (client-side state)
+        payload = {**y, **dc, **result.buffers}
+        return ClientUpdate(cid, result.num_samples, payload,
+                            bytes_up=tensor_bytes(payload),  # y_i, Δc_i and the batch-norm buffers
+                            bytes_down=tensor_bytes(x) + tensor_bytes(self.c) + tensor_bytes(self.global_buffers),
+                            train_loss=result.loss, samples_seen=result.samples_seen)
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        x = self.global_params
+        dys = [{k: u.payload[k] - x[k] for k in x} for u in updates]  # Δy_i = y_i − x
+        dcs = [{k: u.payload[DC_PREFIX + k] for k in x} for u in updates]
+        self.global_params, self.c = server_step(x, self.c, dys, dcs, len(self.client_ids), self.args.server_lr)
+        self.average_buffers(updates)
