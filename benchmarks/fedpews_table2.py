@@ -2,8 +2,10 @@
 FedAvg+PeWS, on the same seeds.
 
     python benchmarks/fedpews_table2.py configs/fedpews-synthetic32k.toml --seeds 0 1 2 [--algorithms fedavg fedpews]
+        [--jobs 2] [--threads 1] [--rounds T]
 
-Prints one JSON line per (algorithm, seed) as it finishes, then mean ± std per algorithm.
+Each (algorithm, seed) is one run (``--jobs`` of them at once, each with ``--threads`` torch threads); progress goes
+to stderr every 10 rounds, one JSON line per finished run to stdout, then a table of mean ± std per algorithm.
 """
 
 from __future__ import annotations
@@ -13,12 +15,42 @@ import dataclasses
 import json
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import AlgorithmConfig, RunConfig, TrainConfig  # noqa: E402
-from trainer.simulation import simulate  # noqa: E402
+
+def one_run(config: str, name: str, seed: int, threads: int, rounds: int | None) -> dict:
+    import torch
+
+    from trainer.config import AlgorithmConfig, RunConfig, TrainConfig
+    from trainer.simulation import simulate
+
+    torch.set_num_threads(threads)
+    base = TrainConfig.load(config)
+    args = base.algorithm.args if name == base.algorithm.name else {}
+    if name == "fedprox" and "mu" in base.algorithm.args:
+        args = {"mu": base.algorithm.args["mu"]}
+    training = base.training if rounds is None else dataclasses.replace(base.training, rounds=rounds)
+    cfg = base.replace(run=RunConfig(seed=seed), algorithm=AlgorithmConfig(name, args), training=training)
+
+    def progress(done: int, total: int, metrics: dict) -> None:
+        if done and (done % 10 == 0 or done == total):
+            print(f"{name} seed {seed}: round {done}/{total}, mean accuracy {metrics.get('mean_accuracy', 0):.4f}",
+                  file=sys.stderr, flush=True)
+
+    s = simulate(cfg, progress).summary
+    return {"algorithm": name, "seed": seed, "rounds_to_target": s.get("rounds_to_target"),
+            "target": s.get("target_accuracy"), "final_global_accuracy": s.get("global_accuracy"),
+            "rounds": cfg.training.rounds, "wall_seconds": round(s["wall_seconds"], 1)}
+
+
+def mean_std(xs: list[float], fmt: str) -> str:
+    if not xs:
+        return "×"
+    return format(statistics.mean(xs), fmt) + (f" ± {format(statistics.stdev(xs), fmt)}" if len(xs) > 1 else "")
 
 
 def main() -> None:
@@ -26,29 +58,26 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--algorithms", nargs="+", default=["fedavg", "fedpews"])
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (processes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--rounds", type=int, default=None, help="override training.rounds")
     a = ap.parse_args()
-    base = TrainConfig.load(a.config)
+    plan = [(name, seed) for seed in a.seeds for name in a.algorithms]
     rows = []
-    for seed in a.seeds:
-        for name in a.algorithms:
-            args = base.algorithm.args if name == base.algorithm.name else {}
-            if name == "fedprox" and "mu" in base.algorithm.args:
-                args = {"mu": base.algorithm.args["mu"]}
-            cfg = base.replace(run=RunConfig(seed=seed), algorithm=AlgorithmConfig(name, args))
-            s = simulate(cfg).summary
-            row = {"algorithm": name, "seed": seed, "rounds_to_target": s.get("rounds_to_target"),
-                   "target": s.get("target_accuracy"), "final_global_accuracy": s.get("global_accuracy"),
-                   "wall_seconds": round(s["wall_seconds"], 1)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    with ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(one_run, a.config, name, seed, a.threads, a.rounds) for name, seed in plan]
+        for f in futures:
+            rows.append(f.result())
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{a.config}: target accuracy {rows[0]['target']}, {rows[0]['rounds']} rounds, seeds {a.seeds}\n")
+    print("| algorithm | reached target (seeds) | rounds to target | final global accuracy | per seed (rounds) |")
+    print("| --- | ---: | ---: | ---: | --- |")
     for name in a.algorithms:
         r = [x for x in rows if x["algorithm"] == name]
         reached = [x["rounds_to_target"] for x in r if x["rounds_to_target"] is not None]
-        acc = [x["final_global_accuracy"] for x in r]
-        print(json.dumps({"algorithm": name, "seeds": [x["seed"] for x in r], "reached": len(reached),
-                          "rounds_mean": statistics.mean(reached) if reached else None,
-                          "rounds_std": statistics.stdev(reached) if len(reached) > 1 else None,
-                          "final_mean": statistics.mean(acc), "final_std": statistics.stdev(acc) if len(acc) > 1 else None}))
+        acc = [100 * x["final_global_accuracy"] for x in r]
+        per = ", ".join(f"s{x['seed']}: {x['rounds_to_target'] or '×'}" for x in r)
+        print(f"| {name} | {len(reached)}/{len(r)} | {mean_std(reached, '.1f')} | {mean_std(acc, '.2f')} % | {per} |")
 
 
 if __name__ == "__main__":
