@@ -1,4 +1,7 @@
-"""One benchmark job: deploy an artifact's model, its sample_io.npz and the runner; run; parse the JSON."""
+"""One benchmark job: deploy an artifact's model, its sample_io.npz and the runner; run; parse the JSON.
+
+The artifact's manifest.json is read with ``edgemask.manifest`` (the contract's one reader, torch-free); this module
+adds what only a device needs: the files' sha256 checked before they are sent."""
 
 from __future__ import annotations
 
@@ -13,45 +16,24 @@ from devices.deploy import RUNNER_PATH, deploy_many
 from devices.errors import DeviceError
 from devices.inventory import FORMAT_RUNTIME, DeviceSpec
 from devices.records import Measurement, RunnerSettings
-from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
+from edgemask.manifest import ArtifactFile, load_manifest
 
 _FLOAT_FIELDS = {f.name for f in fields(Measurement) if f.type in ("float", float)}
 
 
-def read_manifest(artifact_dir: Path) -> dict[str, Any]:
-    path = Path(artifact_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CorruptFileError(f"{path}: no manifest; export the artifact first (`edgemask export`)") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptFileError(f"{path}: not valid JSON ({e}); export the artifact again") from None
-    for key in ("run_id", "client_id", "files", "sample_io"):
-        if key not in manifest:
-            raise CorruptFileError(f"{path}: missing key {key!r}; export the artifact again")
-    return manifest
-
-
-def manifest_entry(manifest: dict[str, Any], artifact_dir: Path, fmt: str, variant: str) -> dict[str, Any]:
-    for entry in manifest["files"]:
-        if entry.get("format") == fmt and entry.get("variant", "fp32") == variant:
-            return entry
-    have = ", ".join(sorted(f"{e.get('format')}/{e.get('variant', 'fp32')}" for e in manifest["files"])) or "none"
-    raise UnknownNameError(f"{artifact_dir}: no {fmt}/{variant} file in the manifest; it has: {have}")
-
-
-def _checked_file(artifact_dir: Path, name: str, sha256: str | None) -> tuple[Path, str]:
+def _checked_file(artifact_dir: Path, name: str, sha256: str) -> tuple[Path, str]:
     path = Path(artifact_dir) / name
     if not path.is_file():
         raise CorruptFileError(f"{path}: named in manifest.json but missing; export the artifact again")
     digest = sha256_file(path)
-    if sha256 and digest != sha256:
+    if digest != sha256:
         raise CorruptFileError(f"{path}: sha256 {digest} differs from manifest.json ({sha256}); export again")
     return path, digest
 
 
-def unsupported_reason(spec: DeviceSpec, fmt: str, entry: dict[str, Any]) -> str | None:
+def unsupported_reason(spec: DeviceSpec, fmt: str, entry: ArtifactFile) -> str | None:
     """Why ``spec`` cannot run this file, judged from the inventory and the board's profile; None if it can."""
     runtime = FORMAT_RUNTIME.get(fmt)
     if runtime is None:
@@ -59,9 +41,9 @@ def unsupported_reason(spec: DeviceSpec, fmt: str, entry: dict[str, Any]) -> str
     if spec.runtimes and runtime not in spec.runtimes:
         return f"device {spec.name} has no {runtime} (its runtimes: {', '.join(spec.runtimes)})"
     limit = spec.profile.max_onnx_opset
-    opset = entry.get("opset")
-    if fmt == "onnx" and limit is not None and isinstance(opset, int) and opset > limit:
-        return f"{entry.get('file')} has ONNX opset {opset}; a {spec.kind} runs opset <= {limit}; export for it"
+    opset = entry.opset
+    if fmt == "onnx" and limit is not None and opset is not None and opset > limit:
+        return f"{entry.file} has ONNX opset {opset}; a {spec.kind} runs opset <= {limit}; export for it"
     return None
 
 
@@ -99,17 +81,15 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
     A device that cannot be reached or drops the link: ``DeviceError`` (retry the job).
     """
     artifact_dir = Path(artifact_dir)
-    manifest = read_manifest(artifact_dir)
-    entry = manifest_entry(manifest, artifact_dir, fmt, variant)
-    ids = dict(device=spec.name, artifact=f"{manifest['run_id']}/{manifest['client_id']}", format=fmt,
-               variant=variant, threads=settings.threads)
+    manifest = load_manifest(artifact_dir)
+    entry = manifest.file_for(fmt, variant, where=artifact_dir)
+    ids = dict(device=spec.name, artifact=manifest.artifact, format=fmt, variant=variant, threads=settings.threads)
     why_not = unsupported_reason(spec, fmt, entry)
     if why_not:
         return Measurement(ok=False, error=why_not, **ids)
 
-    model, model_sha = _checked_file(artifact_dir, entry["file"], entry.get("sha256"))
-    sample_io, sample_sha = _checked_file(artifact_dir, manifest["sample_io"].get("file", "sample_io.npz"),
-                                          manifest["sample_io"].get("sha256"))
+    model, model_sha = _checked_file(artifact_dir, entry.file, entry.sha256)
+    sample_io, sample_sha = _checked_file(artifact_dir, manifest.sample_io["file"], manifest.sample_io["sha256"])
     remote_runner, remote_model, remote_sample = deploy_many(
         conn, spec, [RUNNER_PATH, model, sample_io], [None, model_sha, sample_sha])
 

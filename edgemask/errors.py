@@ -22,4 +22,5 @@ class UnknownNameError(EdgemaskError, KeyError):
 
 
 class CorruptFileError(EdgemaskError):
-    """A file exists but cannot be read as what it should be (truncated, wrong format, bad hash)."""
+    """A file is missing where a stage expects it, or cannot be read as what it should be (truncated, wrong
+    format, a missing or mistyped field, bad hash)."""

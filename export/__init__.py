@@ -1,10 +1,13 @@
 """Export: compact each client's masked model into a smaller dense network, prove it equal, and write it in the
-formats the devices run (ONNX, ExecuTorch ``.pte``, TFLite), with a manifest per artifact directory."""
+formats the devices run (ONNX, ExecuTorch ``.pte``, TFLite), with a manifest per artifact directory.
 
+The manifest's records and reader are ``edgemask.manifest`` (torch-free, shared with devices and profiling);
+they are re-exported here."""
+
+from edgemask.manifest import ArtifactFile, Manifest, TensorSpec, load_manifest, load_sample_io
 from export.compact import (AllDeadLayerError, CompactionResult, LayerHandler, LayerStat, UnsupportedLayerError,
                             compact, count_flops, count_params, register_handler)
 from export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
-from export.manifest import ArtifactFile, Manifest, TensorSpec, load_manifest, load_sample_io
 from export.pipeline import export_client, export_run
 from export.verify import TOLERANCE, VerificationError, verify_compaction
 

@@ -20,10 +20,10 @@ import torch
 
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import sha256_file
+from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_manifest,
+                               write_manifest, write_sample_io)
 from export.compact import compact
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
-from export.manifest import (MANIFEST, SAMPLE_IO, ArtifactFile, Manifest, TensorSpec, load_manifest,
-                             write_manifest, write_sample_io)
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -38,7 +38,7 @@ def input_hash(run, client_id: str | None, formats: Sequence[str], settings: Exp
     h.update(sha256_file(run.path / "config.toml").encode())
     if client_id is not None:
         h.update(sha256_file(run.path / "clients" / f"{client_id}.safetensors").encode())
-    h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": 1},
+    h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": SCHEMA},
                         sort_keys=True).encode())
     return h.hexdigest()
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import random
 import re
 import threading
@@ -47,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from devices.records import Measurement, RunnerSettings
-from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
+from edgemask.errors import ConfigError, EdgemaskError
+from edgemask.manifest import MANIFEST, ArtifactFile, load_manifest
 from edgemask.registry import Registry
 from edgemask.tomlio import read_toml
 
@@ -260,29 +260,21 @@ def load_campaign(path: str | Path, known_devices: Collection[str] | None = None
 # Artifacts and jobs
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ArtifactFile:
-    format: str
-    variant: str
-    file: str
-    bytes: int
-
-
-@dataclass(frozen=True)
 class ArtifactInfo:
     """The key numbers of one artifact's ``manifest.json`` that the report needs."""
 
     run_id: str
     client_id: str
     kind: str  # "dense" | "compacted"
-    algorithm: str | None
-    model: str | None
-    dataset: str | None
-    params_dense: int | None
-    params_compacted: int | None
-    flops_dense: int | None
-    flops_compacted: int | None
+    algorithm: str
+    model: str
+    dataset: str
+    params_dense: int
+    params_compacted: int
+    flops_dense: int
+    flops_compacted: int
     files: tuple[ArtifactFile, ...]
-    manifest: Mapping[str, Any] = field(compare=False, repr=False)
+    manifest: Mapping[str, Any] = field(compare=False, repr=False)  # the whole manifest, as JSON (the store keeps it)
 
     @property
     def artifact(self) -> str:
@@ -293,29 +285,16 @@ class ArtifactInfo:
 
 
 def read_manifest(path: str | Path) -> ArtifactInfo:
-    """Read an artifact's ``manifest.json`` (docs/contracts.md) into an ``ArtifactInfo``."""
-    path = Path(path)
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CorruptFileError(f"{path}: no manifest; export the artifact first (edgemask export)") from None
-    except json.JSONDecodeError as exc:
-        raise CorruptFileError(f"{path}: not valid JSON ({exc}); re-export the artifact") from None
-    try:
-        files = tuple(
-            ArtifactFile(format=f["format"], variant=f.get("variant", "fp32"), file=f["file"], bytes=int(f["bytes"]))
-            for f in m.get("files", [])
-        )
-        params, flops = m.get("params", {}), m.get("flops", {})
-        return ArtifactInfo(
-            run_id=m["run_id"], client_id=m["client_id"], kind=m.get("kind", "compacted"),
-            algorithm=m.get("algorithm"), model=m.get("model"), dataset=m.get("dataset"),
-            params_dense=params.get("dense"), params_compacted=params.get("compacted"),
-            flops_dense=flops.get("dense"), flops_compacted=flops.get("compacted"),
-            files=files, manifest=m,
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptFileError(f"{path}: manifest lacks or mangles {exc}; re-export the artifact") from None
+    """Read an artifact's ``manifest.json`` (or its directory) with the shared reader into an ``ArtifactInfo``.
+
+    A missing or malformed manifest raises ``CorruptFileError`` naming the file (see ``edgemask.manifest``)."""
+    m = load_manifest(path)
+    return ArtifactInfo(
+        run_id=m.run_id, client_id=m.client_id, kind=m.kind, algorithm=m.algorithm, model=m.model,
+        dataset=m.dataset, params_dense=m.params["dense"], params_compacted=m.params["compacted"],
+        flops_dense=m.flops["dense"], flops_compacted=m.flops["compacted"], files=tuple(m.files),
+        manifest=m.to_dict(),
+    )
 
 
 @dataclass(frozen=True)
@@ -357,16 +336,16 @@ def _select_clients(run_dir: Path, sel: ArtifactSelection) -> list[str]:
         raise ConfigError(f"{run_dir}: no artifacts for run {sel.run!r}; run `edgemask export --run {sel.run}` first")
     if sel.clients is None:
         clients = sorted(p.name for p in run_dir.iterdir()
-                         if p.name != DENSE_CLIENT and (p / "manifest.json").is_file())
+                         if p.name != DENSE_CLIENT and (p / MANIFEST).is_file())
         if not clients:
             raise ConfigError(f"{run_dir}: run {sel.run!r} has no exported client artifacts")
     else:
         clients = list(sel.clients)
-        missing = [c for c in clients if not (run_dir / c / "manifest.json").is_file()]
+        missing = [c for c in clients if not (run_dir / c / MANIFEST).is_file()]
         if missing:
             raise ConfigError(f"{run_dir}: no exported artifact for client(s) {', '.join(missing)}")
     if sel.dense:
-        if not (run_dir / DENSE_CLIENT / "manifest.json").is_file():
+        if not (run_dir / DENSE_CLIENT / MANIFEST).is_file():
             raise ConfigError(f"{run_dir / DENSE_CLIENT}: run {sel.run!r} has no dense baseline; "
                               f"export it or set dense = false")
         clients = [DENSE_CLIENT, *clients]
@@ -385,7 +364,7 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
     for sel in config.artifacts:
         run_dir = workspace / "artifacts" / sel.run
         for client in _select_clients(run_dir, sel):
-            info = read_manifest(run_dir / client / "manifest.json")
+            info = read_manifest(run_dir / client)
             infos[f"{sel.run}/{client}"] = info
 
     runnable: list[tuple[str, str, str, str]] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgemask.fileio import sha256_file
+from edgemask.manifest import SAMPLE_IO, ArtifactFile, Manifest, TensorSpec, write_manifest, write_sample_io
 
 
 def make_onnx_model(path: Path, w: np.ndarray, b: np.ndarray, opset: int = 13) -> None:
@@ -30,7 +30,7 @@ def make_onnx_model(path: Path, w: np.ndarray, b: np.ndarray, opset: int = 13) -
 
 def make_artifact(root: Path, n: int = 8, in_dim: int = 6, out_dim: int = 4, wrong_labels: int = 2,
                   opset: int = 13, perturb_output: float = 0.0, model_name: str = "model.onnx") -> Path:
-    """An artifact dir like export's: model.onnx, sample_io.npz, manifest.json.
+    """An artifact dir like export's: model.onnx, sample_io.npz, manifest.json (written by the contract's writers).
 
     The first ``wrong_labels`` labels differ from the model's argmax, so accuracy = (n - wrong_labels) / n.
     ``perturb_output`` is added to the reference outputs (to make the output check fail on purpose).
@@ -45,14 +45,19 @@ def make_artifact(root: Path, n: int = 8, in_dim: int = 6, out_dim: int = 4, wro
     y = (x.astype(np.float64) @ w.T.astype(np.float64) + b).astype(np.float32)
     labels = y.argmax(1).astype(np.int64)
     labels[:wrong_labels] = (labels[:wrong_labels] + 1) % out_dim
-    np.savez(d / "sample_io.npz", input=x, output=y + np.float32(perturb_output), label=labels)
-    manifest = {
-        "schema": 1, "run_id": "run-test", "client_id": "client-007", "kind": "compacted",
-        "inputs": [{"name": "input", "shape": [1, in_dim], "dtype": "float32"}],
-        "outputs": [{"name": "output", "shape": [1, out_dim], "dtype": "float32"}],
-        "files": [{"format": "onnx", "variant": "fp32", "file": model_name, "sha256": sha256_file(d / model_name),
-                   "bytes": (d / model_name).stat().st_size, "opset": opset, "runtime": "onnxruntime"}],
-        "sample_io": {"file": "sample_io.npz", "sha256": sha256_file(d / "sample_io.npz"), "count": n},
-    }
-    (d / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_sample_io(d / SAMPLE_IO, x, y + np.float32(perturb_output), labels)
+    model_file = ArtifactFile(format="onnx", variant="fp32", file=model_name, sha256=sha256_file(d / model_name),
+                              bytes=(d / model_name).stat().st_size, runtime="onnxruntime", opset=opset)
+    write_manifest(d, Manifest(
+        run_id="run-test", client_id="client-007", kind="compacted", algorithm="fedmask", model="linear",
+        dataset="synthetic",
+        inputs=[TensorSpec("input", [1, in_dim], "float32")], outputs=[TensorSpec("output", [1, out_dim], "float32")],
+        files=[model_file],
+        sample_io={"file": SAMPLE_IO, "sha256": sha256_file(d / SAMPLE_IO), "count": n},
+        params={"dense": w.size + b.size, "compacted": w.size + b.size},
+        flops={"dense": 2 * w.size, "compacted": 2 * w.size},
+        layers=[{"name": "fc", "kept": out_dim, "total": out_dim}],
+        tolerance={"limit": 1e-5, "max_abs_diff": {}},
+        created="2026-11-22T10:00:00Z",
+    ))
     return d

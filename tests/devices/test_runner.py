@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,6 +19,8 @@ from devices.errors import DeviceError, RunTimeout
 from devices.inventory import DeviceSpec, local_device
 from devices.records import RunnerSettings
 from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.fileio import sha256_file
+from edgemask.manifest import SAMPLE_IO, ArtifactFile, load_manifest, write_manifest, write_sample_io
 
 FAST = RunnerSettings(warmup_runs=2, warmup_seconds=0.0, min_runs=30, min_seconds=0.05, idle_seconds=0.1)
 
@@ -131,7 +134,7 @@ def test_runner_prints_one_strict_json_document(tmp_path):
 def test_manifest_problems_are_named(local, tmp_path):
     art = make_artifact(tmp_path / "art")
     conn = LocalConnection(local)
-    with pytest.raises(UnknownNameError, match="onnx/fp32"):
+    with pytest.raises(UnknownNameError, match=f"^{re.escape(str(art))}: no onnx/int8 file .* it has: onnx/fp32$"):
         run_benchmark(conn, local, art, "onnx", variant="int8")
     (art / "model.onnx").write_bytes((art / "model.onnx").read_bytes() + b"\0")
     with pytest.raises(CorruptFileError, match="differs from manifest.json"):
@@ -153,8 +156,6 @@ def test_board_that_cannot_run_the_file_is_not_contacted(tmp_path):
 
 @pytest.mark.slow
 def test_executorch_pte_runs_through_the_runner(local, tmp_path):
-    import hashlib
-
     import numpy as np
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -170,12 +171,12 @@ def test_executorch_pte_runs_through_the_runner(local, tmp_path):
     art = make_artifact(tmp_path / "art")
     (art / "model.pte").write_bytes(program.buffer)
     labels = y.argmax(1).numpy().astype(np.int64)
-    np.savez(art / "sample_io.npz", input=x.numpy(), output=y.numpy(), label=labels)
-    manifest = json.loads((art / "manifest.json").read_text())
-    manifest["files"] = [{"format": "pte", "variant": "fp32", "file": "model.pte",
-                          "sha256": hashlib.sha256(program.buffer).hexdigest(), "backend": "xnnpack"}]
-    manifest["sample_io"]["sha256"] = hashlib.sha256((art / "sample_io.npz").read_bytes()).hexdigest()
-    (art / "manifest.json").write_text(json.dumps(manifest))
+    write_sample_io(art / SAMPLE_IO, x.numpy(), y.numpy(), labels)
+    pte = ArtifactFile(format="pte", variant="fp32", file="model.pte", sha256=sha256_file(art / "model.pte"),
+                       bytes=len(program.buffer), runtime="executorch", backend="xnnpack")
+    manifest = load_manifest(art)
+    write_manifest(art, replace(manifest, files=[pte], sample_io={**manifest.sample_io, "count": len(labels),
+                                                                  "sha256": sha256_file(art / SAMPLE_IO)}))
     m = run_benchmark(LocalConnection(local), local, art, "pte", settings=replace(FAST, threads=2), timeout=300)
     assert m.ok, m.error
     assert m.accuracy == 1.0 and m.output_max_abs_diff <= 1e-5 and m.threads == 2

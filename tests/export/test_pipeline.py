@@ -10,8 +10,8 @@ import torch
 
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
+from edgemask.manifest import Manifest
 from export import export_run, load_manifest, load_sample_io
-from export.manifest import Manifest
 from export_helpers import random_masks
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
 from trainer.data import DataConfig

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.inventory import FORMAT_RUNTIME
 from devices.records import Measurement, RunnerSettings
+from edgemask.manifest import SAMPLE_IO, ArtifactFile, Manifest, TensorSpec
+from edgemask.manifest import write_manifest as write_manifest_file
 
 from devices.errors import DeviceError, HostKeyError  # noqa: F401  (re-exported for the tests)
 
@@ -51,17 +54,19 @@ class FakeConnect:
 def write_manifest(workspace: Path, run: str, client: str, *, kind: str, algorithm: str = "fedmask",
                    model: str = "cnn", dataset: str = "digits", formats=(("onnx", "fp32"), ("pte", "fp32")),
                    params=(1000, 400), flops=(10_000, 2_000), nbytes: int = 4000) -> Path:
+    """A complete manifest.json written by the contract's writer (the model files themselves are not written)."""
     d = workspace / "artifacts" / run / client
-    d.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "schema": 1, "run_id": run, "client_id": client, "kind": kind, "algorithm": algorithm, "model": model,
-        "dataset": dataset,
-        "files": [{"format": f, "variant": v, "file": f"model.{v}.{f}", "sha256": "0" * 64, "bytes": nbytes}
-                  for f, v in formats],
-        "params": {"dense": params[0], "compacted": params[1]},
-        "flops": {"dense": flops[0], "compacted": flops[1]},
-    }
-    (d / "manifest.json").write_text(json.dumps(manifest))
+    manifest = Manifest(
+        run_id=run, client_id=client, kind=kind, algorithm=algorithm, model=model, dataset=dataset,
+        inputs=[TensorSpec("input", [1, 1, 8, 8], "float32")], outputs=[TensorSpec("output", [1, 10], "float32")],
+        files=[ArtifactFile(format=f, variant=v, file=f"model.{v}.{f}", sha256="0" * 64, bytes=nbytes,
+                            runtime=FORMAT_RUNTIME[f]) for f, v in formats],
+        sample_io={"file": SAMPLE_IO, "sha256": "0" * 64, "count": 32},
+        params={"dense": params[0], "compacted": params[1]}, flops={"dense": flops[0], "compacted": flops[1]},
+        layers=[{"name": "conv1", "kept": 10, "total": 16}], tolerance={"limit": 1e-5, "max_abs_diff": {}},
+        created="2026-11-22T10:00:00Z",
+    )
+    write_manifest_file(d, manifest)
     return d
 
 

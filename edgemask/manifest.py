@@ -1,0 +1,266 @@
+"""The artifact directory's ``manifest.json`` and ``sample_io.npz`` (docs/contracts.md): typed records, the one
+writer and the one reader that export, devices and profiling all use.
+
+Torch-free on purpose (numpy only): ``devices`` and ``profiling`` read manifests on machines and in processes
+that never load torch.
+
+Every reader failure is one ``CorruptFileError`` line that names the file, and the field where one is at fault:
+a missing manifest says to export first; invalid JSON, another schema, a missing, unknown or mistyped field say
+to re-export.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import types
+import typing
+import zipfile
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+import numpy as np
+
+from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.fileio import atomic_path, write_json_atomic
+
+SCHEMA = 1
+MANIFEST = "manifest.json"
+SAMPLE_IO = "sample_io.npz"
+
+_EXPORT_FIRST = "export the artifact first (`edgemask export --run RUN`)"
+_REEXPORT = "re-export the artifact (`edgemask export --run RUN`)"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    format: str  # onnx | pte | tflite
+    variant: str  # fp32 | int8
+    file: str
+    sha256: str
+    bytes: int
+    runtime: str  # onnxruntime | executorch | tflite
+    opset: int | None = None
+    backend: str | None = None
+    max_abs_diff: float | None = None  # vs the compacted torch model (fp32 variants)
+    accuracy: float | None = None  # on the sample_io labels, run in its runtime
+    accuracy_change: float | None = None  # int8 variants: vs the fp32 torch model on the client's test split
+
+
+class SampleIOInfo(TypedDict):
+    file: str
+    sha256: str
+    count: int
+
+
+class Counts(TypedDict):  # parameters or FLOPs of the dense model and of the compacted one
+    dense: int
+    compacted: int
+
+
+class LayerUnits(TypedDict):
+    name: str
+    kept: int
+    total: int
+
+
+class Tolerance(TypedDict):
+    limit: float
+    max_abs_diff: dict[str, float]  # "torch" and each fp32 format -> its max abs diff
+
+
+@dataclass(frozen=True)
+class Manifest:
+    run_id: str
+    client_id: str
+    kind: str  # "compacted" | "dense"
+    algorithm: str
+    model: str
+    dataset: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    files: list[ArtifactFile]
+    sample_io: SampleIOInfo
+    params: Counts
+    flops: Counts
+    layers: list[LayerUnits]
+    tolerance: Tolerance
+    created: str
+    input_hash: str = ""  # sha256 of the run's weights + client file + export settings (skip if unchanged)
+    schema: int = SCHEMA
+
+    @property
+    def artifact(self) -> str:
+        return f"{self.run_id}/{self.client_id}"
+
+    def find_file(self, fmt: str, variant: str = "fp32") -> ArtifactFile | None:
+        return next((f for f in self.files if f.format == fmt and f.variant == variant), None)
+
+    def file_for(self, fmt: str, variant: str = "fp32", *, where: str | Path | None = None) -> ArtifactFile:
+        """The ``fmt``/``variant`` file; none raises ``UnknownNameError`` naming ``where`` (default: the
+        artifact) and the files the manifest has."""
+        found = self.find_file(fmt, variant)
+        if found is None:
+            have = ", ".join(sorted(f"{f.format}/{f.variant}" for f in self.files)) or "none"
+            place = where if where is not None else f"artifact {self.artifact}"
+            raise UnknownNameError(f"{place}: no {fmt}/{variant} file in the manifest; it has: {have}")
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Manifest":
+        """Check ``d`` against the schema and build the records; raises ``ValueError`` naming the field."""
+        if not isinstance(d, dict):
+            raise _Invalid(f"not a JSON object but {_json_type(d)}")
+        if "schema" not in d:
+            raise _Invalid("missing field 'schema'")
+        if d["schema"] != SCHEMA:
+            raise _Invalid(f"field 'schema' is {d['schema']!r}; this edgemask reads schema {SCHEMA}")
+        return _parse(d, cls, "")
+
+
+def manifest_path(path: str | Path) -> Path:
+    """``path`` is an artifact directory or its ``manifest.json``."""
+    path = Path(path)
+    return path if path.name == MANIFEST else path / MANIFEST
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
+    """Write ``<directory>/manifest.json`` atomically. A manifest the reader would refuse is never written."""
+    path = Path(directory) / MANIFEST
+    data = manifest.to_dict()
+    try:
+        Manifest.from_dict(data)
+    except ValueError as e:
+        raise TypeError(f"{path}: refusing to write an invalid manifest: {e}") from None
+    write_json_atomic(path, data)
+    return path
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read an artifact's manifest (``path``: the artifact directory or its ``manifest.json``).
+
+    Raises ``CorruptFileError`` naming the file: missing (export first), or unreadable, invalid JSON, another
+    schema, a missing, unknown or mistyped field (named, e.g. ``files[0].sha256``; re-export).
+    """
+    path = manifest_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CorruptFileError(f"{path}: no manifest; {_EXPORT_FIRST}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorruptFileError(f"{path}: cannot read the manifest ({_one_line(e)}); {_REEXPORT}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorruptFileError(f"{path}: not valid JSON ({e}); {_REEXPORT}") from None
+    try:
+        return Manifest.from_dict(d)
+    except _Invalid as e:
+        raise CorruptFileError(f"{path}: {e}; {_REEXPORT}") from None
+
+
+def write_sample_io(path: str | Path, inputs: np.ndarray, outputs: np.ndarray, labels: np.ndarray) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, input=inputs, output=outputs.astype(np.float32), label=labels.astype(np.int64))
+
+
+def load_sample_io(path: str | Path) -> dict[str, np.ndarray]:
+    """``{"input", "output", "label"}`` arrays of a ``sample_io.npz``; failures name the file, like the manifest's."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in ("input", "output", "label")}
+    except FileNotFoundError:
+        raise CorruptFileError(f"{path}: no sample_io; {_EXPORT_FIRST}") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise CorruptFileError(f"{path}: not a valid sample_io.npz ({_one_line(e)}); {_REEXPORT}") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Checking JSON against the records' annotations
+# ------------------------------------------------------------------------------------------------
+class _Invalid(ValueError):
+    """A manifest field is missing, unknown or of the wrong type; the message names it."""
+
+
+_JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _json_type(value: Any) -> str:
+    """How ``value`` reads in JSON: ``null``, ``true``, ``a string ("12")``, ``a list``, ..."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"{_JSON_TYPES.get(type(value), type(value).__name__)} ({shown})"
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _parse(value: Any, tp: Any, where: str) -> Any:
+    """``value`` (decoded JSON) checked against the annotation ``tp``; returns it with the records built.
+
+    ``where`` is the field's path (``files[0].sha256``) for the message."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _parse(value, inner, where)
+    if origin is list:
+        _expect(isinstance(value, list), value, "a list", where)
+        return [_parse(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _expect(isinstance(value, dict), value, "an object", where)
+        return {k: _parse(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if typing.is_typeddict(tp) or is_dataclass(tp):
+        _expect(isinstance(value, dict), value, "an object", where)
+        hints = _hints(tp)
+        required = (tp.__required_keys__ if typing.is_typeddict(tp) else
+                    {f.name for f in fields(tp) if f.default is MISSING and f.default_factory is MISSING})
+        prefix = f"{where}." if where else ""
+        for key in hints:
+            if key in required and key not in value:
+                raise _Invalid(f"missing field {prefix + key!r}")
+        for key in value:
+            if key not in hints:
+                raise _Invalid(f"unknown field {prefix + key!r}")
+        parsed = {k: _parse(v, hints[k], prefix + k) for k, v in value.items()}
+        return tp(**parsed) if is_dataclass(tp) else parsed
+    if tp is float:
+        _expect(isinstance(value, (int, float)) and not isinstance(value, bool), value, "a number", where)
+        return float(value)
+    if tp in (str, int, bool):
+        _expect(isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), value, _JSON_TYPES[tp], where)
+        return value
+    raise TypeError(f"manifest field {where!r}: no check for annotation {tp!r}")  # a new field type: add it here
+
+
+def _expect(ok: bool, value: Any, expected: str, where: str) -> None:
+    if not ok:
+        raise _Invalid(f"field {where!r} is {_json_type(value)}, expected {expected}")
