@@ -48,7 +48,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import LocalResult, LocalTask
-from trainer.local_training import local_train, step_plan
+from trainer.local_training import draw_noise, local_train, noise_generator, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
@@ -140,8 +140,8 @@ def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -
         return out
 
     return (_fn_key(task.forward), _fn_key(task.regularizer), _fn_key(task.loss), _fn_key(task.project),
-            task.batches_per_step, spec(task.trainable), spec(task.constants), spec(task.buffers),
-            spec(task.grad_keep))
+            task.batches_per_step, tuple(task.noise.items()), spec(task.trainable), spec(task.constants),
+            spec(task.buffers), spec(task.grad_keep))
 
 
 def _fn_key(fn: Callable | None) -> Hashable:
@@ -213,6 +213,7 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     idx = torch.arange(batch_size) % len(y)
     p = {k: v.detach().unsqueeze(0).to(dev).requires_grad_(True) for k, v in task.trainable.items()}
     c = {k: v.unsqueeze(0).to(dev) for k, v in task.constants.items()}
+    c.update({k: torch.full((1, *shape), 0.5, device=dev) for k, shape in task.noise.items()})  # no global draw
     b = {k: v.unsqueeze(0).to(dev).clone() for k, v in task.buffers.items()}
     saved = 0
 
@@ -311,6 +312,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     t0 = tasks[0]
     P = {k: v.detach().requires_grad_(True) for k, v in _stack([t.trainable for t in tasks], dev).items()}
     K = _stack([t.constants for t in tasks], dev, copy=False) if t0.constants else {}
+    gens = [noise_generator(t) for t in tasks] if t0.noise else None  # each client's own stream (LocalTask.noise)
     Bf = _stack([t.buffers for t in tasks], dev) if t0.buffers else {}  # stack copies: the tasks' stay as given
     keep = _stack([t.grad_keep for t in tasks], dev, copy=False) if t0.grad_keep else {}
     keep = {k: m for k, m in keep.items() if k in P}
@@ -359,6 +361,10 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         active_np = counts_np[s] > 0
         all_active = zero_when_idle or bool(active_np.all())
         active = torch.from_numpy(active_np).to(dev)
+        if gens is not None:  # a client draws only on the steps it takes, as it would alone
+            draws = [draw_noise(t, g) if a else None for t, g, a in zip(tasks, gens, active_np)]
+            K = {**K, **{n: torch.stack([d[n] if d is not None else torch.zeros(shape) for d in draws]).to(dev)
+                         for n, shape in t0.noise.items()}}
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.
             xb, yb = X[rows, idx[s, :, 0]], Y[rows, idx[s, :, 0]]  # (C, B, *input), (C, B)

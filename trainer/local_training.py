@@ -33,6 +33,16 @@ def step_plan(orders: list[np.ndarray], epochs: int, max_steps: int | None, batc
     return out[:max_steps] if max_steps is not None else out
 
 
+def noise_generator(task: LocalTask) -> torch.Generator | None:
+    """The client's own random stream for :attr:`LocalTask.noise` (``None`` when the task draws nothing)."""
+    return torch.Generator().manual_seed(task.seed) if task.noise else None
+
+
+def draw_noise(task: LocalTask, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One step's uniform [0, 1) tensors, in the task's order of names (the same in both loops)."""
+    return {name: torch.rand(shape, generator=gen) for name, shape in task.noise.items()}
+
+
 def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[np.ndarray],
                 batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> LocalResult:
     """Run ``task.epochs`` epochs over the client's samples in the given per-epoch orders (:func:`step_plan`).
@@ -51,20 +61,23 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
     opt = torch.optim.SGD(groups, lr=task.lr, momentum=momentum, weight_decay=weight_decay)
     keep = {n: task.grad_keep[n] for n in params if n in task.grad_keep}
     total, seen = 0.0, 0
+    gen = noise_generator(task)
+    consts = task.constants
     for step in step_plan(orders, task.epochs, task.max_steps, batch_size, k):
         parts = [torch.from_numpy(r[r >= 0]) for r in step]
         n = sum(len(i) for i in parts)
+        if gen is not None:  # the step's fresh random numbers (LocalTask.noise)
+            consts = {**task.constants, **draw_noise(task, gen)}
         if k > 1:
-            loss = task.loss(params, task.constants, tuple(x[i] for i in parts), tuple(y[i] for i in parts),
-                             buffers)
+            loss = task.loss(params, consts, tuple(x[i] for i in parts), tuple(y[i] for i in parts), buffers)
         elif task.loss is not None:
-            loss = task.loss(params, task.constants, x[parts[0]], y[parts[0]], buffers)
+            loss = task.loss(params, consts, x[parts[0]], y[parts[0]], buffers)
         else:
-            loss = F.cross_entropy(task.forward(params, task.constants, x[parts[0]], buffers), y[parts[0]])
+            loss = F.cross_entropy(task.forward(params, consts, x[parts[0]], buffers), y[parts[0]])
         total += float(loss.detach()) * n
         seen += n
         if task.regularizer is not None:
-            loss = loss + task.regularizer(params, task.constants)
+            loss = loss + task.regularizer(params, consts)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         for name, m in keep.items():

@@ -72,6 +72,12 @@ def batch_orders(sizes: Sequence[int], epochs: Sequence[int], seed: int, round_:
     return out
 
 
+def client_seed(seed: int, round_: int, client_index: int) -> int:
+    """A 63-bit seed for a client's own random stream in one round (:attr:`LocalTask.noise`): a SplitMix64 hash
+    of (seed, round, client index), independent of the batch orders' keys."""
+    return _mix(_mix(_mix((int(seed) & _M64) ^ 0x401CE) ^ (int(round_) & _M64)) ^ (int(client_index) & _M64)) >> 1
+
+
 def batch_order(num_samples: int, epochs: int, seed: int, round_: int, client_index: int) -> list[np.ndarray]:
     """Per local epoch, the permutation of one client's samples (:func:`batch_orders` for one client)."""
     return batch_orders([num_samples], [epochs], seed, round_, [client_index])[0]

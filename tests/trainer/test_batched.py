@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -186,9 +187,6 @@ def test_random_forward_falls_back_to_the_sequential_loop():
 # -- every registered algorithm, through the round loop ----------------------------------------------------
 # Arguments that make a 2-round run exercise what would otherwise start later (FedPeWS's warmup is τ·T rounds).
 ARGS = {"fedpews": {"warmup_rounds": 1}, "fedpews_fixed": {"warmup_rounds": 1}}
-# Random draws in the local loss (FedPeWS's Bernoulli masks) cannot be stacked and still equal the sequential
-# draws: these clients train one after another, with a warning.
-SEQUENTIAL = {"fedpews"}
 
 
 def _config(algorithm: str, batched: bool) -> TrainConfig:
@@ -210,10 +208,7 @@ def test_batched_round_loop_matches_sequential(algorithm):
         warnings.simplefilter("always")
         bat = simulate(_config(algorithm, True))
     fallbacks = [str(w.message) for w in caught if "falls back" in str(w.message)]
-    if algorithm in SEQUENTIAL:
-        assert fallbacks and all("random" in f for f in fallbacks)
-    else:
-        assert not fallbacks  # every other registered algorithm trains batched on the CPU
+    assert not fallbacks  # every registered algorithm trains batched on the CPU (FedPeWS's draws: LocalTask.noise)
     sizes = {c.num_train for c in seq.algorithm.dataset.clients}
     assert len(sizes) > 1  # unequal clients: padding is exercised
     assert [(r["round"], r["client"], r["metric"]) for r in seq.history] == \
@@ -239,3 +234,21 @@ def test_device_is_cuda_only_when_present():
     assert resolve_device("cuda").type == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ConfigError, match="valid: 'cpu', 'cuda'"):
         resolve_device("tpu")
+
+
+def test_per_step_noise_is_each_clients_own_stream_in_both_loops():
+    # a loss that uses the step's uniforms: batched must draw exactly what each client draws alone
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def loss(p, c, x, y, b):
+        logits = functional_call(model, {**p, **b}, (x * (c["u"] < 0.7).float(),))
+        return F.cross_entropy(logits, y)
+
+    sizes = [9, 4, 13]
+    tasks = [_model_task(model, loss=loss, noise={"u": (6,)}, seed=100 + i) for i in range(3)]
+    data = _clients(sizes)
+    orders = [batch_order(n, 1, 0, 0, i) for i, n in enumerate(sizes)]
+    got = _check_same(tasks, data, orders, 4, 0.0, 0.0)
+    other = dataclasses.replace(tasks[0], seed=7)  # another stream: another result
+    assert _max_diff(local_train(other, *data[0], orders[0], 4).trained, got[0].trained) > 1e-4

@@ -82,6 +82,12 @@ class LocalTask:
     # replaced by the returned ones (a projection, e.g. BNN's clip of the shadow weights to [-1, 1]). Must be
     # per-client (it runs under vmap on stacked clients in the batched loop); ``None``: no projection.
     project: Callable[[Tensors], Tensors] | None = None
+    # Random numbers a step needs (FedPeWS's Bernoulli masks): ``{name: shape}``; before every step both loops put
+    # fresh uniform [0, 1) tensors of these shapes into the constants the loss, forward and regularizer receive,
+    # drawn from the client's own generator (seeded with ``seed``, which the round loop sets per client, round and
+    # phase), so a client's draws do not depend on which clients train with it, nor on the loop.
+    noise: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    seed: int = 0
 
 
 @dataclass

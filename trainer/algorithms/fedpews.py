@@ -56,9 +56,10 @@ class FedPeWSArgs:
     mu: float = 0.01  # FedProx's μ when base = "fedprox" (App. C.1: 0.01)
 
 
-def bernoulli_ste(theta: torch.Tensor) -> torch.Tensor:
-    """A binary sample m ~ Bernoulli(θ) whose gradient passes to θ unchanged (straight-through: ∂m/∂θ = 1)."""
-    sample = torch.bernoulli(theta.detach())
+def bernoulli_ste(theta: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+    """A binary sample m ~ Bernoulli(θ) whose gradient passes to θ unchanged (straight-through: ∂m/∂θ = 1).
+    With ``u`` (uniform [0, 1) of θ's shape) the sample is 1[u < θ], a Bernoulli(θ) draw from the caller's stream."""
+    sample = torch.bernoulli(theta.detach()) if u is None else (u < theta.detach()).to(theta.dtype)
     return sample + (theta - theta.detach())  # (θ − θ̄) is exactly 0: the value stays binary in float32
 
 
@@ -204,28 +205,40 @@ class FedPeWS(Algorithm):
         weights = list(self.global_params)
 
         def forward(tr, c, x, b):  # inference-style forward: one sample of 𝒢(s)
-            a = {n: torch.bernoulli(torch.sigmoid(tr[f"s:{n}"].detach())) for n in names}
+            a = {n: (c[f"u1:{n}"] < torch.sigmoid(tr[f"s:{n}"].detach())).float() for n in names}
             return self.call(self.masked_params({w: tr[w] for w in weights}, a), b, x)
 
         def loss(tr, c, x, y, b):
             s = [tr[f"s:{n}"] for n in names]
-            # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6)
-            a = {n: bernoulli_ste(torch.sigmoid(si)) for n, si in zip(names, s)}
+            # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6); the Bernoulli draws use the
+            # step's uniforms u1, u2 (LocalTask.noise: the client's own stream, so clients can train stacked)
             frozen = {w: tr[w].detach() for w in weights}
-            l_s = F.cross_entropy(self.call(self.masked_params(frozen, a), b, x), y)
-            div = sum((torch.sigmoid(si) - c[f"theta:{n}"]).pow(2).sum() for n, si in zip(names, s))
-            grads = torch.autograd.grad(l_s - lam * div, s)
+
+            def procedure_one(sd: Tensors, bufs: Tensors):
+                bufs = {k: v.clone() for k, v in bufs.items()}  # its forward's batch-norm updates come back as aux
+                a = {n: bernoulli_ste(torch.sigmoid(sd[n]), c[f"u1:{n}"]) for n in names}
+                l_s = F.cross_entropy(self.call(self.masked_params(frozen, a), bufs, x), y)
+                div = sum((torch.sigmoid(sd[n]) - c[f"theta:{n}"]).pow(2).sum() for n in names)
+                return l_s - lam * div, bufs
+
+            # ∇_s L_s with torch.func.grad (not autograd.grad), so the batched loop can vmap the step over clients
+            g, new_b = torch.func.grad(procedure_one, has_aux=True)({n: si.detach() for n, si in zip(names, s)}, b)
+            for k, v in new_b.items():
+                b[k].copy_(v)
+            grads = [g[n] for n in names]
             # the step s ← s − η_s ∇_s L_s, taken by the optimizer: a surrogate worth 0 whose gradient is ∇_s L_s
             surrogate = sum(((si - si.detach()) * g).sum() for si, g in zip(s, grads))
             # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
-            a2 = {n: torch.bernoulli(torch.sigmoid(si.detach() - eta_s * g)) for n, si, g in zip(names, s, grads)}
+            a2 = {n: (c[f"u2:{n}"] < torch.sigmoid(si.detach() - eta_s * g)).float()
+                  for n, si, g in zip(names, s, grads)}
             l_x = F.cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
             return l_x + surrogate
 
         return LocalTask(trainable, forward, constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.local_epochs, lr=self.cfg.training.lr,
-                         lrs={f"s:{n}": eta_s for n in names}, loss=loss)
+                         lrs={f"s:{n}": eta_s for n in names}, loss=loss,
+                         noise={f"{u}:{n}": (self.units[n],) for u in ("u1", "u2") for n in names})
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         x = {k: v for k, v in result.trained.items() if k in self.global_params}
