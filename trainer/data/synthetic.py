@@ -7,8 +7,11 @@ The paper gives neither the centers nor the covariances, so we fix our own layou
   ``LAYOUT[r][c]``, a Latin square: every class has one cluster in each row and each column, and no two
   neighbouring clusters (sharing an edge) have the same class — the classes interleave like a checkerboard
   and no class is linearly separable from the others.
-- Covariances: anisotropic, standard deviations 0.6 along the major axis and 0.3 along the minor, the
-  major axis rotated by ``θ = (r + 2c)·π/8``; neighbouring clusters overlap a little.
+- Covariances: anisotropic, standard deviations 0.35 along the major axis and 0.175 along the minor, the
+  major axis rotated by ``θ = (r + 2c)·π/8``; neighbouring clusters barely touch. Chosen so that the Bayes-optimal
+  accuracy (the true class densities' argmax, by Monte Carlo: :func:`bayes_accuracy`) is 99.94 %, the paper's
+  final FedAvg accuracy on Synthetic-32K (Table 2: 99.94 ± 0.05), so its 99 % target is reachable. (Our first
+  layout, 0.6 / 0.3, had a Bayes accuracy of 96.3 %: no algorithm could reach 99 %.)
 
 The seed only draws the samples. Sizes (``cfg.options["size"]``): ``"32k"`` — 32,000 train samples, 8,000 per
 class (2,000 per cluster); ``"3.2k"`` — 3,200, 800 per class. The global test set has 20 % of the train size
@@ -37,7 +40,7 @@ LAYOUT = (  # LAYOUT[row][col] = class of the cluster at (x = GRID[col], y = GRI
     (1, 0, 3, 2),
     (3, 2, 1, 0),
 )
-STDS = (0.6, 0.3)  # along the major and minor axes
+STDS = (0.35, 0.175)  # along the major and minor axes
 SIZES = {"32k": 8000, "3.2k": 800}  # train samples per class
 TEST_RATIO = 0.2  # global test size / train size
 
@@ -52,6 +55,18 @@ def clusters() -> list[tuple[int, np.ndarray, np.ndarray]]:
             cov = rot @ np.diag(np.square(STDS)) @ rot.T
             out.append((k, np.array([GRID[c], GRID[r]]), cov))
     return out
+
+
+def bayes_accuracy(per_class: int = 4000, seed: int = 0) -> float:
+    """Monte Carlo estimate of the best accuracy any classifier can reach on this layout: the share of sampled
+    points whose own class has the largest mixture density (equal class priors, equal cluster weights)."""
+    from scipy.stats import multivariate_normal
+
+    xy, y = sample(per_class, np.random.default_rng(seed))
+    dens = np.zeros((len(xy), NUM_CLASSES))
+    for k, center, cov in clusters():
+        dens[:, k] += multivariate_normal(center, cov).pdf(xy)
+    return float((dens.argmax(1) == y).mean())
 
 
 def lift(xy: np.ndarray) -> np.ndarray:
