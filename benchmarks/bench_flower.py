@@ -20,7 +20,14 @@ summed over this process and all its descendants (Ray's gcs_server, raylet, agen
 0.1 s while Flower runs; pages shared between processes (torch's libraries) count once per process.
 
     bash benchmarks/flower_env.sh && .venv-flower/bin/python benchmarks/bench_flower.py [--rounds N] [--models mlp,cnn]
-        [--threads N]
+        [--threads N] [--adapter]
+
+``--adapter`` adds a row per model, "edgemask on Flower": our own FedAvg through ``trainer.flower`` (the round loop
+of ``trainer.simulation`` in the ServerApp, each client's task a message to its node, the ClientApp's
+``local_train``) in a second Flower simulation with the same Ray settings; evaluation only after the last round, so
+a round is the clients' training, the messages and the average. Its rounds are timed between the round loop's
+progress calls, its start-up from building the simulation to the end of its first round; the last column compares
+its final global model with the batched loop's after the same rounds.
 
 On a loaded 2-core machine, torch's default of 2 threads in the driver can make our loops several times slower
 (threads waiting on each other) while Flower's 1-thread actors barely notice: compare with ``--threads 1``.
@@ -204,6 +211,37 @@ class TreeMemory:
 
 
 @dataclass
+class AdapterResult:
+    """Our FedAvg through trainer.flower: seconds per round (the first one is start-up) and the peak memory."""
+
+    rounds: list[float] = field(default_factory=list)
+    startup: float = 0.0
+    memory: TreeMemory | None = None
+    final_diff: float = float("nan")  # max |adapter - batched loop| of the global model after the last round
+
+
+def bench_adapter(model: str, rounds: int, verbose: bool, reference: dict[str, torch.Tensor]) -> AdapterResult:
+    """``rounds + 1`` rounds of our FedAvg through trainer.flower on Flower's simulation engine (WORKERS Ray CPUs);
+    ``reference``: the batched loop's global model after as many rounds."""
+    import dataclasses
+
+    from trainer.flower import simulate_flower
+
+    res = AdapterResult()
+    cfg = config(model, batched=False)
+    cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=rounds + 1, eval_every=rounds + 2))
+    marks: list[float] = []
+    t0 = time.perf_counter()
+    with TreeMemory() as res.memory:
+        (out,) = simulate_flower([cfg], workers=WORKERS, progress=lambda done, total, m: marks.append(
+            time.perf_counter()), verbose=verbose)
+    res.startup = marks[1] - t0  # marks[0]: the loop's start, before round 0
+    res.rounds = list(np.diff(marks[1:]))
+    res.final_diff = max_abs_diff(out.algorithm.global_params, reference)
+    return res
+
+
+@dataclass
 class ModelResult:
     model: str
     flower: list[FlowerRound] = field(default_factory=list)
@@ -213,6 +251,7 @@ class ModelResult:
     round1_diff: dict[str, float] = field(default_factory=dict)  # loop -> max |Flower - ours| after round 1
     memory: TreeMemory | None = None
     driver_rss_before: int = 0
+    adapter: AdapterResult | None = None
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -274,6 +313,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of our loops in the driver (default: torch's; Flower's actors use 1 each)")
     ap.add_argument("--verbose", action="store_true", help="Flower's and Ray's INFO/DEBUG logs")
+    ap.add_argument("--adapter", action="store_true", help="also our FedAvg through trainer.flower on Flower's "
+                    "simulation engine (one more Ray start-up per model)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -284,6 +325,10 @@ def main() -> None:
           f"numpy {np.__version__}, {os.cpu_count()} CPUs; imports {T_IMPORTS:.2f} s; "
           f"FedAvg, 100 clients, digits 2 classes/client, 1 epoch, batch 16, lr 0.05, {args.rounds} timed rounds")
     results = [bench(m, args.rounds, args.verbose) for m in args.models.split(",")]
+    if args.adapter:
+        for r in results:
+            r.adapter = bench_adapter(r.model, args.rounds, args.verbose,
+                                      batched_after(r.model, args.rounds + 1))
 
     mib = 1 << 20
     flower_name = f"Flower {flwr.__version__} (Ray, {WORKERS} actors × 1 CPU)"
@@ -300,6 +345,12 @@ def main() -> None:
             tt, tr = np.median(np.array(times), axis=0)
             print(f"| {r.model} | {name[:-1]}, {threads}) | {n / tr:,.0f} | {n / tt:,.0f} | "
                   f"{r.ours_startup[name]:.2f} | — | — |")
+        if r.adapter is not None:
+            a = r.adapter
+            print(f"| {r.model} | edgemask on Flower (trainer.flower, Ray, {WORKERS} actors × 1 CPU) | "
+                  f"{n / float(np.median(a.rounds)):,.0f} | — | {a.startup:.2f} | "
+                  f"{a.memory.peak_total / mib:,.0f} (driver {a.memory.peak_driver / mib:,.0f}) | "
+                  f"after {len(a.rounds) + 1} rounds vs batched {a.final_diff:.1e} |")
 
     print("\n| model | batched / Flower (round) | sequential / Flower (round) | Flower round (s, median) | "
           "Flower clients' own training (s per round, summed over clients) | actors' torch threads |")
@@ -315,6 +366,14 @@ def main() -> None:
           "Flower's counts from building the initial weights to the end of its first round (Ray, the actors, their "
           "imports and data). The driver's RSS before each simulation (torch, flwr, ray, our loops built): "
           + ", ".join(f"{r.model} {r.driver_rss_before / mib:,.0f} MiB" for r in results) + ".")
+
+
+def batched_after(model: str, rounds: int) -> dict[str, torch.Tensor]:
+    """The batched loop's global model after ``rounds`` rounds (the adapter's reference)."""
+    loop = OurLoop(model, True)
+    for rnd in range(rounds):
+        loop.round(rnd)
+    return loop.algo.global_params
 
 
 if __name__ == "__main__":

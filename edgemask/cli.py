@@ -43,6 +43,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.simulation import train
 
     cfg = TrainConfig.load(args.config)
+    if args.engine == "flower" and (args.device is not None or args.sequential):
+        raise EdgemaskError("--device and --sequential choose how this host trains; with --engine flower each "
+                            "Flower client trains on its own CPU, one client per message")
     overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
     if args.sequential:
         overrides["batched"] = False
@@ -51,7 +54,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         cfg = cfg.replace(training=dataclasses.replace(cfg.training, **overrides))
     ws = _ws(args)
-    path = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
+    progress = _progress_printer(f"train {cfg.run_id}")
+    if args.engine == "flower":
+        from trainer.flower import train_flower
+
+        path = train_flower(cfg, ws.runs, args.flower_workers, progress, verbose=args.verbose)
+    else:
+        path = train(cfg, ws.runs, progress=progress)
     summary = json.loads((path / "summary.json").read_text())
     print(f"wrote {path}  (mean personalized accuracy {summary['mean_accuracy']:.4f}, "
           f"{summary['bytes_up'] + summary['bytes_down']:,} bytes communicated)")
@@ -162,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "the GPU when one is present, 'cpu' otherwise")
     t.add_argument("--sequential", action="store_true", help="train the clients one after another (the reference "
                    "loop; training.batched = false) instead of a round's clients together")
+    t.add_argument("--engine", choices=["local", "flower"], default="local", help="local: this process trains the "
+                   "clients (default); flower: the same round loop with the clients' local training on Flower's "
+                   "simulation engine (Ray; needs `pip install -e .[flower]`)")
+    t.add_argument("--flower-workers", type=int, default=None, help="with --engine flower: Ray CPUs, i.e. clients "
+                   "training at a time, one torch thread each (default: this host's CPUs, at most the clients)")
+    t.add_argument("--verbose", action="store_true", help="with --engine flower: Flower's and Ray's logs")
 
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: set up .venv if needed, install the stand-in devices' prerequisites (OpenSSH, qemu-user, mmdebstrap, nftables) when
 # running as root, then pytest. Extra args pass to pytest, e.g. -m "not slow and not fleet" for a quick loop.
-EXTRAS="test,tflite"  # test tools, and the TFLite converter so every format is tested in its runtime
+EXTRAS="test,tflite,flower"  # test tools, the TFLite converter so every format is tested in its runtime, Flower + Ray
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then

@@ -17,9 +17,14 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
 from trainer.run_dir import write_run
-from trainer.sampling import batch_order, batch_orders, sampling_schedule
+from trainer.sampling import batch_order, batch_orders, client_seed, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
+
+# ``train_phase(algo, rnd, phase, [(cid, task), ...]) -> [LocalResult, ...]``: one local-training phase of round
+# ``rnd`` for the given clients, one result per pair in their order. The default trains them on this host
+# (:func:`train_phase_on_host`); ``trainer.flower`` sends them to Flower nodes instead.
+PhaseTrainer = Callable[[Algorithm, int, int, list[tuple[str, LocalTask]]], list[LocalResult]]
 
 
 @dataclass
@@ -34,8 +39,22 @@ class SimulationResult:
         return write_run(run_dir, self.config, self.algorithm.shared_state(), clients, self.history, self.summary)
 
 
-def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None) -> SimulationResult:
+def build_algorithm(cfg: TrainConfig) -> Algorithm:
+    """``cfg``'s dataset and algorithm, set up (``algo.setup()``) from the seeds, in training mode: the same
+    instance on every host that builds it from the same config (a Flower client builds its own)."""
+    ds = build_dataset(cfg.data, cfg.run.seed)
+    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds)
+    torch.manual_seed(cfg.run.seed + 1)
+    algo.model.train()
+    algo.setup()
+    return algo
+
+
+def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None,
+             train_phase: PhaseTrainer | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
+    ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
+    trains them, batched or one after another (``training.batched``).
 
     History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
     ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks), ``params_kept``,
@@ -44,11 +63,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
     """
     t0 = time.perf_counter()
-    ds = build_dataset(cfg.data, cfg.run.seed)
-    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds)
-    torch.manual_seed(cfg.run.seed + 1)
-    algo.model.train()
-    algo.setup()
+    algo = build_algorithm(cfg)
+    ds = algo.dataset
     schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)
     index = {cid: i for i, cid in enumerate(algo.client_ids)}
     example = ds.clients[0].train_x[:1]
@@ -84,7 +100,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         progress(0, cfg.training.rounds, {})  # start the clock before the first round
     for rnd in range(cfg.training.rounds):
         updates = []
-        for cid, res in train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd):
+        for cid, res in train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase):
             upd = algo.client_update(cid, rnd, res)
             updates.append(upd)
             masks = algo.eval_masks(cid)
@@ -141,24 +157,44 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     return result
 
 
-def train_clients(algo: Algorithm, cids: list[str], rnd: int) -> list[tuple[str, LocalResult]]:
-    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phase``) included; the result's
-    ``samples_seen`` sums the phases. One client after another (the reference) or, with ``training.batched``,
-    all of a phase's clients together (:func:`trainer.batched.local_train_batched`): the same results."""
+def phase_stream(client_index: int, num_clients: int, phase: int) -> int:
+    """The index that names a client's shuffle stream (:func:`trainer.sampling.batch_orders`) and random stream
+    (:func:`trainer.sampling.client_seed`) in local-training phase ``phase``: the client's index, plus ``phase``
+    times the number of clients."""
+    return client_index + phase * num_clients
+
+
+def train_phase_on_host(algo: Algorithm, rnd: int, phase: int,
+                        pairs: list[tuple[str, LocalTask]]) -> list[LocalResult]:
+    """One phase of round ``rnd`` for the ``(cid, task)`` pairs on this host: all together
+    (:func:`trainer.batched.local_train_batched`) with ``training.batched``, else one after another."""
     cfg, t = algo.cfg, algo.cfg.training
+    index = {cid: i for i, cid in enumerate(algo.client_ids)}
+    data = [algo.client_data(cid) for cid, _ in pairs]
+    order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
+                         [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])  # all at once
+    if t.batched:
+        return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], order,
+                                   t.batch_size, t.momentum, t.weight_decay, t.device)
+    return [local_train(task, d.train_x, d.train_y, o, t.batch_size, t.momentum, t.weight_decay)
+            for d, (_, task), o in zip(data, pairs, order)]
+
+
+def train_clients(algo: Algorithm, cids: list[str], rnd: int,
+                  train_phase: PhaseTrainer | None = None) -> list[tuple[str, LocalResult]]:
+    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phase``) included; the result's
+    ``samples_seen`` sums the phases. One client after another (the reference) or, with ``training.batched`` or a
+    ``train_phase``, each phase's clients together (:func:`trainer.batched.local_train_batched`, or wherever
+    ``train_phase`` trains them): the same results."""
     index = {cid: i for i, cid in enumerate(algo.client_ids)}
 
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
-        data = [algo.client_data(cid) for cid, _ in pairs]
-        order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
-                             [index[cid] + phase * len(index) for cid, _ in pairs])  # the phase's clients at once
-        if t.batched:
-            return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], order,
-                                       t.batch_size, t.momentum, t.weight_decay, t.device)
-        return [local_train(task, d.train_x, d.train_y, o, t.batch_size, t.momentum, t.weight_decay)
-                for d, (_, task), o in zip(data, pairs, order)]
+        for cid, task in pairs:
+            task.seed = client_seed(algo.cfg.run.seed, rnd, phase_stream(index[cid], len(index), phase))
+        return (train_phase or train_phase_on_host)(algo, rnd, phase, pairs)
 
-    if not t.batched:  # phase by phase per client: the sequential reference keeps one client's tensors alive
+    if train_phase is None and not algo.cfg.training.batched:  # phase by phase per client: the sequential
+        # reference keeps one client's tensors alive
         out = []
         for cid in cids:
             (res,) = run([(cid, algo.local_task(cid, rnd))], 0)
@@ -193,6 +229,7 @@ def finetune(cfg: TrainConfig, algo: Algorithm, index: dict[str, int], final: di
             continue
         d = algo.client_data(cid)
         orders = batch_order(d.num_train, task.epochs, cfg.run.seed, FINETUNE_ROUND, index[cid])
+        task.seed = client_seed(cfg.run.seed, FINETUNE_ROUND, index[cid])
         algo.finetune_result(cid, local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
                                               cfg.training.momentum, cfg.training.weight_decay))
         tuned = True

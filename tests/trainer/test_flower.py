@@ -1,0 +1,249 @@
+"""trainer.flower: the round loop with the clients' local training on Flower nodes gives simulate()'s history and
+state. Three levels: the task as it crosses the network, to a separate client-side algorithm, for every registered
+algorithm (no Flower needed); Flower's records and ClientApp answered in this process (a stand-in Grid, no Ray);
+Flower's simulation engine (Ray), slow."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+import torch
+
+from edgemask.errors import EdgemaskError
+from trainer.algorithms import ALGORITHMS
+from trainer.algorithms.base import LocalResult, LocalTask
+from trainer.config import TrainConfig
+from trainer.flower import CLOSURE_FIELDS, SETTING_FIELDS, TENSOR_FIELDS, ClientSide, TaskMessage
+from trainer.simulation import SimulationResult, simulate
+
+from test_batched import TOL, _config, _max_diff  # the tiny digits run: 4 clients, 2 rounds, participation 0.75
+
+FLOWER_ALGORITHMS = ["fedavg", "fedmask", "ditto"]  # Ditto: two local phases per round
+
+
+def assert_same_run(ref: SimulationResult, got: SimulationResult) -> None:
+    """History values, shared state and every client's state within TOL."""
+    assert [(r["round"], r["client"], r["metric"]) for r in ref.history] == \
+           [(r["round"], r["client"], r["metric"]) for r in got.history]
+    for a, b in zip(ref.history, got.history):
+        assert b["value"] == pytest.approx(a["value"], rel=TOL, abs=TOL, nan_ok=True), (a, b)
+    assert _max_diff(ref.algorithm.shared_state(), got.algorithm.shared_state()) <= TOL
+    for cid in ref.algorithm.client_ids:
+        s, g = ref.algorithm.client_state(cid), got.algorithm.client_state(cid)
+        for f in dataclasses.fields(s):
+            va, vb = getattr(s, f.name), getattr(g, f.name)
+            if isinstance(va, dict) and va and all(isinstance(v, torch.Tensor) for v in va.values()):
+                assert _max_diff(va, vb) <= TOL, (cid, f.name)
+
+
+# -- the task as it crosses the network (no Flower) --------------------------------------------------------------
+
+def test_every_task_field_travels_or_is_rebuilt():
+    names = {f.name for f in dataclasses.fields(LocalTask)}
+    assert set(TENSOR_FIELDS) | set(CLOSURE_FIELDS) | set(SETTING_FIELDS) == names
+    assert len(TENSOR_FIELDS) + len(CLOSURE_FIELDS) + len(SETTING_FIELDS) == len(names)
+    task = LocalTask({"w": torch.ones(2)}, forward=lambda p, c, x, b: x, epochs=3, lr=0.2, max_steps=5,
+                     lrs={"w": 0.01}, batches_per_step=2, grad_keep={"w": torch.tensor([1.0, 0.0])})
+    msg = TaskMessage.of("c1", 4, 1, task)
+    wire = json.loads(json.dumps(msg.settings))  # what to_records sends
+    other = LocalTask({}, forward=task.forward)
+    back = TaskMessage(msg.client_id, msg.round, msg.phase, msg.tensors, wire).task(other)
+    assert (back.epochs, back.lr, back.max_steps, back.lrs, back.batches_per_step) == (3, 0.2, 5, {"w": 0.01}, 2)
+    assert back.forward is task.forward and torch.equal(back.grad_keep["w"], task.grad_keep["w"])
+
+
+def loopback(cfg: TrainConfig):
+    """A train_phase that sends each task through TaskMessage (settings through JSON) to a client-side algorithm
+    built separately from the same config, as a Flower node does."""
+    side = ClientSide(cfg)
+
+    def train_phase(algo, rnd, phase, pairs):
+        out = []
+        for cid, task in pairs:
+            msg = TaskMessage.of(cid, rnd, phase, task)
+            msg.settings = json.loads(json.dumps(msg.settings))
+            msg.tensors = {f: {k: v.clone() for k, v in d.items()} for f, d in msg.tensors.items()}
+            out.append(side.train(msg))
+        return out
+
+    return train_phase
+
+
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a in ("bnn_fedavg", "fedrep", "fedselect")
+                                       else a for a in ALGORITHMS.names()])
+def test_clients_with_their_own_algorithm_train_as_simulate(algorithm):
+    """Every algorithm's closures capture only what the config determines (LocalTask's contract), so a client that
+    builds its own algorithm and receives only the task's tensors and settings trains exactly as simulate()."""
+    try:
+        ref = simulate(_config(algorithm, False))
+    except EdgemaskError as e:  # an algorithm that needs another model or dataset than this small run's
+        pytest.skip(f"{algorithm} does not run on digits/mlp: {e}")
+    cfg = _config(algorithm, False)
+    side_phases = loopback(cfg)  # built first: building an algorithm reseeds torch
+    assert_same_run(ref, simulate(cfg, train_phase=side_phases))
+
+
+def test_without_flower_the_engine_says_how_to_install_it(monkeypatch, tmp_path, capsys):
+    from edgemask.cli import main
+    from trainer.flower import require_flwr
+
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError
+    with pytest.raises(EdgemaskError, match=r"pip install -e \.\[flower\]"):
+        require_flwr()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(_config("fedavg", True).to_toml())
+    assert main(["train", "--config", str(cfg), "--engine", "flower", "--workspace", str(tmp_path / "ws")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install -e .[flower]" in err
+    assert main(["train", "--config", str(cfg), "--engine", "flower", "--sequential"]) == 2
+    assert "--engine flower" in capsys.readouterr().err
+
+
+# -- Flower's records and ClientApp, answered in this process ----------------------------------------------------
+
+class StandInGrid:
+    """Flower's Grid, answered in this process by trainer.flower's ClientApp: node 100 + p holds partition p of
+    ``partitions`` (or ``nodes``: node id -> partition). A handler's exception becomes an error reply, as Flower's
+    runtimes send it."""
+
+    def __init__(self, partitions: int, nodes: dict[int, int] | None = None) -> None:
+        self.partitions = partitions
+        self.nodes = nodes if nodes is not None else {100 + p: p for p in range(partitions)}
+        self.sent: list = []
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Context, Error, Message, RecordDict
+
+        from trainer.flower import client_app
+
+        replies = []
+        for m in messages:
+            self.sent.append(m)
+            node = m.metadata.dst_node_id
+            ctx = Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
+                          node_config={"partition-id": self.nodes[node], "num-partitions": self.partitions})
+            try:
+                replies.append(client_app(m, ctx))
+            except EdgemaskError as e:
+                replies.append(Message(Error(code=1, reason=str(e)), reply_to=m))
+        return replies
+
+
+@pytest.fixture
+def flower_messages():
+    """Messages need the identity of the task that sends them, which Flower's runtimes set (flwr 1.41)."""
+    pytest.importorskip("flwr")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+def test_records_carry_tensors_dtypes_and_settings_exactly(flower_messages):
+    from trainer.flower import result_from_records, result_records
+
+    task = LocalTask({"w": torch.randn(3, 2), "o:x": torch.randn(0)}, forward=None,
+                     constants={"g:w": torch.randn(3, 2)}, buffers={"n": torch.tensor(7)},
+                     grad_keep={"w": torch.tensor([[1.0, 0.0]] * 3)}, lrs={"w": 0.3}, max_steps=None)
+    msg, toml = TaskMessage.from_records(TaskMessage.of("client-002", 1, 2, task).to_records("x = 1\n"))
+    assert (msg.client_id, msg.round, msg.phase, toml) == ("client-002", 1, 2, "x = 1\n")
+    for f in TENSOR_FIELDS:
+        sent = getattr(task, f)
+        assert list(msg.tensors[f]) == list(sent)
+        for k, v in sent.items():
+            assert msg.tensors[f][k].dtype == v.dtype and torch.equal(msg.tensors[f][k], v)
+    assert msg.settings["lrs"] == {"w": 0.3} and msg.settings["max_steps"] is None
+    res = LocalResult({"w": torch.randn(3, 2)}, {"n": torch.tensor(9)}, 0.123456789012345, 40, 17)
+    cid, back = result_from_records(result_records("client-002", res))
+    assert cid == "client-002" and (back.loss, back.samples_seen, back.num_samples) == (res.loss, 40, 17)
+    assert torch.equal(back.trained["w"], res.trained["w"]) and back.buffers["n"].dtype == torch.int64
+
+
+@pytest.mark.parametrize("algorithm", FLOWER_ALGORITHMS)
+def test_deployed_server_app_writes_simulates_run(algorithm, flower_messages, tmp_path):
+    """trainer.flower:server_app as a deployment runs it (config path and runs-root in the run config), on 2 nodes
+    that hold 2 clients each (index mod 2): the run directory's history and state are simulate()'s."""
+    from flwr.app import Context, RecordDict
+
+    from trainer.flower import server_app
+    from trainer.run_dir import Run
+
+    cfg = _config(algorithm, True)
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    grid = StandInGrid(partitions=2)
+    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                             run_config={"config": str(path), "runs-root": str(tmp_path / "runs")}))
+    ref = simulate(cfg)
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert {m.metadata.dst_node_id for m in train} == {100, 101}
+    for m in train:  # each client went to the node holding it
+        cid = m.content.config_records["task"]["client-id"]
+        assert ref.algorithm.client_ids.index(cid) % 2 == m.metadata.dst_node_id - 100
+    if algorithm == "ditto":  # its personal model is a second message per client and round
+        assert {m.content.config_records["task"]["phase"] for m in train} == {0, 1}
+    run = Run(tmp_path / "runs" / cfg.run_id)
+    assert run.summary["engine"] == "flower 1.41.0 deployment"
+    assert run.summary["mean_accuracy"] == pytest.approx(ref.summary["mean_accuracy"], abs=TOL)
+    hist = run.history()
+    assert len(hist) == len(ref.history)
+    for (_, r), a in zip(hist.iterrows(), ref.history):
+        assert (r["round"], r["client"], r["metric"]) == (a["round"], a["client"], a["metric"])
+        assert r["value"] == pytest.approx(a["value"], rel=TOL, abs=TOL, nan_ok=True)
+
+
+def test_client_errors_and_missing_nodes_name_the_node_and_the_fix(flower_messages, tmp_path):
+    from trainer.flower import FlowerTrainer, client_nodes
+
+    from flwr.app import Context, RecordDict
+
+    from trainer.flower import server_app
+
+    with pytest.raises(EdgemaskError, match=r"needs the training config: set config = "):
+        server_app(StandInGrid(1), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+    cfg = _config("fedavg", True)
+    algo = ClientSide(cfg).algo
+    with pytest.raises(EdgemaskError, match="no node: start a flower-supernode for each partition"):
+        client_nodes(StandInGrid(2, nodes={}), algo.client_ids, timeout=0.0)
+    with pytest.raises(EdgemaskError, match=r"partitions \[1\] of 2: start a flower-supernode"):
+        client_nodes(StandInGrid(2, nodes={101: 1}), algo.client_ids, timeout=0.0)
+    with pytest.raises(EdgemaskError, match="give each node its own partition-id"):
+        client_nodes(StandInGrid(2, nodes={100: 0, 101: 0}), algo.client_ids, timeout=5.0)
+    assert client_nodes(StandInGrid(3), algo.client_ids) == dict(zip(algo.client_ids, [100, 101, 102, 100]))
+    trainer = FlowerTrainer(StandInGrid(2))
+    trainer(algo, 0, 0, [])  # finds the nodes
+    trainer.nodes = {cid: 100 for cid in trainer.nodes}  # the server sends every client to partition 0's node
+    cid = algo.client_ids[1]
+    with pytest.raises(EdgemaskError, match=rf"node 100 failed in round 0, phase 0.*does not hold client '{cid}'"):
+        trainer(algo, 0, 0, [(cid, algo.local_task(cid, 0))])
+
+
+# -- Flower's simulation engine (Ray) --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_runs(tmp_path_factory):
+    """FedAvg, FedMask and Ditto in one Flower simulation (one Ray start-up), 2 workers."""
+    pytest.importorskip("flwr")
+    from trainer.flower import simulate_flower
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_TMPDIR", str(tmp_path_factory.mktemp("ray")))  # Ray's sockets and logs
+        mp.setenv("FLWR_HOME", str(tmp_path_factory.mktemp("flwr")))  # Flower writes its telemetry id there
+        results = simulate_flower([_config(a, True) for a in FLOWER_ALGORITHMS], workers=2)
+    return dict(zip(FLOWER_ALGORITHMS, results))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", FLOWER_ALGORITHMS)
+def test_flower_simulation_matches_simulate(algorithm, ray_runs):
+    got = ray_runs[algorithm]
+    assert got.summary["engine"].startswith("flower 1.41.0 simulation")
+    assert_same_run(simulate(_config(algorithm, True)), got)
