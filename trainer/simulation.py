@@ -222,16 +222,33 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
 def finetune(cfg: TrainConfig, algo: Algorithm, index: dict[str, int], final: dict[str, float]) -> dict[str, float]:
     """After the last round, each client trains what ``algo.finetune_task`` names (e.g. its head). Returns the
     accuracies before fine-tuning of the clients (all of them), or {} when no client fine-tunes."""
+    t = cfg.training
+
+    def prepared(cid: str) -> LocalTask | None:
+        task = algo.finetune_task(cid)
+        if task is not None:
+            task.seed = client_seed(cfg.run.seed, FINETUNE_ROUND, index[cid])
+        return task
+
+    def orders(cid: str, task: LocalTask) -> list[np.ndarray]:
+        return batch_order(algo.client_data(cid).num_train, task.epochs, cfg.run.seed, FINETUNE_ROUND, index[cid])
+
+    if t.batched:  # every client's fine-tuning together, like a round's training
+        pairs = [(cid, task) for cid in algo.client_ids if (task := prepared(cid)) is not None]
+        data = [algo.client_data(cid) for cid, _ in pairs]
+        results = local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data],
+                                      [orders(cid, task) for cid, task in pairs], t.batch_size, t.momentum,
+                                      t.weight_decay, t.device) if pairs else []
+        for (cid, _), res in zip(pairs, results):
+            algo.finetune_result(cid, res)
+        return dict(final) if pairs else {}
     tuned = False
     for cid in algo.client_ids:
-        task = algo.finetune_task(cid)
-        if task is None:
+        if (task := prepared(cid)) is None:
             continue
         d = algo.client_data(cid)
-        orders = batch_order(d.num_train, task.epochs, cfg.run.seed, FINETUNE_ROUND, index[cid])
-        task.seed = client_seed(cfg.run.seed, FINETUNE_ROUND, index[cid])
-        algo.finetune_result(cid, local_train(task, d.train_x, d.train_y, orders, cfg.training.batch_size,
-                                              cfg.training.momentum, cfg.training.weight_decay))
+        algo.finetune_result(cid, local_train(task, d.train_x, d.train_y, orders(cid, task), t.batch_size,
+                                              t.momentum, t.weight_decay))
         tuned = True
     return dict(final) if tuned else {}
 
