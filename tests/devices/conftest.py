@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/devices/artifacts.py
 
 from devices.inventory import DeviceSpec  # noqa: E402
-
-SSHD = Path("/usr/sbin/sshd")
+from sshd_common import SSHD, SSHD_OPTIONS, keygen, wait_for_banner  # noqa: E402,F401  (keygen: test_ssh uses it)
 INSTALL_HINT = "run `sh tests/fleet/install.sh` (installs openssh-server and openssh-client) and rerun"
 
 
@@ -25,26 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for_banner(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd exited with {proc.returncode}: {proc.stderr.read().decode()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                if s.recv(64).startswith(b"SSH-"):
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"sshd on port {port} sent no SSH- banner within {timeout} s")
-
-
-def keygen(path: Path) -> str:
-    """A new ed25519 key pair at path (+ .pub); returns the public line "ssh-ed25519 BASE64 comment"."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
-    return path.with_name(path.name + ".pub").read_text().strip()
 
 
 @dataclass
@@ -88,21 +66,12 @@ ListenAddress 127.0.0.1
 HostKey {d / 'host_ed25519'}
 PidFile {d / 'sshd.pid'}
 AuthorizedKeysFile {d / 'authorized_keys'}
-StrictModes no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-Subsystem sftp internal-sftp
-MaxStartups 50
-LogLevel ERROR
-""")
+""" + SSHD_OPTIONS)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege-separation directory
     proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for_banner(port, proc)
+        wait_for_banner("127.0.0.1", port, proc, 10.0)
         yield SshServer(port=port, user=getpass.getuser(), dir=d, client_key=d / "client_key", host_pub=host_pub)
     finally:
         proc.terminate()

@@ -27,15 +27,16 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "devices"))  # also when run as `python -m fleet.standin`
+from sshd_common import SSHD, SSHD_OPTIONS, keygen, wait_for_banner  # noqa: E402  (shared with tests/devices)
+
 HERE = Path(__file__).resolve().parent
-SSHD = Path("/usr/sbin/sshd")
 PREFIX = "emfleet"  # netns, cgroup and nftables table names start with it
 SUBNET = "10.231"  # 10.231.N.0/24 per device: a private range created here, on veths created here
 CACHE_DIR = Path(os.environ.get("EDGEMASK_FLEET_CACHE", "/var/cache/edgemask-fleet"))
@@ -54,29 +55,6 @@ def sh(*argv: str | Path, check: bool = True, timeout: float = 60) -> subprocess
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv))} -> rc {p.returncode}: {p.stderr.strip()}")
     return p
-
-
-def keygen(path: Path) -> str:
-    """A new ed25519 key pair at path (+ .pub); returns the public line."""
-    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", path)
-    return path.with_name(path.name + ".pub").read_text().strip()
-
-
-def wait_for_banner(host: str, port: int, proc: subprocess.Popen, timeout: float) -> None:
-    """Wait until sshd answers with its `SSH-` banner (ssh-keyscan is slow and noisy for this)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"sshd at {host}:{port} exited with {proc.returncode}: {err.strip()}")
-        try:
-            with socket.create_connection((host, port), timeout=2) as s:
-                s.settimeout(timeout)
-                if s.recv(64).startswith(b"SSH-"):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"sshd at {host}:{port} sent no SSH- banner within {timeout:g} s")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -353,19 +331,9 @@ ListenAddress {self.address}:22
 HostKey {etc_in}/host_ed25519
 AuthorizedKeysFile {etc_in}/authorized_keys
 PidFile none
-StrictModes no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-UseDNS no
-Subsystem sftp internal-sftp
-MaxStartups 50
 ClientAliveInterval 0
 SetEnv EDGEMASK_SYSFS_ROOT={self.sysfs_root}{' QEMU_CPU=cortex-a72' if self.arch == 'aarch64' else ''}
-LogLevel ERROR
-""")
+""" + SSHD_OPTIONS)
 
     def _power_up(self) -> None:
         assert self.cgroup is not None
