@@ -43,9 +43,7 @@ import torch
 from edgemask.errors import ConfigError, EdgemaskError
 from trainer.algorithms.base import Algorithm, LocalResult, LocalTask
 from trainer.config import TrainConfig
-from trainer.local_training import local_train
-from trainer.sampling import batch_order
-from trainer.simulation import SimulationResult, build_algorithm, phase_stream, simulate
+from trainer.simulation import SimulationResult, build_algorithm, simulate, train_phase_on_host
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message, RecordDict
@@ -169,11 +167,9 @@ class ClientSide:
 
     def train(self, msg: TaskMessage) -> LocalResult:
         """The client's local training, in the batch orders of :func:`trainer.simulation.train_phase_on_host`."""
-        task, t = self.task(msg), self.cfg.training
-        d = self.algo.client_data(msg.client_id)
-        stream = phase_stream(self.index[msg.client_id], len(self.index), msg.phase)
-        orders = batch_order(d.num_train, task.epochs, self.cfg.run.seed, msg.round, stream)
-        return local_train(task, d.train_x, d.train_y, orders, t.batch_size, t.momentum, t.weight_decay)
+        (res,) = train_phase_on_host(self.algo, msg.round, msg.phase, [(msg.client_id, self.task(msg))],
+                                     batched=False)  # one message, one client: the sequential loop
+        return res
 
 
 _CLIENT_SIDE: dict[str, ClientSide] = {}  # per process: the run's config (TOML) -> its ClientSide (the latest only)

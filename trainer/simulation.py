@@ -17,7 +17,7 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
 from trainer.run_dir import write_run
-from trainer.sampling import batch_order, batch_orders, client_seed, sampling_schedule
+from trainer.sampling import batch_orders, client_seed, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -66,7 +66,6 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     algo = build_algorithm(cfg)
     ds = algo.dataset
     schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)
-    index = {cid: i for i, cid in enumerate(algo.client_ids)}
     example = ds.clients[0].train_x[:1]
     positions = layer_positions(algo.model, algo.sites, example)
     ref = dense_reference(algo.model, algo.sites, positions)  # FedAvg's cost on this model: the ratios' denominators
@@ -132,7 +131,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         mean_acc = eval_all(0)
     final = {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == "accuracy")
              for cid in algo.client_ids}
-    before_ft = finetune(cfg, algo, index, final)
+    before_ft = finetune(cfg, algo, final)
     if before_ft:  # accuracy after fine-tuning, recorded one round past the last
         eval_all(cfg.training.rounds)
         final = {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == "accuracy")
@@ -164,16 +163,17 @@ def phase_stream(client_index: int, num_clients: int, phase: int) -> int:
     return client_index + phase * num_clients
 
 
-def train_phase_on_host(algo: Algorithm, rnd: int, phase: int,
-                        pairs: list[tuple[str, LocalTask]]) -> list[LocalResult]:
+def train_phase_on_host(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]],
+                        batched: bool | None = None) -> list[LocalResult]:
     """One phase of round ``rnd`` for the ``(cid, task)`` pairs on this host: all together
-    (:func:`trainer.batched.local_train_batched`) with ``training.batched``, else one after another."""
+    (:func:`trainer.batched.local_train_batched`) when ``batched`` (default: ``training.batched``), else one after
+    another."""
     cfg, t = algo.cfg, algo.cfg.training
     index = {cid: i for i, cid in enumerate(algo.client_ids)}
     data = [algo.client_data(cid) for cid, _ in pairs]
     order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
                          [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])  # all at once
-    if t.batched:
+    if t.batched if batched is None else batched:
         return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], order,
                                    t.batch_size, t.momentum, t.weight_decay, t.device)
     return [local_train(task, d.train_x, d.train_y, o, t.batch_size, t.momentum, t.weight_decay)
@@ -186,11 +186,8 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
     ``samples_seen`` sums the phases. One client after another (the reference) or, with ``training.batched`` or a
     ``train_phase``, each phase's clients together (:func:`trainer.batched.local_train_batched`, or wherever
     ``train_phase`` trains them): the same results."""
-    index = {cid: i for i, cid in enumerate(algo.client_ids)}
-
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
-        for cid, task in pairs:
-            task.seed = client_seed(algo.cfg.run.seed, rnd, phase_stream(index[cid], len(index), phase))
+        seed_tasks(algo, rnd, phase, pairs)
         return (train_phase or train_phase_on_host)(algo, rnd, phase, pairs)
 
     if train_phase is None and not algo.cfg.training.batched:  # phase by phase per client: the sequential
@@ -219,37 +216,34 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
     return [(cid, results[cid]) for cid in cids]
 
 
-def finetune(cfg: TrainConfig, algo: Algorithm, index: dict[str, int], final: dict[str, float]) -> dict[str, float]:
-    """After the last round, each client trains what ``algo.finetune_task`` names (e.g. its head). Returns the
-    accuracies before fine-tuning of the clients (all of them), or {} when no client fine-tunes."""
-    t = cfg.training
+def seed_tasks(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]]) -> None:
+    """Give each task its client's random stream for round ``rnd``, phase ``phase`` (:attr:`LocalTask.seed`)."""
+    index = {cid: i for i, cid in enumerate(algo.client_ids)}
+    for cid, task in pairs:
+        task.seed = client_seed(algo.cfg.run.seed, rnd, phase_stream(index[cid], len(index), phase))
 
-    def prepared(cid: str) -> LocalTask | None:
-        task = algo.finetune_task(cid)
-        if task is not None:
-            task.seed = client_seed(cfg.run.seed, FINETUNE_ROUND, index[cid])
-        return task
 
-    def orders(cid: str, task: LocalTask) -> list[np.ndarray]:
-        return batch_order(algo.client_data(cid).num_train, task.epochs, cfg.run.seed, FINETUNE_ROUND, index[cid])
+def finetune(cfg: TrainConfig, algo: Algorithm, final: dict[str, float]) -> dict[str, float]:
+    """After the last round, each client trains what ``algo.finetune_task`` names (e.g. its head), as one more
+    phase of a round numbered :data:`FINETUNE_ROUND`: all together with ``training.batched``, else one client
+    after another. Returns the accuracies before fine-tuning of the clients (all of them), or {} when no client
+    fine-tunes."""
 
-    if t.batched:  # every client's fine-tuning together, like a round's training
-        pairs = [(cid, task) for cid in algo.client_ids if (task := prepared(cid)) is not None]
-        data = [algo.client_data(cid) for cid, _ in pairs]
-        results = local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data],
-                                      [orders(cid, task) for cid, task in pairs], t.batch_size, t.momentum,
-                                      t.weight_decay, t.device) if pairs else []
-        for (cid, _), res in zip(pairs, results):
+    def tune(pairs: list[tuple[str, LocalTask]]) -> None:
+        seed_tasks(algo, FINETUNE_ROUND, 0, pairs)
+        for (cid, _), res in zip(pairs, train_phase_on_host(algo, FINETUNE_ROUND, 0, pairs)):
             algo.finetune_result(cid, res)
-        return dict(final) if pairs else {}
+
     tuned = False
-    for cid in algo.client_ids:
-        if (task := prepared(cid)) is None:
-            continue
-        d = algo.client_data(cid)
-        algo.finetune_result(cid, local_train(task, d.train_x, d.train_y, orders(cid, task), t.batch_size,
-                                              t.momentum, t.weight_decay))
-        tuned = True
+    if cfg.training.batched:
+        pairs = [(cid, task) for cid in algo.client_ids if (task := algo.finetune_task(cid)) is not None]
+        tune(pairs)
+        tuned = bool(pairs)
+    else:  # one task alive at a time
+        for cid in algo.client_ids:
+            if (task := algo.finetune_task(cid)) is not None:
+                tune([(cid, task)])
+                tuned = True
     return dict(final) if tuned else {}
 
 
