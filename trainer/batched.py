@@ -34,6 +34,7 @@ warning naming the reason. Memory is bounded by chunking clients (:func:`clients
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import types
@@ -48,12 +49,13 @@ from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import LocalResult, LocalTask
+from trainer.batched_ops import BatchedLayers
 from trainer.local_training import draw_noise, local_train, noise_generator, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
 PADDED_CACHE_BYTES = 256 << 20  # padded client data kept between rounds (see _padded_data), at most
-_PROBED: dict[Hashable, tuple[int | str, tuple]] = {}  # signature -> (activation bytes or why not, its functions)
+_PROBED: dict[Hashable, tuple[tuple[int, bool] | str, tuple]] = {}  # signature -> (probe result, its functions)
 _PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, bytes): see _padded_data
 
 
@@ -102,12 +104,14 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
             for i in group:
                 results[i] = local_train(tasks[i], *data[i], orders[i], batch_size, momentum, weight_decay)
             continue
+        activation_bytes, layers = probe
         chunk = max_clients_per_chunk or clients_per_chunk(
-            tasks[first], max(data[i][1].shape[0] for i in group), data[first][0], probe, dev, memory_budget)
+            tasks[first], max(data[i][1].shape[0] for i in group), data[first][0], activation_bytes, dev,
+            memory_budget)
         for s in range(0, len(group), chunk):
             part = group[s: s + chunk]
             out = _train_stacked([tasks[i] for i in part], [data[i] for i in part], [orders[i] for i in part],
-                                 batch_size, momentum, weight_decay, dev)
+                                 batch_size, momentum, weight_decay, dev, layers)
             for i, r in zip(part, out):
                 results[i] = r
     return results  # type: ignore[return-value]
@@ -204,18 +208,21 @@ def _client_loss(task: LocalTask) -> Callable:
 
 
 def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size: int,
-           dev: torch.device) -> int | str:
+           dev: torch.device) -> tuple[int, bool] | str:
     """Run one client's loss under vmap on ``dev`` (on copies); return the bytes autograd saves for one
-    client's step of ``batch_size`` samples, or why the task cannot run batched."""
+    client's step of ``batch_size`` samples and whether any :mod:`trainer.batched_ops` rule applies to the task
+    (else the loop runs without :class:`~trainer.batched_ops.BatchedLayers`), or why the task cannot run
+    batched."""
     x, y = data
     if len(y) == 0:
-        return 0
+        return 0, False
     idx = torch.arange(batch_size) % len(y)
     p = {k: v.detach().unsqueeze(0).to(dev).requires_grad_(True) for k, v in task.trainable.items()}
     c = {k: v.unsqueeze(0).to(dev) for k, v in task.constants.items()}
     c.update({k: torch.full((1, *shape), 0.5, device=dev) for k, shape in task.noise.items()})  # no global draw
     b = {k: v.unsqueeze(0).to(dev).clone() for k, v in task.buffers.items()}
     saved = 0
+    layers = BatchedLayers()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal saved
@@ -230,7 +237,7 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
                                                                                  device=dev))
     try:
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), layers:
                 vmap(_client_loss(task))(*args)
         except RuntimeError as e:
             if "saved tensor hooks" not in str(e):
@@ -239,9 +246,10 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
             # under the hooks: run it unmeasured, and count the forward's saved tensors on the step's samples
             # twice (the inner and the outer pass).
             saved = 0
-            vmap(_client_loss(task))(*args)
+            with layers:
+                vmap(_client_loss(task))(*args)
             xs = torch.cat(xb, 1) if k > 1 else xb
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), layers:
                 vmap(task.forward)(p, c, xs, {n: v.clone() for n, v in b.items()})
             saved *= 2
         if task.project is not None:
@@ -249,7 +257,7 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
                 vmap(task.project)({n: v.detach() for n, v in p.items()})
     except RuntimeError as e:  # random ops under vmap, tensors captured on another device, in-place on shared
         return str(e).splitlines()[0]
-    return saved
+    return saved, layers.routed > 0
 
 
 def clients_per_chunk(task: LocalTask, max_samples: int, x: torch.Tensor, activation_bytes: int,
@@ -307,7 +315,7 @@ def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: lis
 
 def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
                    orders: list[list[np.ndarray]], batch_size: int, momentum: float, weight_decay: float,
-                   dev: torch.device) -> list[LocalResult]:
+                   dev: torch.device, layers: bool = True) -> list[LocalResult]:
     C = len(tasks)
     t0 = tasks[0]
     P = {k: v.detach().requires_grad_(True) for k, v in _stack([t.trainable for t in tasks], dev).items()}
@@ -329,6 +337,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     forward = vmap(t0.forward)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
     regularizer = vmap(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
     project = vmap(t0.project) if t0.project is not None else None
+    mode = BatchedLayers if layers else contextlib.nullcontext
 
     # Minibatch plan: idx (S, C, k, B) into each client's samples (k minibatches per step), w real-sample weights.
     if per_step == 1:  # one minibatch a step: all clients' plans at once
@@ -368,7 +377,8 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.
             xb, yb = X[rows, idx[s, :, 0]], Y[rows, idx[s, :, 0]]  # (C, B, *input), (C, B)
-            logits = forward(P, K, xb, Bf)  # (C, B, classes)
+            with mode():  # layout-keeping rules for convolutions and pooling (trainer.batched_ops)
+                logits = forward(P, K, xb, Bf)  # (C, B, classes)
             # all clients' cross-entropies in one op over the flattened batch (C·B,), then each client's mean
             ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none")
             data_loss = (ce.view(C, -1) * mean_w[s]).sum(1)  # (C,)
@@ -377,7 +387,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
             grads = torch.autograd.grad(total, [P[k] for k in keys], allow_unused=True)
             loss_sum += data_loss.detach().double() * counts[s]
         else:
-            grads = _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx[s], parts_np[s], keys, loss_sum, dev)
+            grads = _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx[s], parts_np[s], keys, loss_sum, dev, mode)
         with torch.no_grad():
             for k, g in zip(keys, grads):
                 if g is None:  # the parameter took no part in the loss: torch.optim.SGD skips it
@@ -440,7 +450,7 @@ def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
     return X, Y
 
 
-def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum, dev):
+def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum, dev, mode):
     """One step for clients with buffers (batch norm) or their own loss: no padding may enter a batch's
     statistics or a loss we cannot weight per sample, so the clients are split by their real batch size (by the
     sizes of the step's minibatches when it has several: ``idx_s (C, k, B)``, ``parts_s (C, k)``); each split runs
@@ -459,8 +469,9 @@ def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum
         xb, yb = (xs, ys) if per_step > 1 else (xs[0], ys[0])
         b = sum(sizes)
         ones = torch.ones(len(sel_np), b, device=dev)
-        data_loss, reg = loss_fn(pick(P), pick(K), bsub, xb, yb, ones, torch.full((len(sel_np),), float(b),
-                                                                                     device=dev))
+        with mode():
+            data_loss, reg = loss_fn(pick(P), pick(K), bsub, xb, yb, ones, torch.full((len(sel_np),), float(b),
+                                                                                         device=dev))
         if not whole:
             for k, v in bsub.items():
                 Bf[k][sel] = v

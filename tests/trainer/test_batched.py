@@ -189,24 +189,33 @@ def test_random_forward_falls_back_to_the_sequential_loop():
 ARGS = {"fedpews": {"warmup_rounds": 1}, "fedpews_fixed": {"warmup_rounds": 1}}
 
 
-def _config(algorithm: str, batched: bool) -> TrainConfig:
+MODELS = {"mlp": {"hidden": [16, 12]}, "cnn": {"widths": [4, 6]}}  # the CNN runs the trainer.batched_ops rules
+
+
+def _config(algorithm: str, batched: bool, model: str = "mlp") -> TrainConfig:
     return TrainConfig(
         run=RunConfig(seed=3),
         data=DataConfig(name="digits", num_clients=4, partition="dirichlet", alpha=0.5, samples_per_client=48),
-        model=ModelConfig("mlp", {"hidden": [16, 12]}), algorithm=AlgorithmConfig(algorithm, ARGS.get(algorithm, {})),
+        model=ModelConfig(model, MODELS[model]), algorithm=AlgorithmConfig(algorithm, ARGS.get(algorithm, {})),
         training=TrainingConfig(rounds=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3,
                                 participation=0.75, batched=batched))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
-def test_batched_round_loop_matches_sequential(algorithm):
+# BNN-FedAvg's majority vote sign(Σ n_k sign(W_k)) turns a rounding-level difference in a weight near 0 (grouped
+# vs per-client convolutions sum in another order) into a flipped binary weight, with PyTorch's own vmap rules as
+# with trainer.batched_ops': it is compared on the MLP only, where no weight lands that close to 0.
+CASES = [(a, m) for a in ALGORITHMS.names() for m in MODELS if not (a == "bnn_fedavg" and m == "cnn")]
+
+
+@pytest.mark.parametrize(("algorithm", "model"), CASES)
+def test_batched_round_loop_matches_sequential(algorithm, model):
     try:
-        seq = simulate(_config(algorithm, False))
+        seq = simulate(_config(algorithm, False, model))
     except EdgemaskError as e:  # an algorithm that needs another model or dataset than this small run's
-        pytest.skip(f"{algorithm} does not run on digits/mlp: {e}")
+        pytest.skip(f"{algorithm} does not run on digits/{model}: {e}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        bat = simulate(_config(algorithm, True))
+        bat = simulate(_config(algorithm, True, model))
     fallbacks = [str(w.message) for w in caught if "falls back" in str(w.message)]
     assert not fallbacks  # every registered algorithm trains batched on the CPU (FedPeWS's draws: LocalTask.noise)
     sizes = {c.num_train for c in seq.algorithm.dataset.clients}

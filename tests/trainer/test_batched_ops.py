@@ -1,0 +1,104 @@
+"""trainer.batched_ops: each rule computes what PyTorch's own vmap rule computes, values and gradients, and keeps
+the clients beside the channels so that conv → pool → conv copies nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._C._functorch import _unwrap_batched, is_batchedtensor
+from torch.func import grad, vmap
+
+from trainer.batched_ops import BATCHED_OPS, BatchedLayers
+
+C, N = 3, 5  # clients, samples per client
+
+
+def _both(fn, *tensors):
+    """``vmap(fn)`` over the clients with PyTorch's rules and with BatchedLayers: outputs, the gradients of a
+    fixed random projection of the output w.r.t. every tensor, and how many calls the rules took."""
+    out = []
+    for mode in (None, BatchedLayers()):
+        ts = [t.detach().clone().requires_grad_(True) for t in tensors]
+        if mode is None:
+            y = vmap(fn)(*ts)
+        else:
+            with mode:
+                y = vmap(fn)(*ts)
+        g = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(), ts)
+        out.append((y.detach(), g, mode.routed if mode is not None else 0))
+    return out
+
+
+def _close(a, b, tol=1e-5):
+    return all(torch.allclose(x, y, rtol=tol, atol=tol) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2), dict(padding="same", dilation=2), dict(groups=2)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_equals_pytorch_rule(kw, bias):
+    torch.manual_seed(0)
+    x, w = torch.randn(C, N, 4, 7, 7), torch.randn(C, 6, 4 // kw.get("groups", 1), 3, 3)
+    b = torch.randn(C, 6)
+    fn = (lambda x, w, b: F.conv2d(x, w, b, **kw)) if bias else (lambda x, w, b: F.conv2d(x, w, None, **kw) + 0 * b.sum())
+    (y0, g0, _), (y1, g1, routed) = _both(fn, x, w, b)
+    assert routed == 1 and torch.allclose(y0, y1, atol=1e-5) and _close(g0, g1)
+
+
+def test_conv1d_and_a_shared_weight():
+    torch.manual_seed(1)
+    x, w, b = torch.randn(C, N, 3, 11), torch.randn(4, 3, 5), torch.randn(4)  # one weight for every client
+    (y0, g0, _), (y1, g1, routed) = _both(lambda x: F.conv1d(x, w, b, padding=2), x)
+    assert routed == 1 and torch.allclose(y0, y1, atol=1e-5) and _close(g0, g1)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x: torch.max_pool2d(x, 2),  # torch.max_pool2d's stride=[]: the kernel size
+    lambda x: F.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True),
+    lambda x: F.avg_pool2d(x, 2, count_include_pad=False),
+    lambda x: F.adaptive_avg_pool2d(x, (2, 3)),
+])
+def test_pools_equal_pytorch_rule(op):
+    torch.manual_seed(2)
+    x = torch.randn(C, N, 4, 7, 6)
+    (y0, g0, _), (y1, g1, routed) = _both(op, x)
+    assert routed == 1 and torch.allclose(y0, y1) and _close(g0, g1)
+
+
+def test_conv_pool_conv_keeps_clients_beside_channels():
+    torch.manual_seed(3)
+    w1, w2 = torch.randn(C, 8, 2, 3, 3), torch.randn(C, 4, 8, 3, 3)
+    seen = []
+
+    def net(x, w1, w2):
+        h = torch.relu(F.conv2d(x, w1, padding=1))
+        h = torch.max_pool2d(h, 2)
+        seen.append(_unwrap_batched(h, 1))  # the physical pooled activation and its client dimension
+        return F.conv2d(h, w2, padding=1)
+
+    (y0, g0, _), (y1, g1, routed) = _both(net, torch.randn(C, N, 2, 8, 8), w1, w2)
+    assert routed == 3 and torch.allclose(y0, y1, atol=1e-4) and _close(g0, g1, 1e-4)
+    physical, bdim = seen[-1]  # with the rules: (N, C, 8, 4, 4), a contiguous view of (N, C·8, 4, 4)
+    assert bdim == 1 and physical.shape == (N, C, 8, 4, 4) and physical.is_contiguous()
+    assert seen[0][1] == 0  # PyTorch's rule had moved the clients to the front (a copy)
+
+
+def test_rules_stand_aside_under_grad_inside_vmap_and_for_single_samples():
+    torch.manual_seed(4)
+    x, w = torch.randn(C, N, 2, 6, 6), torch.randn(C, 3, 2, 3, 3)
+
+    def inner(w, x):  # Per-FedAvg-style: a gradient taken inside the vmapped function
+        return grad(lambda w: F.conv2d(x, w).square().mean())(w)
+
+    mode = BatchedLayers()
+    with mode:
+        got = vmap(inner)(w, x)
+        single = vmap(lambda x, w: F.conv2d(x, w))(x[:, 0], w)  # (2, 6, 6): one sample, no batch dimension
+    assert mode.routed == 0
+    assert torch.allclose(got, vmap(inner)(w, x)) and torch.allclose(single, vmap(F.conv2d)(x[:, 0], w))
+    assert not is_batchedtensor(single)
+
+
+def test_every_registered_rule_is_tested_here():
+    # a new entry of BATCHED_OPS needs its equality test above
+    assert set(BATCHED_OPS.names()) == {"conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"}

@@ -1,0 +1,141 @@
+"""Batching rules that keep the stacked clients in the channel dimension, for the layers whose ``vmap`` rules copy.
+
+Under :func:`torch.func.vmap` over C clients, PyTorch runs a convolution with batched weights as one grouped
+convolution over ``(N, C·ch, H, W)``, but it adds the bias in a separate op and hands the output on with the
+client dimension in second place, ``(N, C, O, H', W')``; max-pooling then moves that dimension to the front and
+copies the activation, and the next convolution copies it back. A hand-written batched loop keeps
+``(N, C·ch, H, W)`` from layer to layer and folds the bias into the convolution. The rules here do the same
+for the layers that would copy, so the batched loop computes what it computed before with fewer copies:
+
+* ``conv1d`` / ``conv2d`` with a batched input: one grouped convolution, the bias folded in, the output left as
+  ``(N, C, O, ...)`` (a view of ``(N, C·O, ...)``);
+* ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` on an input whose client dimension sits just before
+  its channels: the pooling of ``(N, C·ch, H, W)``, a view in and a view out.
+
+Each rule is one entry of :data:`BATCHED_OPS`. A rule applies only under a single ``vmap`` level (the batched
+loop's; not under ``torch.func.grad`` inside it, e.g. Per-FedAvg's inner step) and returns ``NotImplemented``
+where it does not fit, so PyTorch's own rule runs. A rule unwraps the batched tensors (the physical tensor and
+where its client dimension is), runs plain ops on them and wraps the result: autograd records those ops, as in
+the hand-written loop. (``torch.autograd.Function``'s ``vmap`` staticmethod does the same, but its Python
+machinery cost ~0.7 ms a call, more than the copies saved on small models.) :class:`BatchedLayers` is the mode
+that routes the calls; the batched loop enters it around its forward.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch._C._functorch import (TransformType, _add_batch_dim, _unwrap_batched, is_batchedtensor,
+                                 maybe_current_level, peek_interpreter_stack)
+from torch.overrides import TorchFunctionMode
+
+from edgemask.registry import Registry
+
+#: op name -> (the torch functions that call it, the route: their arguments -> output or NotImplemented)
+BATCHED_OPS: Registry[tuple[tuple[Callable, ...], Callable]] = Registry("batched op")
+
+
+def _vmap_level(x: torch.Tensor) -> int | None:
+    """The level of the one ``vmap`` running when ``x`` is batched by it, else ``None`` (no vmap, a nested
+    transform such as ``grad`` inside ``vmap``, or ``x`` not batched)."""
+    level = maybe_current_level()
+    if level != 1 or not is_batchedtensor(x) or peek_interpreter_stack().key() != TransformType.Vmap:
+        return None
+    return level
+
+
+def _front(t: torch.Tensor | None, level: int, C: int) -> torch.Tensor | None:
+    """The physical ``t`` with the client dimension first: ``(C, *shape)`` (broadcast when ``t`` is shared)."""
+    if t is None:
+        return None
+    if not is_batchedtensor(t):
+        return t.unsqueeze(0).expand(C, *t.shape)
+    t, bdim = _unwrap_batched(t, level)
+    return t.movedim(bdim, 0)
+
+
+def _into_channels(x: torch.Tensor, level: int) -> tuple[torch.Tensor, int]:
+    """The physical batched ``x`` with its client dimension folded into its channels, ``(N, C·ch, *spatial)``,
+    and C; a view when the client dimension sits just before the channels (the layout the rules leave), else
+    one copy."""
+    x, bdim = _unwrap_batched(x, level)
+    x = x.movedim(bdim, 1)
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:]), x.shape[1]
+
+
+def _out(y: torch.Tensor, C: int, level: int) -> torch.Tensor:
+    """``(N, C·O, *spatial)`` handed back batched, as ``(N, C, O, *spatial)`` with the clients in dimension 1."""
+    return _add_batch_dim(y.view(y.shape[0], C, -1, *y.shape[2:]), 1, level)
+
+
+def _conv(op: Callable, ndim: int) -> Callable:
+    """One grouped convolution over the clients, bias folded in."""
+    def route(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        level = _vmap_level(input)
+        if level is None or input.dim() != ndim:  # not one vmap's batch of samples
+            return NotImplemented
+        x, C = _into_channels(input, level)
+        w = _front(weight, level, C)  # (C, O, ch/groups, *kernel)
+        b = _front(bias, level, C)
+        y = op(x, w.reshape(-1, *w.shape[2:]), None if b is None else b.reshape(-1), stride, padding, dilation,
+               groups * C)
+        return _out(y, C, level)
+
+    return route
+
+
+def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    level = _vmap_level(input)
+    if level is None or input.dim() != 4 or return_indices:
+        return NotImplemented
+    x, C = _into_channels(input, level)
+    # torch.max_pool2d's stride=[] means "the kernel size", as F.max_pool2d's None
+    return _out(F.max_pool2d(x, kernel_size, stride if stride not in (None, []) else None, padding, dilation,
+                             ceil_mode), C, level)
+
+
+def _avg_pool2d(input, *args, **kwargs):
+    level = _vmap_level(input)
+    if level is None or input.dim() != 4:
+        return NotImplemented
+    x, C = _into_channels(input, level)
+    return _out(F.avg_pool2d(x, *args, **kwargs), C, level)
+
+
+def _adaptive_avg_pool2d(input, output_size):
+    level = _vmap_level(input)
+    if level is None or input.dim() != 4:
+        return NotImplemented
+    x, C = _into_channels(input, level)
+    return _out(F.adaptive_avg_pool2d(x, output_size), C, level)
+
+
+BATCHED_OPS.add("conv1d", ((torch.conv1d,), _conv(F.conv1d, 3)))
+BATCHED_OPS.add("conv2d", ((torch.conv2d,), _conv(F.conv2d, 4)))
+BATCHED_OPS.add("max_pool2d", ((torch.max_pool2d, F.max_pool2d), _max_pool2d))
+BATCHED_OPS.add("avg_pool2d", ((F.avg_pool2d,), _avg_pool2d))
+BATCHED_OPS.add("adaptive_avg_pool2d", ((torch._C._nn.adaptive_avg_pool2d, F.adaptive_avg_pool2d),
+                                        _adaptive_avg_pool2d))
+_ROUTES: dict[Callable, Callable] = {f: BATCHED_OPS.get(n)[1] for n in BATCHED_OPS for f in BATCHED_OPS.get(n)[0]}
+
+
+class BatchedLayers(TorchFunctionMode):
+    """Routes the calls of :data:`BATCHED_OPS` ' functions with batched inputs to their rules, under one
+    ``vmap`` level; every other call runs unchanged. ``routed`` counts the calls a rule took (a model with
+    none, such as an MLP, need not pay for the mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routed = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        route = _ROUTES.get(func)
+        if route is not None:
+            out = route(*args, **kwargs)
+            if out is not NotImplemented:
+                self.routed += 1
+                return out
+        return func(*args, **kwargs)
