@@ -36,6 +36,17 @@ def _mix_array(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _as_u64(values: Sequence[int]) -> np.ndarray:
+    """Integers as uint64, each taken mod 2**64 (as ``int(v) & _M64``)."""
+    return np.array([int(v) & _M64 for v in values], dtype=np.uint64) if len(values) else np.zeros(0, np.uint64)
+
+
+def _local_index(counts: np.ndarray) -> np.ndarray:
+    """``[0, 1, ..., counts[0]-1, 0, 1, ..., counts[1]-1, ...]``."""
+    starts = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+
+
 def batch_orders(sizes: Sequence[int], epochs: Sequence[int], seed: int, round_: int,
                  client_indices: Sequence[int]) -> list[list[np.ndarray]]:
     """For each client ``c``, per local epoch, the permutation of its ``sizes[c]`` samples: the same for every
@@ -48,21 +59,21 @@ def batch_orders(sizes: Sequence[int], epochs: Sequence[int], seed: int, round_:
     if not (len(sizes) == len(epochs) == len(client_indices)):
         raise ValueError(f"{len(sizes)} sizes, {len(epochs)} epoch counts and {len(client_indices)} client indices")
     base = _mix(_mix((int(seed) & _M64) ^ 0x5EEDB7) ^ (int(round_) & _M64))
-    segs = []  # one per (client, epoch): (hash, length)
-    for n, e, c in zip(sizes, epochs, client_indices):
-        hc = _mix(base ^ (int(c) & _M64))
-        segs.extend((_mix(hc ^ k), int(n)) for k in range(int(e)))
-    lens = np.fromiter((n for _, n in segs), dtype=np.int64, count=len(segs))
-    total = int(lens.sum())
+    ep = np.asarray(epochs, dtype=np.int64).reshape(-1)
+    with np.errstate(over="ignore"):  # one hash per client, then one per (client, epoch): all in numpy
+        hc = _mix_array(np.uint64(base) ^ _as_u64(client_indices))
+        seg_hash = _mix_array(np.repeat(hc, ep) ^ _local_index(ep).astype(np.uint64))
+    lens = np.repeat(np.asarray(sizes, dtype=np.int64).reshape(-1), ep)  # (segments,) one per (client, epoch)
+    nseg = len(lens)
     starts = np.cumsum(lens) - lens
-    j = np.arange(total, dtype=np.int64) - np.repeat(starts, lens)  # each sample's index in its segment
-    h = np.repeat(np.fromiter((hh for hh, _ in segs), dtype=np.uint64, count=len(segs)), lens)
+    j = _local_index(lens)  # each sample's index in its segment
+    h = np.repeat(seg_hash, lens)
     with np.errstate(over="ignore"):
         keys = _mix_array(h + (j.astype(np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN))
-    if len(segs) == 1:
+    if nseg == 1:
         perms = [np.argsort(keys, kind="stable")]
     else:  # by segment, then by key: each segment's samples in key order
-        order = np.lexsort((keys, np.repeat(np.arange(len(segs)), lens)))
+        order = np.lexsort((keys, np.repeat(np.arange(nseg), lens)))
         perms = np.split(j[order], starts[1:])
     out: list[list[np.ndarray]] = []
     pos = 0
@@ -76,6 +87,13 @@ def client_seed(seed: int, round_: int, client_index: int) -> int:
     """A 63-bit seed for a client's own random stream in one round (:attr:`LocalTask.noise`): a SplitMix64 hash
     of (seed, round, client index), independent of the batch orders' keys."""
     return _mix(_mix(_mix((int(seed) & _M64) ^ 0x401CE) ^ (int(round_) & _M64)) ^ (int(client_index) & _M64)) >> 1
+
+
+def client_seeds(seed: int, round_: int, client_indices: Sequence[int]) -> list[int]:
+    """:func:`client_seed` of each client index, in one numpy pass."""
+    base = _mix(_mix((int(seed) & _M64) ^ 0x401CE) ^ (int(round_) & _M64))
+    with np.errstate(over="ignore"):
+        return (_mix_array(np.uint64(base) ^ _as_u64(client_indices)) >> np.uint64(1)).tolist()
 
 
 def batch_order(num_samples: int, epochs: int, seed: int, round_: int, client_index: int) -> list[np.ndarray]:

@@ -17,7 +17,7 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
 from trainer.run_dir import write_run
-from trainer.sampling import batch_orders, client_seed, sampling_schedule
+from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -219,8 +219,9 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
 def seed_tasks(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]]) -> None:
     """Give each task its client's random stream for round ``rnd``, phase ``phase`` (:attr:`LocalTask.seed`)."""
     index = {cid: i for i, cid in enumerate(algo.client_ids)}
-    for cid, task in pairs:
-        task.seed = client_seed(algo.cfg.run.seed, rnd, phase_stream(index[cid], len(index), phase))
+    seeds = client_seeds(algo.cfg.run.seed, rnd, [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])
+    for (_, task), s in zip(pairs, seeds):
+        task.seed = s
 
 
 def finetune(cfg: TrainConfig, algo: Algorithm, final: dict[str, float]) -> dict[str, float]:

@@ -8,6 +8,7 @@ read from the user's local copies (``DataConfig.root``) in their standard file f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import torch
@@ -63,10 +64,11 @@ class FederatedDataset:
     input_dtype: str = "float32"  # "int64" for token inputs (character LSTM)
 
     def client(self, client_id: str) -> ClientData:
-        for c in self.clients:
-            if c.client_id == client_id:
-                return c
-        raise KeyError(client_id)
+        return self._by_id[client_id]  # KeyError for an unknown id
+
+    @cached_property
+    def _by_id(self) -> dict[str, ClientData]:
+        return {c.client_id: c for c in self.clients}
 
 
 Builder = Callable[[DataConfig, int], FederatedDataset]
