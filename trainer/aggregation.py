@@ -16,9 +16,26 @@ def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch
     out = torch.zeros_like(tensors[0], dtype=torch.float32)
     step = max(1, STACK_ELEMENTS // max(tensors[0].numel(), 1))
     for s in range(0, len(tensors), step):
-        part = torch.stack(tensors[s: s + step]).float()
+        chunk = tensors[s: s + step]
+        part = _as_stacked(chunk)
+        part = (torch.stack(chunk) if part is None else part).float()
         out += torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
     return out
+
+
+def _as_stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """``torch.stack(tensors)`` without the copy when the tensors already lie one after another in one storage,
+    equally laid out (the rows of the batched loop's stacked parameters); else ``None``."""
+    t0 = tensors[0]
+    n, size, step = len(tensors), t0.shape, t0.numel()
+    if n < 2 or not t0.is_contiguous():
+        return None
+    ptr, off = t0.untyped_storage().data_ptr(), t0.storage_offset()
+    for i, t in enumerate(tensors):
+        if (t.shape != size or t.dtype != t0.dtype or t.device != t0.device or not t.is_contiguous()
+                or t.storage_offset() != off + i * step or t.untyped_storage().data_ptr() != ptr):
+            return None
+    return t0.as_strided((n, *size), (step, *t0.stride()), off)
 
 
 def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],

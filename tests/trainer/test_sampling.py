@@ -64,3 +64,19 @@ def test_weighted_average_by_hand_in_chunks(n, monkeypatch):
     w = [float(i + 1) for i in range(n)]
     expect = sum(i * (i + 1) for i in range(n)) / sum(w)  # Σ w_k x_k / Σ w_k
     assert torch.allclose(weighted_average(ts, w), torch.full((2, 2), expect))
+
+
+def test_weighted_average_of_rows_of_one_stacked_tensor_reads_them_in_place():
+    from trainer.aggregation import _as_stacked
+
+    stacked = torch.arange(24, dtype=torch.float32).view(4, 3, 2)  # four clients' (3, 2) tensors, one storage
+    rows = list(stacked.unbind(0))
+    w = [1.0, 2.0, 3.0, 4.0]
+    expect = sum(wk * r for wk, r in zip(w, rows)) / sum(w)
+    assert torch.allclose(weighted_average(rows, w), expect)
+    view = _as_stacked(rows)
+    assert view is not None and view.data_ptr() == stacked.data_ptr() and torch.equal(view, stacked)
+    # not one after another (reversed, or every other row): stacked by copying, the same average
+    assert _as_stacked(rows[::-1]) is None and _as_stacked(rows[::2]) is None
+    assert torch.allclose(weighted_average(rows[::-1], w[::-1]), expect)
+    assert _as_stacked([torch.zeros(3, 2), torch.zeros(3, 2)]) is None  # separate storages
