@@ -235,6 +235,32 @@ def test_batched_round_loop_matches_sequential(algorithm, model):
     assert {k: bat.summary[k] for k in keys} == pytest.approx({k: seq.summary[k] for k in keys}, rel=1e-6)
 
 
+@pytest.mark.parametrize(("algorithm", "model"), CASES)
+def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
+    # On a CUDA device a task that captured a CPU tensor in its closures would fall back to the sequential loop.
+    # The "meta" device mixes with the CPU tensors exactly as CUDA would, so the probe (one vmapped step on the
+    # device) catches such a task here without a GPU: every phase of every algorithm must pass it.
+    from trainer.batched import _probe
+    from trainer.simulation import build_algorithm
+
+    cfg = _config(algorithm, True, model)
+    try:
+        algo = build_algorithm(cfg)
+    except EdgemaskError as e:
+        pytest.skip(f"{algorithm} does not run on digits/{model}: {e}")
+    algo.setup()
+    cid = algo.client_ids[0]
+    data = algo.client_data(cid)
+    task, phase = algo.local_task(cid, 0), 0
+    while task is not None:
+        got = _probe(task, (data.train_x, data.train_y), 8, torch.device("meta"))
+        assert not isinstance(got, str), f"phase {phase}: {got}"
+        res = local_train(task, data.train_x, data.train_y, batch_order(data.num_train, task.epochs, 0, 0, 0), 8)
+        phase += 1
+        task = algo.next_phase(cid, 0, phase, res)
+    assert phase >= 1
+
+
 def test_device_is_cuda_only_when_present():
     from edgemask.errors import ConfigError
     from trainer.batched import resolve_device

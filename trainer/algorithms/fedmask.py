@@ -40,6 +40,9 @@ from trainer.run_dir import ClientState
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
 
 
+FROZEN = "frozen:"  # the constants' prefix of the frozen weights W
+
+
 @dataclass(frozen=True)
 class FedMaskArgs:
     prune_rate: float = 0.2  # p_r: fraction of mask elements kept in the pruned layers (§4.2)
@@ -121,9 +124,9 @@ class FedMask(Algorithm):
         grad_keep = dict(keep)
         masked = list(keep)
 
-        def forward(tr, keep, x, buffers):
-            soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in masked}  # Eq. 6, pruned elements stay 0
-            params = self._params_with_o(tr)
+        def forward(tr, c, x, buffers):  # c: the keep masks and the frozen weights (FROZEN + name)
+            soft = {w: torch.sigmoid(tr[w]) * c[w] for w in masked}  # Eq. 6, pruned elements stay 0
+            params = self._params_with_o(tr, c)
             eff = effective_params(params, soft, self.sites)
             return self.call(eff, buffers, x)
 
@@ -133,7 +136,10 @@ class FedMask(Algorithm):
                 soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in masked}
                 return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
 
-        return LocalTask(trainable, forward, reg, constants=dict(keep), buffers=self.buffers[cid],
+        # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
+        # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
+        constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
+        return LocalTask(trainable, forward, reg, constants=constants, buffers=self.buffers[cid],
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
 
     def _hidden(self, w: str) -> int:
@@ -144,8 +150,8 @@ class FedMask(Algorithm):
             return []
         return [w for s in self.sites if s.kind == "lstm" for w in s.weights]
 
-    def _params_with_o(self, tr: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        params = dict(self.global_params)
+    def _params_with_o(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        params = {k: c[FROZEN + k] for k in self.global_params}
         for w in self._real_output_gates():
             h = self._hidden(w)
             params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
