@@ -35,7 +35,6 @@ warning naming the reason. Memory is bounded by chunking clients (:func:`clients
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import types
 import warnings
@@ -291,8 +290,8 @@ def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: lis
                batch_size: int) -> np.ndarray:
     """All clients' minibatches at once: ``(S, C, batch_size)`` sample indices, -1 padding (a client's partial
     minibatch, or every step after its plan ends); client c's rows are :func:`step_indices` of its ``orders[c]``,
-    ``epochs[c]`` and ``max_steps[c]``. Per epoch, one concatenation of the orders and one scatter: no loop over
-    the clients' steps."""
+    ``epochs[c]`` and ``max_steps[c]``. One concatenation of every (epoch, client) order and one scatter: no loop
+    over the clients' steps or the epochs."""
     C, B = len(orders), batch_size
     E = max(epochs, default=0)
     lens = np.array([[len(o[e % len(o)]) if e < n else 0 for o, n in zip(orders, epochs)] for e in range(E)],
@@ -303,13 +302,16 @@ def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: lis
     cap = np.array([no_cap if m is None else m for m in max_steps], dtype=np.int64)
     steps = np.minimum(nb.sum(0), cap)  # (C,)
     out = np.full((int(steps.max(initial=0)), C, B), -1, dtype=np.int64)
-    for e in range(E):
-        flat = np.concatenate([o[e % len(o)] for o, n in zip(orders, epochs) if e < n]).astype(np.int64)
-        client = np.repeat(np.arange(C), lens[e])  # (n,) each sample's client
-        pos = np.arange(len(flat)) - np.repeat(np.cumsum(lens[e]) - lens[e], lens[e])  # its place in the epoch
-        row = first[e, client] + pos // B
-        ok = row < steps[client]
-        out[row[ok], client[ok], pos[ok] % B] = flat[ok]
+    segs = [o[e % len(o)] for e in range(E) for o, n in zip(orders, epochs) if e < n]  # epoch-major, as lens
+    if not segs:
+        return out
+    flat = np.concatenate(segs).astype(np.int64, copy=False)
+    L = lens.reshape(-1)  # (E·C,) samples of each (epoch, client) segment
+    client = np.repeat(np.tile(np.arange(C), E), L)  # (n,) each sample's client
+    pos = np.arange(len(flat)) - np.repeat(np.cumsum(L) - L, L)  # its place in its epoch
+    row = np.repeat(first.reshape(-1), L) + pos // B
+    ok = row < steps[client]
+    out[row[ok], client[ok], pos[ok] % B] = flat[ok]
     return out
 
 
@@ -419,14 +421,16 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                 for k, v in project(P).items():
                     P[k].copy_(v if active_np.all() else torch.where(active.view(C, *[1] * (v.dim() - 1)), v, P[k]))
 
-    seen = counts_np.sum(0)
+    seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
     trained = zip(*[v.detach().cpu().unbind(0) for v in P.values()])  # per client, its tensors in keys' order
-    bkeys = list(Bf)
-    buffers = zip(*[v.cpu().unbind(0) for v in Bf.values()]) if Bf else itertools.repeat(())
-    return [LocalResult(dict(zip(keys, tr)), dict(zip(bkeys, bu)), losses[c] / max(int(seen[c]), 1), int(seen[c]),
-                        int(data[c][1].shape[0]))
-            for c, tr, bu in zip(range(C), trained, buffers)]
+    if Bf:
+        bkeys = list(Bf)
+        buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
+    else:
+        buffers = [{} for _ in range(C)]
+    return [LocalResult(dict(zip(keys, tr)), bu, loss / (n or 1), n, len(y))
+            for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
 
 
 def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],

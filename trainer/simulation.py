@@ -169,7 +169,7 @@ def train_phase_on_host(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple
     (:func:`trainer.batched.local_train_batched`) when ``batched`` (default: ``training.batched``), else one after
     another."""
     cfg, t = algo.cfg, algo.cfg.training
-    index = {cid: i for i, cid in enumerate(algo.client_ids)}
+    index = algo.client_index
     data = [algo.client_data(cid) for cid, _ in pairs]
     order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
                          [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])  # all at once
@@ -202,7 +202,10 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
             res.samples_seen = seen
             out.append((cid, res))
         return out
-    results = dict(zip(cids, run([(cid, algo.local_task(cid, rnd)) for cid in cids], 0)))
+    first = run([(cid, algo.local_task(cid, rnd)) for cid in cids], 0)
+    if type(algo).next_phase is Algorithm.next_phase:  # one phase: nothing more to ask each client
+        return list(zip(cids, first))
+    results = dict(zip(cids, first))
     seen = {cid: r.samples_seen for cid, r in results.items()}
     pending, phase = list(cids), 1
     while pending:  # the clients that go on to another phase, together again
@@ -218,7 +221,7 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
 
 def seed_tasks(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]]) -> None:
     """Give each task its client's random stream for round ``rnd``, phase ``phase`` (:attr:`LocalTask.seed`)."""
-    index = {cid: i for i, cid in enumerate(algo.client_ids)}
+    index = algo.client_index
     seeds = client_seeds(algo.cfg.run.seed, rnd, [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])
     for (_, task), s in zip(pairs, seeds):
         task.seed = s

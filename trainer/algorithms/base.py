@@ -25,6 +25,7 @@ Optional hooks (defaults keep the behaviour above):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -141,6 +142,11 @@ class Algorithm:
         self.global_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
 
     # -- helpers for subclasses ------------------------------------------------------------------------
+    @functools.cached_property
+    def client_index(self) -> dict[str, int]:
+        """Each client's index in :attr:`client_ids` (its shuffle and random streams are named by it)."""
+        return {cid: i for i, cid in enumerate(self.client_ids)}
+
     def client_data(self, cid: str):
         return self.dataset.client(cid)
 
