@@ -3,11 +3,14 @@ reference loop for the same workload, measured in one run so the ratios share th
 
 Workload: FedAvg, 100 clients, digits split 2 classes per client, 1 local epoch, batch 16, lr 0.05, on the MLP
 64-128-64-10 (``mlp``, hidden (128, 64)) and the small CNN (``cnn``). Every loop uses the same per-client orders
-(``trainer.sampling.batch_orders``); the rounds are interleaved (sequential, batched, reference, repeat) so a busy
-machine slows all three alike, and each loop's median round is reported. "train" times local training only (for ours: ``simulation.train_clients``, i.e.
-``local_task`` + orders + training + results); "round" adds the uploads and the server's aggregate.
+(``trainer.sampling.batch_orders``). The rounds are interleaved, each timed round running the three loops in a
+fresh random order, so a busy machine slows all three alike and no loop always runs after the same other one
+(which loop ran just before moves a loop's time by up to ~20 % here: caches and freed memory). Each loop's
+median round is reported, and "paired" ratios are the median over rounds of the ratio within the same round.
+"train" times local training only (for ours: ``simulation.train_clients``, i.e. ``local_task`` + orders +
+training + results); "round" adds the uploads and the server's aggregate.
 
-    python benchmarks/bench_batched.py [--rounds 5] [--models mlp,cnn] [--threads N]
+    python benchmarks/bench_batched.py [--rounds 20] [--models mlp,cnn] [--threads N]
 """
 
 from __future__ import annotations
@@ -32,20 +35,20 @@ T_IMPORTS = time.perf_counter() - T_PROCESS
 MODEL_ARGS = {"mlp": {"hidden": [128, 64]}, "cnn": {}}
 
 
-def config(model: str, batched: bool) -> TrainConfig:
+def config(model: str, batched: bool, epochs: int = 1) -> TrainConfig:
     return TrainConfig(run=RunConfig(seed=0), data=DataConfig(name="digits", num_clients=100,
                                                               partition="pathological", classes_per_client=2),
                        model=ModelConfig(model, MODEL_ARGS[model]), algorithm=AlgorithmConfig("fedavg"),
-                       training=TrainingConfig(rounds=1000, local_epochs=1, batch_size=16, lr=0.05,
+                       training=TrainingConfig(rounds=1000, local_epochs=epochs, batch_size=16, lr=0.05,
                                                batched=batched))
 
 
 class OurLoop:
     """The trainer's own round: train_clients (sequential or batched), then uploads and FedAvg's aggregate."""
 
-    def __init__(self, model: str, batched: bool) -> None:
+    def __init__(self, model: str, batched: bool, epochs: int = 1) -> None:
         t = time.perf_counter()
-        cfg = config(model, batched)
+        cfg = config(model, batched, epochs)
         ds = build_dataset(cfg.data, cfg.run.seed)
         self.algo = ALGORITHMS.get("fedavg")(cfg, ds)
         self.algo.model.train()
@@ -66,9 +69,10 @@ class Reference:
     layer, conv as one grouped conv over the C clients, padded batches with a per-sample loss mask, plain SGD
     (no momentum or weight decay here, so a client with no real sample at a step gets a zero gradient)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, epochs: int = 1) -> None:
         t = time.perf_counter()
-        cfg = config(model, True)
+        cfg = config(model, True, epochs)
+        self.epochs = epochs
         ds = build_dataset(cfg.data, cfg.run.seed)
         algo = ALGORITHMS.get("fedavg")(cfg, ds)  # the same seeded initial weights
         self.kind, self.seed, self.bs, self.lr = model, cfg.run.seed, 16, 0.05
@@ -102,12 +106,15 @@ class Reference:
         t = time.perf_counter()
         C, bs = self.C, self.bs
         P = {k: v.unsqueeze(0).repeat(C, *[1] * v.dim()).requires_grad_(True) for k, v in self.global_.items()}
-        orders = [o[0] for o in batch_orders(self.sizes, [1] * C, self.seed, rnd, range(C))]
-        steps = int(-(-self.sizes.max() // bs))
-        idx = np.full((C, steps * bs), -1, dtype=np.int64)
-        for i, o in enumerate(orders):
-            idx[i, : len(o)] = o
-        idx = torch.from_numpy(idx.reshape(C, steps, bs))
+        E = self.epochs
+        orders = batch_orders(self.sizes, [E] * C, self.seed, rnd, range(C))
+        steps = int(-(-self.sizes.max() // bs))  # per epoch; a client with fewer batches idles (zero weight: no
+        idx = np.full((C, E, steps * bs), -1, dtype=np.int64)  # step without momentum) till the epoch's end
+        for i, per_epoch in enumerate(orders):
+            for e, o in enumerate(per_epoch):
+                idx[i, e, : len(o)] = o
+        idx = torch.from_numpy(idx.reshape(C, E * steps, bs))
+        steps *= E
         rows = torch.arange(C)[:, None]
         for s in range(steps):
             ii = idx[:, s]  # (C, bs)
@@ -126,50 +133,58 @@ class Reference:
         return t_train, time.perf_counter() - t, {k: v[0].detach() for k, v in P.items()}
 
 
-def bench(model: str, rounds: int) -> list[tuple]:
-    loops = {"sequential (ours)": OurLoop(model, False), "batched (ours)": OurLoop(model, True),
-             "hand-written batched reference": Reference(model)}
+def bench(model: str, rounds: int, epochs: int = 1) -> list[tuple]:
+    loops = {"sequential (ours)": OurLoop(model, False, epochs), "batched (ours)": OurLoop(model, True, epochs),
+             "hand-written batched reference": Reference(model, epochs)}
     startup, first, times = {}, {}, {k: [] for k in loops}
     for name, loop in loops.items():  # round 0: start-up (data, model, first round), not timed below
         t = time.perf_counter()
         _, _, first[name] = loop.round(0)
         startup[name] = loop.setup_s + time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    names = list(loops)
     for rnd in range(1, rounds + 1):
-        for name, loop in loops.items():
-            tt, tr, _ = loop.round(rnd)
-            times[name].append((tt, tr))
+        for i in rng.permutation(len(names)):
+            tt, tr, _ = loops[names[i]].round(rnd)
+            times[names[i]].append((tt, tr))
     ref = first["sequential (ours)"]
     n = len(loops["batched (ours)"].cids)
     out = []
     for name in loops:
         tt = np.median(np.array(times[name]), axis=0)  # the median round: robust to a busy machine's spikes
         diff = max(float((first[name][k] - ref[k]).abs().max()) for k in ref)
-        out.append((model, name, n / tt[0], n / tt[1], startup[name], diff))
+        out.append((model, name, n / tt[0], n / tt[1], startup[name], diff, np.array(times[name])))
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per loop (after one start-up round)")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per loop (after one start-up round)")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs (the issue's workload: 1, about one step "
+                                                          "a round; more amortize the per-round work)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; imports {T_IMPORTS:.2f} s; "
-          f"FedAvg, 100 clients, digits 2 classes/client, 1 epoch, batch 16, lr 0.05, {args.rounds} timed rounds")
-    rows = [r for m in args.models.split(",") for r in bench(m, args.rounds)]
+          f"FedAvg, 100 clients, digits 2 classes/client, {args.epochs} epoch(s), batch 16, lr 0.05, "
+          f"{args.rounds} timed rounds")
+    rows = [r for m in args.models.split(",") for r in bench(m, args.rounds, args.epochs)]
     print(f"\n| model | loop | updates/s (train) | updates/s (round) | start-up to first round (s) | "
           f"max abs diff vs sequential, round 0 |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for model, name, ut, ur, st, d in rows:
+    for model, name, ut, ur, st, d, _ in rows:
         print(f"| {model} | {name} | {ut:,.0f} | {ur:,.0f} | {st:.2f} | {d:.1e} |")
-    print("\n| model | batched / reference (train) | batched / sequential (train) | batched / sequential (round) |")
-    print("| --- | ---: | ---: | ---: |")
+    print("\n| model | batched / reference (train) | paired, p25-p75 | batched / sequential (train) | "
+          "batched / sequential (round) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for model in args.models.split(","):
-        r = {name: (ut, ur) for m, name, ut, ur, *_ in rows if m == model}
+        r = {name: (ut, ur, t) for m, name, ut, ur, _, _, t in rows if m == model}
         b, s, h = r["batched (ours)"], r["sequential (ours)"], r["hand-written batched reference"]
-        print(f"| {model} | {b[0] / h[0]:.0%} | {b[0] / s[0]:.1f}× | {b[1] / s[1]:.1f}× |")
+        paired = h[2][:, 0] / b[2][:, 0]  # per round: reference time / batched time = batched speed / reference's
+        lo, mid, hi = np.percentile(paired, [25, 50, 75])
+        print(f"| {model} | {b[0] / h[0]:.0%} | {mid:.0%}, {lo:.0%}-{hi:.0%} | {b[0] / s[0]:.1f}× | {b[1] / s[1]:.1f}× |")
     print(f"\nstart-up adds the imports ({T_IMPORTS:.2f} s) to the first loop built.")
 
 
