@@ -45,17 +45,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devices.inventory import FORMAT_RUNTIME
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.manifest import MANIFEST, ArtifactFile, load_manifest
 from edgemask.registry import Registry
 from edgemask.tomlio import read_toml
 
-# Format name -> the runtime that runs it (docs/contracts.md). A registry so an unknown name lists the valid ones.
+# Format name -> the runtime that runs it (docs/contracts.md): the devices' one map, as a registry so an unknown
+# name in a campaign lists the valid ones.
 FORMATS: Registry[str] = Registry("format")
-FORMATS.add("onnx", "onnxruntime")
-FORMATS.add("pte", "executorch")
-FORMATS.add("tflite", "tflite")
+for _fmt, _runtime in FORMAT_RUNTIME.items():
+    FORMATS.add(_fmt, _runtime)
 
 VARIANTS: Registry[str] = Registry("variant")
 VARIANTS.add("fp32", "fp32")
