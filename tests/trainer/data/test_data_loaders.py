@@ -364,3 +364,22 @@ def test_har_also_under_uci_folder_and_errors(tmp_path):
     (tmp_path / "UCI HAR Dataset" / "test" / "subject_test.txt").unlink()  # missing is reported before corrupt
     with pytest.raises(DatasetMissingError, match="har: test/subject_test.txt not found in .*UCI HAR Dataset"):
         build_dataset(DataConfig(name="har", partition="natural", root=str(tmp_path)), 0)
+
+
+def test_digits_read_from_scikit_learns_file_equal_load_digits():
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from trainer.data.embedded import load_digits_arrays
+
+    images, target = load_digits_arrays()
+    ref = load_digits()
+    assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target) and target.dtype == np.int64
+    assert images.shape == (1797, 8, 8) and np.bincount(target).tolist() == np.bincount(ref.target).tolist()
+    # read without importing scikit-learn (its import is most of a small run's start-up)
+    out = subprocess.run([sys.executable, "-c", "import sys; from trainer.data.embedded import load_digits_arrays; "
+                          "load_digits_arrays(); print('sklearn' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
