@@ -129,7 +129,8 @@ def compatible_groups(tasks: list[LocalTask]) -> list[list[int]]:
 def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -> Hashable:
     """Two tasks with equal signatures compute the same function of their (stacked) tensors: same forward and
     regularizer code over the same captured objects, same tensor names, shapes and dtypes. ``memo`` keeps the
-    specs of dicts of the very same tensors (by identity) while the tensors are alive, e.g. one grouping call."""
+    specs of dicts of the very same tensors (by identity) and the keys of the very same functions while they are
+    alive, e.g. one grouping call."""
 
     def spec(d: dict[str, torch.Tensor]) -> tuple:  # torch.Size hashes and compares as a tuple
         if not d:
@@ -142,7 +143,16 @@ def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -
             out = memo[key] = tuple([(k, v.shape, v.dtype) for k, v in d.items()])
         return out
 
-    return (_fn_key(task.forward), _fn_key(task.regularizer), _fn_key(task.loss), _fn_key(task.project),
+    def fn(f: Callable | None) -> Hashable:  # one function object shared by many tasks: its key once
+        if f is None or memo is None:
+            return _fn_key(f)
+        key = ("fn", id(f))
+        out = memo.get(key)
+        if out is None:
+            out = memo[key] = (_fn_key(f), f)  # the entry holds f, so its id stays its own
+        return out[0]
+
+    return (fn(task.forward), fn(task.regularizer), fn(task.loss), fn(task.project),
             task.batches_per_step, tuple(task.noise.items()), spec(task.trainable), spec(task.constants),
             spec(task.buffers), spec(task.grad_keep))
 
@@ -429,7 +439,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
     else:
         buffers = [{} for _ in range(C)]
-    return [LocalResult(dict(zip(keys, tr)), bu, loss / (n or 1), n, len(y))
+    return [LocalResult(dict(zip(keys, tr)), bu, loss / (n or 1), n, y.shape[0])
             for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
 
 

@@ -153,6 +153,12 @@ class Algorithm:
     def call(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.model, {**params, **buffers}, (x,))
 
+    def forward_of_params(self, params: dict[str, torch.Tensor], constants: dict[str, torch.Tensor],
+                          x: torch.Tensor, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The plain :attr:`LocalTask.forward`: the model on ``params`` and ``buffers`` (one method, so the
+        tasks of a round share it)."""
+        return self.call(params, buffers, x)
+
     def clone_global(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.global_params.items()}
 
@@ -171,7 +177,7 @@ class Algorithm:
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         return LocalTask(  # the global tensors themselves: the loops copy what they train (see LocalTask)
             trainable=dict(self.global_params),
-            forward=lambda p, c, x, b: self.call(p, b, x),
+            forward=self.forward_of_params,
             buffers=dict(self.global_buffers),
             epochs=self.local_epochs, lr=self.cfg.training.lr,
         )
