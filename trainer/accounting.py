@@ -61,12 +61,14 @@ def layer_positions(model: nn.Module, sites: tuple[MaskSite, ...], example: torc
             else:
                 out[s.name] = math.prod(outp.shape[1:-1]) if outp.dim() > 2 else 1
         hooks.append(mods[s.name].register_forward_hook(hook))
+    was_training = model.training
     try:
         with torch.no_grad():
             model.eval()(example[:1])
     finally:
         for h in hooks:
             h.remove()
+        model.train(was_training)  # simulate() measures before round 0: leaving eval mode trained it in eval mode
     return out
 
 

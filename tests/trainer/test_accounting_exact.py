@@ -47,3 +47,24 @@ def test_dead_lstm_hidden_units_cost_nothing_anywhere():
     # layer 2 keeps 3 units: 4 gates × 3 rows × (4 inputs + 3 live recurrent columns); fc1 loses a column
     expect = 2 * 5 * (16 * 3 + 16 * 4 + 12 * 4 + 12 * 3) + 2 * (3 * 6 + 6 * 7)
     assert forward_flops(model, sites, masks, pos) == expect
+
+
+def test_measuring_positions_leaves_the_model_in_its_mode_so_round_0_trains_in_training_mode():
+    # simulate() measures layer positions before round 0; it once left the model in eval mode, so round 0 trained
+    # with batch norm's running statistics (never updated) instead of each batch's
+    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+    from trainer.data import DataConfig
+    from trainer.simulation import simulate
+
+    model = build_model("tiny_mobilenet", (1, 8, 8), 10, width=4, expand=2)
+    sites = model_sites(model)
+    for training in (True, False):
+        model.train(training)
+        layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+        assert model.training is training
+    cfg = TrainConfig(run=RunConfig(seed=0), data=DataConfig(name="digits", num_clients=2, samples_per_client=40),
+                      model=ModelConfig("tiny_mobilenet", {"width": 4, "expand": 2}),
+                      algorithm=AlgorithmConfig("fedavg"), training=TrainingConfig(rounds=1, batch_size=8))
+    bufs = simulate(cfg).algorithm.global_buffers
+    means = [v for k, v in bufs.items() if k.endswith("running_mean")]
+    assert means and all(v.abs().sum() > 0 for v in means)  # initialized to 0: moved only in training mode
