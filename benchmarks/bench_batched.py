@@ -201,7 +201,7 @@ def main() -> None:
           f"FedAvg, 100 clients, digits 2 classes/client, {args.epochs} epoch(s), batch 16, lr 0.05, "
           f"{args.rounds} timed rounds")
     rows = [r for m in args.models.split(",") for r in bench(m, args.rounds, args.epochs)]
-    print(f"\n| model | loop | updates/s (train) | updates/s (round) | start-up to first round (s) | "
+    print("\n| model | loop | updates/s (train) | updates/s (round) | start-up to first round (s) | "
           f"max abs diff vs sequential, round 0 |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for model, name, ut, ur, st, d, _ in rows:
