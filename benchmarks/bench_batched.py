@@ -202,7 +202,7 @@ def main() -> None:
           f"{args.rounds} timed rounds")
     rows = [r for m in args.models.split(",") for r in bench(m, args.rounds, args.epochs)]
     print("\n| model | loop | updates/s (train) | updates/s (round) | start-up to first round (s) | "
-          f"max abs diff vs sequential, round 0 |")
+          "max abs diff vs sequential, round 0 |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for model, name, ut, ur, st, d, _ in rows:
         print(f"| {model} | {name} | {ut:,.0f} | {ur:,.0f} | {st:.2f} | {d:.1e} |")
