@@ -104,9 +104,13 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
                 results[i] = local_train(tasks[i], *data[i], orders[i], batch_size, momentum, weight_decay)
             continue
         activation_bytes, layers = probe
-        chunk = max_clients_per_chunk or clients_per_chunk(
-            tasks[first], max(data[i][1].shape[0] for i in group), data[first][0], activation_bytes, dev,
-            memory_budget)
+        if max_clients_per_chunk:
+            chunk = max_clients_per_chunk
+        else:
+            shared = frozenset(k for k, v in tasks[first].constants.items()
+                               if all(tasks[i].constants[k] is v for i in group))
+            chunk = clients_per_chunk(tasks[first], max(data[i][1].shape[0] for i in group), data[first][0],
+                                      activation_bytes, dev, memory_budget, shared)
         for s in range(0, len(group), chunk):
             part = group[s: s + chunk]
             out = _train_stacked([tasks[i] for i in part], [data[i] for i in part], [orders[i] for i in part],
@@ -270,10 +274,13 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
 
 
 def clients_per_chunk(task: LocalTask, max_samples: int, x: torch.Tensor, activation_bytes: int,
-                      dev: torch.device, memory_budget: int | None = None) -> int:
+                      dev: torch.device, memory_budget: int | None = None,
+                      shared: frozenset[str] = frozenset()) -> int:
     """How many clients fit the memory budget: per client, its trainable tensors three times (value, gradient,
     momentum), constants, keep masks and buffers, its padded data, and the activations autograd saves for one
-    step (measured by :func:`_probe`), counted twice for the backward's temporaries."""
+    step (measured by :func:`_probe`), counted twice for the backward's temporaries. ``shared``: constants every
+    client holds as the very same tensor (FedMask's frozen weights), stacked as one broadcast view: counted once,
+    not per client."""
     if memory_budget is None:
         if dev.type == "cuda":
             memory_budget = int(torch.cuda.mem_get_info(dev)[0] * CUDA_MEMORY_FRACTION)
@@ -284,9 +291,11 @@ def clients_per_chunk(task: LocalTask, max_samples: int, x: torch.Tensor, activa
         return sum(v.numel() * v.element_size() for v in d.values())
 
     sample = math.prod(x.shape[1:]) * x.element_size() + 8  # + the int64 label
-    per_client = (3 * nbytes(task.trainable) + nbytes(task.constants) + nbytes(task.grad_keep)
+    own = {k: v for k, v in task.constants.items() if k not in shared}
+    per_client = (3 * nbytes(task.trainable) + nbytes(own) + nbytes(task.grad_keep)
                   + 2 * nbytes(task.buffers) + max_samples * sample + 2 * activation_bytes)
-    return max(1, memory_budget // max(per_client, 1))
+    once = nbytes(task.constants) - nbytes(own)
+    return max(1, (memory_budget - once) // max(per_client, 1))
 
 
 # -- the stacked loop --------------------------------------------------------------------------------------

@@ -293,3 +293,14 @@ def test_per_step_noise_is_each_clients_own_stream_in_both_loops():
     got = _check_same(tasks, data, orders, 4, 0.0, 0.0)
     other = dataclasses.replace(tasks[0], seed=7)  # another stream: another result
     assert _max_diff(local_train(other, *data[0], orders[0], 4).trained, got[0].trained) > 1e-4
+
+
+def test_chunk_size_counts_a_constant_every_client_shares_once():
+    from trainer.batched import clients_per_chunk
+
+    frozen = torch.zeros(1000)  # 4,000 bytes, held by every client (FedMask's frozen weights)
+    task = LocalTask({"m": torch.zeros(250)}, forward=lambda p, c, x, b: x, constants={"w": frozen})
+    x = torch.zeros(10, 6)
+    # per client: 3 × 1,000 (trainable) + 10 samples × (24 + 8) = 3,320 bytes (+ 4,000 when "w" is its own)
+    assert clients_per_chunk(task, 10, x, 0, torch.device("cpu"), 100_000) == 100_000 // 7_320
+    assert clients_per_chunk(task, 10, x, 0, torch.device("cpu"), 100_000, frozenset({"w"})) == 96_000 // 3_320
