@@ -86,38 +86,32 @@ def _conv(op: Callable, ndim: int) -> Callable:
     return route
 
 
-def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    level = _vmap_level(input)
-    if level is None or input.dim() != 4 or return_indices:
+def _pool(op: Callable) -> Callable:
+    """A 2-D pooling of ``(N, C·ch, H, W)``: every channel on its own, so the clients fold into the channels."""
+    def route(input, *args, **kwargs):
+        level = _vmap_level(input)
+        if level is None or input.dim() != 4:  # not one vmap's batch of samples
+            return NotImplemented
+        x, C = _into_channels(input, level)
+        y = op(x, *args, **kwargs)
+        return y if y is NotImplemented else _out(y, C, level)
+
+    return route
+
+
+def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if return_indices:  # indices into the folded planes: PyTorch's rule
         return NotImplemented
-    x, C = _into_channels(input, level)
     # torch.max_pool2d's stride=[] means "the kernel size", as F.max_pool2d's None
-    return _out(F.max_pool2d(x, kernel_size, stride if stride not in (None, []) else None, padding, dilation,
-                             ceil_mode), C, level)
-
-
-def _avg_pool2d(input, *args, **kwargs):
-    level = _vmap_level(input)
-    if level is None or input.dim() != 4:
-        return NotImplemented
-    x, C = _into_channels(input, level)
-    return _out(F.avg_pool2d(x, *args, **kwargs), C, level)
-
-
-def _adaptive_avg_pool2d(input, output_size):
-    level = _vmap_level(input)
-    if level is None or input.dim() != 4:
-        return NotImplemented
-    x, C = _into_channels(input, level)
-    return _out(F.adaptive_avg_pool2d(x, output_size), C, level)
+    return F.max_pool2d(x, kernel_size, stride if stride not in (None, []) else None, padding, dilation, ceil_mode)
 
 
 BATCHED_OPS.add("conv1d", ((torch.conv1d,), _conv(F.conv1d, 3)))
 BATCHED_OPS.add("conv2d", ((torch.conv2d,), _conv(F.conv2d, 4)))
-BATCHED_OPS.add("max_pool2d", ((torch.max_pool2d, F.max_pool2d), _max_pool2d))
-BATCHED_OPS.add("avg_pool2d", ((F.avg_pool2d,), _avg_pool2d))
+BATCHED_OPS.add("max_pool2d", ((torch.max_pool2d, F.max_pool2d), _pool(_max_pool2d)))
+BATCHED_OPS.add("avg_pool2d", ((F.avg_pool2d,), _pool(F.avg_pool2d)))
 BATCHED_OPS.add("adaptive_avg_pool2d", ((torch._C._nn.adaptive_avg_pool2d, F.adaptive_avg_pool2d),
-                                        _adaptive_avg_pool2d))
+                                        _pool(F.adaptive_avg_pool2d)))
 _ROUTES: dict[Callable, Callable] = {f: BATCHED_OPS.get(n)[1] for n in BATCHED_OPS for f in BATCHED_OPS.get(n)[0]}
 
 

@@ -94,7 +94,9 @@ def test_rules_stand_aside_under_grad_inside_vmap_and_for_single_samples():
     with mode:
         got = vmap(inner)(w, x)
         single = vmap(lambda x, w: F.conv2d(x, w))(x[:, 0], w)  # (2, 6, 6): one sample, no batch dimension
+        pooled, where = vmap(lambda x: F.max_pool2d(x, 2, return_indices=True))(x)  # indices: PyTorch's rule
     assert mode.routed == 0
+    assert torch.equal(pooled, vmap(lambda x: F.max_pool2d(x, 2))(x)) and where.shape == pooled.shape
     assert torch.allclose(got, vmap(inner)(w, x)) and torch.allclose(single, vmap(F.conv2d)(x[:, 0], w))
     assert not is_batchedtensor(single)
 
