@@ -107,8 +107,8 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
         if max_clients_per_chunk:
             chunk = max_clients_per_chunk
         else:
-            shared = frozenset(k for k, v in tasks[first].constants.items()
-                               if all(tasks[i].constants[k] is v for i in group))
+            shared = frozenset(k for k in tasks[first].constants
+                               if _held_by_all([tasks[i].constants for i in group], k))
             chunk = clients_per_chunk(tasks[first], max(data[i][1].shape[0] for i in group), data[first][0],
                                       activation_bytes, dev, memory_budget, shared)
         for s in range(0, len(group), chunk):
@@ -197,12 +197,17 @@ def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device, copy: bool = Tr
     ``copy`` (state that is trained), else a stride-0 view (read-only constants and keep masks)."""
     out = {}
     for k, v in ds[0].items():
-        if len({id(d[k]) for d in ds}) == 1:
+        if _held_by_all(ds, k):
             v = v.to(dev).unsqueeze(0).expand(len(ds), *v.shape)
             out[k] = v.clone(memory_format=torch.contiguous_format) if copy else v
         else:
             out[k] = torch.stack([d[k] for d in ds]).to(dev)
     return out
+
+
+def _held_by_all(ds: list[dict[str, torch.Tensor]], k: str) -> bool:
+    """Every client's ``k`` is the very same tensor (e.g. the global weights FedAvg's tasks hold)."""
+    return all(d[k] is ds[0][k] for d in ds)
 
 
 def _client_loss(task: LocalTask) -> Callable:
