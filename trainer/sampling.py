@@ -87,7 +87,7 @@ def batch_orders(sizes: Sequence[int], epochs: Sequence[int], seed: int, round_:
 def client_seed(seed: int, round_: int, client_index: int) -> int:
     """A 63-bit seed for a client's own random stream in one round (:attr:`LocalTask.noise`): a SplitMix64 hash
     of (seed, round, client index), independent of the batch orders' keys."""
-    return _mix(_mix(_mix((int(seed) & _M64) ^ 0x401CE) ^ (int(round_) & _M64)) ^ (int(client_index) & _M64)) >> 1
+    return client_seeds(seed, round_, [client_index])[0]
 
 
 def client_seeds(seed: int, round_: int, client_indices: Sequence[int]) -> list[int]:
