@@ -1,5 +1,6 @@
-"""trainer.batched_ops: each rule computes what PyTorch's own vmap rule computes, values and gradients, and keeps
-the clients beside the channels so that conv → pool → conv copies nothing."""
+"""trainer.batched_ops: each rule computes what PyTorch's own vmap rule computes, values and gradients; the
+convolution and pooling rules keep the clients beside the channels so that conv → pool → conv copies nothing, and
+the linear rule hands back weight gradients laid out like the weights."""
 
 from __future__ import annotations
 
@@ -83,6 +84,31 @@ def test_conv_pool_conv_keeps_clients_beside_channels():
     assert seen[0][1] == 0  # PyTorch's rule had moved the clients to the front (a copy)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_equals_pytorch_rule_and_hands_back_contiguous_weight_gradients(bias):
+    torch.manual_seed(5)
+    x, w1, b1, w2 = torch.randn(C, N, 6), torch.randn(C, 8, 6), torch.randn(C, 8), torch.randn(C, 4, 8)
+    seen = []
+
+    def net(x, w1, b1, w2):
+        h = torch.relu(F.linear(x, w1, b1) if bias else F.linear(x, w1) + 0 * b1)
+        seen.append(_unwrap_batched(h, 1))
+        return F.linear(h, w2)
+
+    (y0, g0, _), (y1, g1, routed) = _both(net, x, w1, b1, w2)
+    assert routed == 2 and torch.allclose(y0, y1, atol=1e-5) and _close(g0, g1)
+    assert not g0[1].is_contiguous() and g1[1].is_contiguous() and g1[3].is_contiguous()  # ∂W like W: (C, O, I)
+    physical, bdim = seen[-1]  # with the rule: (C, N, 8) laid out as (C, 8, N), so the next layer's xᵀ is a view
+    assert bdim == 0 and physical.transpose(1, 2).is_contiguous()
+
+
+def test_linear_with_a_shared_weight_keeps_pytorch_rule():
+    torch.manual_seed(6)
+    w, b = torch.randn(4, 6), torch.randn(4)  # one weight for every client: one plain matmul over C·N samples
+    (y0, g0, _), (y1, g1, routed) = _both(lambda x: F.linear(x, w, b), torch.randn(C, N, 6))
+    assert routed == 0 and torch.equal(y0, y1)
+
+
 def test_rules_stand_aside_under_grad_inside_vmap_and_for_single_samples():
     torch.manual_seed(4)
     x, w = torch.randn(C, N, 2, 6, 6), torch.randn(C, 3, 2, 3, 3)
@@ -103,4 +129,5 @@ def test_rules_stand_aside_under_grad_inside_vmap_and_for_single_samples():
 
 def test_every_registered_rule_is_tested_here():
     # a new entry of BATCHED_OPS needs its equality test above
-    assert set(BATCHED_OPS.names()) == {"conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"}
+    assert set(BATCHED_OPS.names()) == {"linear", "conv1d", "conv2d", "max_pool2d", "avg_pool2d",
+                                        "adaptive_avg_pool2d"}
