@@ -344,7 +344,11 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                    dev: torch.device, layers: bool = True) -> list[LocalResult]:
     C = len(tasks)
     t0 = tasks[0]
-    P = {k: v.detach().requires_grad_(True) for k, v in _stack([t.trainable for t in tasks], dev).items()}
+    T = [t.trainable for t in tasks]
+    # A tensor every client starts from (FedAvg's global weights) is stacked as a broadcast view, not copied C
+    # times: the first update writes each client's own copy out of place (one pass over the memory, not two).
+    fresh = set() if t0.project is not None else {k for k in t0.trainable if _held_by_all(T, k)}
+    P = {k: v.detach().requires_grad_(True) for k, v in _stack(T, dev, copy=not fresh).items()}
     K = _stack([t.constants for t in tasks], dev, copy=False) if t0.constants else {}
     gens = [noise_generator(t) for t in tasks] if t0.noise else None  # each client's own stream (LocalTask.noise)
     Bf = _stack([t.buffers for t in tasks], dev) if t0.buffers else {}  # stack copies: the tasks' stay as given
@@ -433,18 +437,21 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                         bufs[k] = torch.where(a, bufs[k] * momentum + g, bufs[k])
                     g = bufs[k]
                 rate = lr[k]
-                if all_active and not isinstance(rate, torch.Tensor):
-                    p.sub_(g, alpha=rate)  # the common case in one fused op, as torch.optim.SGD does it
-                    continue
-                step = g * (rate.view(C, *[1] * (p.dim() - 1)) if isinstance(rate, torch.Tensor) else rate)
-                if all_active:
-                    p.sub_(step)
+                if isinstance(rate, torch.Tensor):  # one rate per client
+                    g, rate = g * rate.view(C, *[1] * (p.dim() - 1)), 1.0
+                if not all_active:
+                    g = torch.where(active.view(C, *[1] * (p.dim() - 1)), g, torch.zeros((), device=dev))
+                if k in fresh:  # still the clients' shared start: their own copies, updated
+                    P[k] = torch.sub(p, g, alpha=rate).requires_grad_(True)
+                    fresh.discard(k)
                 else:
-                    p.sub_(torch.where(active.view(C, *[1] * (p.dim() - 1)), step, torch.zeros((), device=dev)))
+                    p.sub_(g, alpha=rate)  # one fused op, as torch.optim.SGD does it
             if project is not None:  # only the clients that took step s: an idle one is never projected
                 for k, v in project(P).items():
                     P[k].copy_(v if active_np.all() else torch.where(active.view(C, *[1] * (v.dim() - 1)), v, P[k]))
 
+    for k in fresh:  # never updated: still a view of the task's tensor, so copied
+        P[k] = P[k].clone()
     seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
     trained = zip(*[v.detach().cpu().unbind(0) for v in P.values()])  # per client, its tensors in keys' order
