@@ -25,17 +25,24 @@ def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch
 
 def _as_stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """``torch.stack(tensors)`` without the copy when the tensors already lie one after another in one storage,
-    equally laid out (the rows of the batched loop's stacked parameters); else ``None``."""
+    equally laid out (the rows of the batched loop's stacked parameters); else ``None``. The first tensor's
+    storage must hold all the rows; a tensor whose data starts inside it, live, is a view of it (or of the same
+    memory), so comparing data pointers is enough: one call per tensor, not one per attribute."""
     t0 = tensors[0]
-    n, size, step = len(tensors), t0.shape, t0.numel()
+    n = len(tensors)
     if n < 2 or not t0.is_contiguous():
         return None
-    ptr, off = t0.untyped_storage().data_ptr(), t0.storage_offset()
-    for i, t in enumerate(tensors):
-        if (t.shape != size or t.dtype != t0.dtype or t.device != t0.device or not t.is_contiguous()
-                or t.storage_offset() != off + i * step or t.untyped_storage().data_ptr() != ptr):
-            return None
-    return t0.as_strided((n, *size), (step, *t0.stride()), off)
+    size, stride, dtype, dev = t0.shape, t0.stride(), t0.dtype, t0.device
+    row = t0.numel() * t0.element_size()
+    base, storage = t0.data_ptr(), t0.untyped_storage()
+    if row == 0 or base + n * row > storage.data_ptr() + storage.nbytes():
+        return None
+    ptrs = [t.data_ptr() for t in tensors]
+    if ptrs != list(range(base, base + n * row, row)):
+        return None
+    if not all(t.shape == size and t.stride() == stride and t.dtype == dtype and t.device == dev for t in tensors):
+        return None
+    return t0.as_strided((n, *size), (t0.numel(), *stride), t0.storage_offset())
 
 
 def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],

@@ -80,3 +80,9 @@ def test_weighted_average_of_rows_of_one_stacked_tensor_reads_them_in_place():
     assert _as_stacked(rows[::-1]) is None and _as_stacked(rows[::2]) is None
     assert torch.allclose(weighted_average(rows[::-1], w[::-1]), expect)
     assert _as_stacked([torch.zeros(3, 2), torch.zeros(3, 2)]) is None  # separate storages
+    # at the right addresses but laid out otherwise (transposed, flattened), or past the first one's storage
+    flat = stacked.view(4, 6)
+    assert _as_stacked([rows[0], stacked.view(4, 2, 3)[1].t(), *rows[2:]]) is None  # (3, 2), strides (1, 3)
+    assert _as_stacked([rows[0], flat[1], *rows[2:]]) is None
+    assert _as_stacked([stacked[3], torch.zeros(3, 2)]) is None
+    assert torch.equal(_as_stacked(rows[1:3]), stacked[1:3])
