@@ -148,7 +148,7 @@ def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -
         return out
 
     def fn(f: Callable | None) -> Hashable:  # one function object shared by many tasks: its key once
-        if f is None or memo is None:
+        if f is None or memo is None or type(f) is types.MethodType:  # a bound method is a new object each time
             return _fn_key(f)
         key = ("fn", id(f))
         out = memo.get(key)
@@ -164,28 +164,34 @@ def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -
 def _fn_key(fn: Callable | None) -> Hashable:
     if fn is None:
         return None
-    if isinstance(fn, types.MethodType):
+    if type(fn) is types.MethodType:
         return ("method", fn.__func__, id(fn.__self__))
     code = getattr(fn, "__code__", None)
     if code is None:
         return ("object", id(fn))
-    cells = []
-    for c in fn.__closure__ or ():
-        try:
-            cells.append(_value_key(c.cell_contents))
-        except ValueError:  # an empty cell
-            cells.append(("empty",))
-    return ("function", code, tuple(cells), _value_key(fn.__defaults__))
+    cells = fn.__closure__
+    return ("function", code, tuple([_cell_key(c) for c in cells]) if cells else (), _value_key(fn.__defaults__))
+
+
+def _cell_key(cell: types.CellType) -> Hashable:
+    try:
+        return _value_key(cell.cell_contents)
+    except ValueError:  # an empty cell
+        return ("empty",)
+
+
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 def _value_key(v: Any) -> Hashable:
     """Scalars, strings and tuples/lists of them by value (a closure's list of layer names is rebuilt for every
     task); functions by their own key; anything else (a model, a tensor, a dict) by identity."""
-    if v is None or isinstance(v, (str, bytes, int, float, bool)):
+    t = type(v)
+    if t in _SCALARS:
         return ("value", v)
-    if isinstance(v, (list, tuple)) and all(x is None or isinstance(x, (str, bytes, int, float, bool)) for x in v):
-        return ("value", type(v).__name__, tuple(v))
-    if isinstance(v, types.FunctionType | types.MethodType):
+    if (t is list or t is tuple) and all(type(x) in _SCALARS for x in v):
+        return ("value", t.__name__, tuple(v))
+    if t is types.FunctionType or t is types.MethodType:
         return _fn_key(v)
     return ("id", id(v))
 

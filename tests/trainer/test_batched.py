@@ -196,6 +196,26 @@ def test_chunks_and_groups_give_the_same_result():
         assert _max_diff(a.trained, b.trained) <= 1e-6
 
 
+def test_tasks_group_by_what_their_closures_compute():
+    class Owner:
+        def forward(self, p, c, x, b):
+            return x
+
+    a, b = Owner(), Owner()
+    w = {"w": torch.zeros(2, 3)}
+
+    def make(names, scale, owner=a, shape=(2, 3)):
+        def forward(p, c, x, buffers):  # captures a list rebuilt per task, a number and an object
+            return owner.forward(p, c, x, buffers) * scale + len(names)
+        return LocalTask({"w": torch.zeros(shape)}, forward)
+
+    tasks = [make(["x", "y"], 2), make(["x", "y"], 2),  # equal lists and numbers: one group
+             make(["x", "z"], 2), make(["x", "y"], 3), make(["x", "y"], 2, owner=b),  # another value or object
+             make(["x", "y"], 2, shape=(3, 2)),  # another shape
+             LocalTask(w, a.forward), LocalTask(dict(w), a.forward), LocalTask(w, b.forward)]  # bound methods
+    assert compatible_groups(tasks) == [[0, 1], [2], [3], [4], [5], [6, 7], [8]]
+
+
 def test_random_forward_falls_back_to_the_sequential_loop():
     model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3)).train()
     tasks = [_model_task(model) for _ in range(2)]
