@@ -8,19 +8,25 @@ import torch
 STACK_ELEMENTS = 1 << 24  # clients' tensors stacked at once by weighted_average (64 MiB of float32)
 
 
-def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+def weighted_average(tensors: list[torch.Tensor], weights: list[float] | torch.Tensor) -> torch.Tensor:
     """FedAvg: Σ_k w_k x_k / Σ_k w_k (weights are usually local sample counts). The clients' tensors are
-    stacked and contracted with the weights, a chunk of clients at a time (at most :data:`STACK_ELEMENTS`)."""
-    total = float(sum(weights))
-    w = torch.tensor([x / total for x in weights], dtype=torch.float32)
-    out = torch.zeros_like(tensors[0], dtype=torch.float32)
+    stacked and contracted with the weights, a chunk of clients at a time (at most :data:`STACK_ELEMENTS`).
+    ``weights`` may come already normalized as a float32 tensor (:func:`average_state` does it once)."""
+    w = weights if isinstance(weights, torch.Tensor) else _normalized(weights)
     step = max(1, STACK_ELEMENTS // max(tensors[0].numel(), 1))
+    out = None
     for s in range(0, len(tensors), step):
         chunk = tensors[s: s + step]
         part = _as_stacked(chunk)
         part = (torch.stack(chunk) if part is None else part).float()
-        out += torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
+        term = torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
+        out = term if out is None else out.add_(term)
     return out
+
+
+def _normalized(weights: list[float]) -> torch.Tensor:
+    total = float(sum(weights))
+    return torch.tensor([x / total for x in weights], dtype=torch.float32)
 
 
 def _as_stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
@@ -48,7 +54,8 @@ def _as_stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
 def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],
                   keys: list[str] | None = None) -> dict[str, torch.Tensor]:
     keys = keys if keys is not None else list(states[0])
-    return {k: weighted_average([s[k] for s in states], weights) for k in keys}
+    w = _normalized(weights)
+    return {k: weighted_average([s[k] for s in states], w) for k in keys}
 
 
 def personalization_preserving(masks: list[torch.Tensor], keeps: list[torch.Tensor]) -> list[torch.Tensor]:
