@@ -7,7 +7,16 @@ files of exactly those layouts into the stand-in's emulated sysfs root (the runn
 
     P = idle_w + (busy_w - idle_w) * u,   u = CPU time the device's cgroup used / (wall time × its CPU quota)
 
-updated `--rate-hz` times a second. Every tree it writes carries an `EMULATED-BY-EDGEMASK-TEST-FLEET` file.
+over the last `--window-s` seconds, updated `--rate-hz` times a second. Every tree it writes carries an
+`EMULATED-BY-EDGEMASK-TEST-FLEET` file.
+
+The window is one of the cgroup's CFS periods (100 ms), as a real INA3221 averages its conversions. The quota
+runs the device's processes in bursts (25 ms of every 100 ms for a quarter of a CPU), and the runner's sampler
+is one of those processes, so it reads the sensor only during a burst. A window shorter than a period (it was
+the 50 ms update interval) then held the usage of the throttled stretch just before the burst at most of those
+reads: a busy device read as idle in about one timed window out of ten, depending only on how the update ticks
+fell against the bursts (25 windows in a row measured a busy mean of 2.4-4.9 W; with this window, 5.7-5.9 W, idle
+2.4-2.9 W). A window of a whole period sees about the same usage whatever the phase.
 
     python powermodel.py --sysfs DIR --kind ina3221|hwmon --usage-file F --usage-unit ns|us --cores 0.5
 """
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections import deque
 from pathlib import Path
 
 MARKER = "EMULATED-BY-EDGEMASK-TEST-FLEET"
@@ -28,6 +38,22 @@ def power_w(used_cpu_s: float, wall_s: float, cores: float, idle_w: float, busy_
     """The model: linear in the cgroup's CPU utilisation over the interval, clipped to [0, 1]."""
     u = 0.0 if wall_s <= 0 else min(1.0, max(0.0, used_cpu_s / (wall_s * cores)))
     return idle_w + (busy_w - idle_w) * u
+
+
+class UsageWindow:
+    """The cgroup's CPU use over the last ``window_s`` seconds of (wall, cumulative usage) readings: each
+    :meth:`add` returns (usage, wall) between the newest reading and the oldest one still at least a window old."""
+
+    def __init__(self, window_s: float, t: float, usage_s: float) -> None:
+        self.window_s = window_s
+        self.readings = deque([(t, usage_s)])
+
+    def add(self, t: float, usage_s: float) -> tuple[float, float]:
+        self.readings.append((t, usage_s))
+        while len(self.readings) > 2 and t - self.readings[1][0] >= self.window_s:
+            self.readings.popleft()
+        t0, u0 = self.readings[0]
+        return usage_s - u0, t - t0
 
 
 def read_usage_s(path: Path, unit: str) -> float:
@@ -84,12 +110,14 @@ def main() -> None:
     ap.add_argument("--busy-w", type=float, default=6.0)
     ap.add_argument("--volts", type=float, default=5.0)
     ap.add_argument("--rate-hz", type=float, default=20.0)
+    ap.add_argument("--window-s", type=float, default=0.1, help="the usage is averaged over this long (a whole "
+                                                                "CFS period of the cgroup)")
     ap.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = ap.parse_args()
 
     out = layout(args.sysfs, args.kind, args.volts)
     scale = 1000.0 if args.kind == "ina3221" else 1e6  # mW for INA3221, µW for hwmon
-    t0, u0 = time.monotonic(), read_usage_s(args.usage_file, args.usage_unit)
+    window = UsageWindow(args.window_s, time.monotonic(), read_usage_s(args.usage_file, args.usage_unit))
     _write(out, str(int(args.idle_w * scale)))
     while True:
         time.sleep(1.0 / args.rate_hz)
@@ -100,8 +128,8 @@ def main() -> None:
         except (OSError, ValueError):
             return  # the cgroup is gone: the device was torn down
         t1 = time.monotonic()
-        _write(out, str(int(power_w(u1 - u0, t1 - t0, args.cores, args.idle_w, args.busy_w) * scale)))
-        t0, u0 = t1, u1
+        used, wall = window.add(t1, u1)
+        _write(out, str(int(power_w(used, wall, args.cores, args.idle_w, args.busy_w) * scale)))
 
 
 if __name__ == "__main__":
