@@ -3,8 +3,6 @@ digits with 2 classes per client."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.accounting import tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
 from trainer.algorithms.perfedmask import mask_weighted_average
 from trainer.models.masking import MaskSite, effective_params

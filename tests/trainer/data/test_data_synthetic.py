@@ -1,6 +1,5 @@
 """FedPeWS's synthetic dataset: sizes, the 5-D lift, the interleaved layout, the manual N = 2 / N = 4 splits."""
 
-import numpy as np
 import pytest
 import torch
 
