@@ -57,7 +57,7 @@ def _front(t: torch.Tensor | None, level: int, C: int) -> torch.Tensor | None:
     if not is_batchedtensor(t):
         return t.unsqueeze(0).expand(C, *t.shape)
     t, bdim = _unwrap_batched(t, level)
-    return t.movedim(bdim, 0)
+    return t if bdim == 0 else t.movedim(bdim, 0)
 
 
 def _into_channels(x: torch.Tensor, level: int) -> tuple[torch.Tensor, int]:
@@ -112,8 +112,7 @@ def _linear(input, weight, bias=None):
     level = _vmap_level(input)
     if level is None or input.dim() != 2 or not is_batchedtensor(weight):  # a shared weight: PyTorch's rule
         return NotImplemented
-    x, bdim = _unwrap_batched(input, level)
-    x = x.movedim(bdim, 0)  # (C, B, I)
+    x = _front(input, level, 0)  # (C, B, I)
     C = x.shape[0]
     w = _front(weight, level, C)  # (C, O, I)
     xt = x.transpose(1, 2)  # (C, I, B)
