@@ -353,8 +353,10 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     T = [t.trainable for t in tasks]
     # A tensor every client starts from (FedAvg's global weights) is stacked as a broadcast view, not copied C
     # times: the first update writes each client's own copy out of place (one pass over the memory, not two).
-    fresh = set() if t0.project is not None else {k for k in t0.trainable if _held_by_all(T, k)}
-    P = {k: v.detach().requires_grad_(True) for k, v in _stack(T, dev, copy=not fresh).items()}
+    # A projection writes the tensors in place from the first step, so then every client gets its copy up front.
+    copy = t0.project is not None
+    P = {k: v.detach().requires_grad_(True) for k, v in _stack(T, dev, copy=copy).items()}
+    fresh = set() if copy else {k for k in P if _held_by_all(T, k)}  # the keys stacked as broadcast views
     K = _stack([t.constants for t in tasks], dev, copy=False) if t0.constants else {}
     gens = [noise_generator(t) for t in tasks] if t0.noise else None  # each client's own stream (LocalTask.noise)
     Bf = _stack([t.buffers for t in tasks], dev) if t0.buffers else {}  # stack copies: the tasks' stay as given
@@ -413,7 +415,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.
             xb, yb = X[rows, idx[s, :, 0]], Y[rows, idx[s, :, 0]]  # (C, B, *input), (C, B)
-            with mode():  # layout-keeping rules for convolutions and pooling (trainer.batched_ops)
+            with mode():  # layout-keeping rules for linear, convolution and pooling layers (trainer.batched_ops)
                 logits = forward(P, K, xb, Bf)  # (C, B, classes)
             # all clients' cross-entropies in one op over the flattened batch (C·B,), then each client's mean
             ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none")

@@ -56,6 +56,11 @@ def _front(t: torch.Tensor | None, level: int, C: int) -> torch.Tensor | None:
         return None
     if not is_batchedtensor(t):
         return t.unsqueeze(0).expand(C, *t.shape)
+    return _unwrap_front(t, level)
+
+
+def _unwrap_front(t: torch.Tensor, level: int) -> torch.Tensor:
+    """The physical tensor of batched ``t``, its client dimension moved first (a view)."""
     t, bdim = _unwrap_batched(t, level)
     return t if bdim == 0 else t.movedim(bdim, 0)
 
@@ -112,7 +117,7 @@ def _linear(input, weight, bias=None):
     level = _vmap_level(input)
     if level is None or input.dim() != 2 or not is_batchedtensor(weight):  # a shared weight: PyTorch's rule
         return NotImplemented
-    x = _front(input, level, 0)  # (C, B, I)
+    x = _unwrap_front(input, level)  # (C, B, I)
     C = x.shape[0]
     w = _front(weight, level, C)  # (C, O, I)
     xt = x.transpose(1, 2)  # (C, I, B)

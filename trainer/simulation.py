@@ -163,16 +163,21 @@ def phase_stream(client_index: int, num_clients: int, phase: int) -> int:
     return client_index + phase * num_clients
 
 
+def phase_streams(algo: Algorithm, phase: int, pairs: list[tuple[str, LocalTask]]) -> list[int]:
+    """:func:`phase_stream` of each pair's client."""
+    index = algo.client_index
+    return [phase_stream(index[cid], len(index), phase) for cid, _ in pairs]
+
+
 def train_phase_on_host(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]],
                         batched: bool | None = None) -> list[LocalResult]:
     """One phase of round ``rnd`` for the ``(cid, task)`` pairs on this host: all together
     (:func:`trainer.batched.local_train_batched`) when ``batched`` (default: ``training.batched``), else one after
     another."""
     cfg, t = algo.cfg, algo.cfg.training
-    index = algo.client_index
     data = [algo.client_data(cid) for cid, _ in pairs]
     order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
-                         [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])  # all at once
+                         phase_streams(algo, phase, pairs))  # all at once
     if t.batched if batched is None else batched:
         return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], order,
                                    t.batch_size, t.momentum, t.weight_decay, t.device)
@@ -221,8 +226,7 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
 
 def seed_tasks(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]]) -> None:
     """Give each task its client's random stream for round ``rnd``, phase ``phase`` (:attr:`LocalTask.seed`)."""
-    index = algo.client_index
-    seeds = client_seeds(algo.cfg.run.seed, rnd, [phase_stream(index[cid], len(index), phase) for cid, _ in pairs])
+    seeds = client_seeds(algo.cfg.run.seed, rnd, phase_streams(algo, phase, pairs))
     for (_, task), s in zip(pairs, seeds):
         task.seed = s
 
