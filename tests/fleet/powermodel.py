@@ -18,7 +18,8 @@ reads: a busy device read as idle in about one timed window out of ten, dependin
 fell against the bursts (25 windows in a row measured a busy mean of 2.4-4.9 W; with this window, 5.7-5.9 W, idle
 2.4-2.9 W). A window of a whole period sees about the same usage whatever the phase.
 
-    python powermodel.py --sysfs DIR --kind ina3221|hwmon --usage-file F --usage-unit ns|us --cores 0.5
+    python powermodel.py --sysfs DIR --kind ina3221|hwmon --usage-file F --usage-unit ns|us --cores 0.5 \
+        --window-s 0.1
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ def main() -> None:
     ap.add_argument("--busy-w", type=float, default=6.0)
     ap.add_argument("--volts", type=float, default=5.0)
     ap.add_argument("--rate-hz", type=float, default=20.0)
-    ap.add_argument("--window-s", type=float, default=0.1, help="the usage is averaged over this long (a whole "
-                                                                "CFS period of the cgroup)")
+    ap.add_argument("--window-s", type=float, required=True, help="the usage is averaged over this long (a whole "
+                                                                  "CFS period of the cgroup)")
     ap.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = ap.parse_args()
 

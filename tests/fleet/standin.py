@@ -113,11 +113,13 @@ def arm64_rootfs() -> Path:
 class CpuCgroup:
     """A cgroup holding one device's processes, limited to ``cores`` CPUs' worth of time."""
 
+    PERIOD_US = 100_000  # the CFS period: the quota runs the device in bursts of cores × this, once per period
+
     def __init__(self, name: str, cores: float) -> None:
         self.name, self.cores = name, cores
         root = Path("/sys/fs/cgroup")
         self.v2 = sh("stat", "-fc", "%T", root).stdout.strip() == "cgroup2fs"
-        period = 100_000
+        period = self.PERIOD_US
         quota = int(cores * period)
         if self.v2:
             self.dirs = [root / name]
@@ -340,7 +342,8 @@ SetEnv EDGEMASK_SYSFS_ROOT={self.sysfs_root}{' QEMU_CPU=cortex-a72' if self.arch
         self.power = subprocess.Popen(
             [sys.executable, str(HERE / "powermodel.py"), "--sysfs", str(self.dir / "sysfs"), "--kind", self.sensor,
              "--usage-file", str(self.cgroup.usage_file), "--usage-unit", self.cgroup.usage_unit,
-             "--cores", str(self.cores), "--parent-pid", str(os.getpid())],
+             "--cores", str(self.cores), "--window-s", str(CpuCgroup.PERIOD_US / 1e6),  # one whole period
+             "--parent-pid", str(os.getpid())],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         marker = self.dir / "sysfs" / "EMULATED-BY-EDGEMASK-TEST-FLEET"
         deadline = time.monotonic() + 10
