@@ -13,7 +13,11 @@ of the ratio within the same round.
 "train" times local training only (for ours: ``simulation.train_clients``, i.e. ``local_task`` + orders +
 training + results); "round" adds the uploads and the server's aggregate.
 
+All loops run under the allocator settings ``simulate()`` makes (:mod:`trainer.allocator`); ``--default-allocator``
+keeps glibc's defaults, under which every loop pays page faults for memory the heap gave back the step before.
+
     python benchmarks/bench_batched.py [--rounds 40] [--models mlp,cnn] [--threads N] [--epochs E]
+                                       [--default-allocator]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from trainer.algorithms import ALGORITHMS  # noqa: E402
+from trainer.allocator import tune_host_allocator  # noqa: E402
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig  # noqa: E402
 from trainer.data import DataConfig, build_dataset  # noqa: E402
 from trainer.sampling import batch_orders  # noqa: E402
@@ -213,12 +218,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (the issue's workload: 1, about one step "
                                                           "a round; more amortize the per-round work)")
+    ap.add_argument("--default-allocator", action="store_true",
+                    help="leave glibc's malloc thresholds as they are (simulate() tunes them: trainer.allocator)")
     args = ap.parse_args()
+    allocator = "unchanged: --default-allocator" if args.default_allocator else tune_host_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; imports {T_IMPORTS:.2f} s; "
           f"FedAvg, 100 clients, digits 2 classes/client, {args.epochs} epoch(s), batch 16, lr 0.05, "
-          f"{args.rounds} timed rounds")
+          f"{args.rounds} timed rounds; host allocator {allocator}")
     rows = [r for m in args.models.split(",") for r in bench(m, args.rounds, args.epochs)]
     print("\n| model | loop | updates/s (train) | updates/s (round) | start-up to first round (s) | "
           "max abs diff vs sequential, round 0 |")

@@ -12,6 +12,7 @@ import torch
 
 from trainer.accounting import dense_reference, forward_flops, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
+from trainer.allocator import tune_host_allocator
 from trainer.batched import local_train_batched
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
@@ -63,6 +64,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
     """
     t0 = time.perf_counter()
+    tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
     algo = build_algorithm(cfg)
     ds = algo.dataset
     schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)
