@@ -20,6 +20,7 @@ from trainer.models.masking import MaskSite, effective_params
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 4
+FLOPS_MEMORY_BUDGET = 256 << 20  # bytes of stacked masks and probe tensors per chunk (forward_flops_many)
 
 
 def tensor_bytes(tensors: dict[str, torch.Tensor] | list[torch.Tensor]) -> int:
@@ -81,6 +82,7 @@ def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str,
     1/fan-in, biases and batch-norm affine 1, running mean 0 and variance 1) on a positive input: ReLU, pooling,
     residual adds, LSTM gates and heads keep every live value > 0, and a dead unit (zero weights, gated bias and
     batch norm) stays exactly 0 whatever the data. So a unit is dead iff the probe leaves it at 0.
+    Runs under ``vmap`` over stacked ``eff`` too (:func:`forward_flops_many`): the liveness is reduced inside.
     """
     probe = {}
     for k, v in eff.items():
@@ -121,16 +123,21 @@ def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str,
 
 def site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], alive_in: torch.Tensor) -> int:
     """Weight elements of one site that do work: non-zero, live output unit, live input unit."""
+    return int(_site_nnz(site, mod, eff, alive_in))
+
+
+def _site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], alive_in: torch.Tensor) -> torch.Tensor:
+    """:func:`site_nnz` as a 0-d int64 tensor (no conversion to a Python int, so it runs under ``vmap``)."""
     if site.kind == "lstm":
         h = site.hidden
-        total, prev = 0, alive_in
+        total, prev = torch.zeros((), dtype=torch.int64), alive_in
         for layer, (ih, hh) in enumerate(zip(site.weights[0::2], site.weights[1::2])):
             # hidden unit j is dead when its g rows are all zero (masking.unit_alive): h_j = o_j·tanh(0) = 0
             g = torch.cat([eff[ih][2 * h: 3 * h], eff[hh][2 * h: 3 * h]], dim=1)
             out_alive = g.ne(0).any(1)  # (H,)
             rows = out_alive.repeat(4)[:, None]  # (4H, 1): the i, f, g, o rows of dead units do no work
-            total += int((eff[ih].ne(0) & rows & prev[None, :]).sum())
-            total += int((eff[hh].ne(0) & rows & out_alive[None, :]).sum())
+            total = total + (eff[ih].ne(0) & rows & prev[None, :]).sum()
+            total = total + (eff[hh].ne(0) & rows & out_alive[None, :]).sum()
             prev = out_alive
         return total
     W = eff[site.weights[0]]
@@ -140,8 +147,25 @@ def site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], alive
         n, cg = W.shape[0], W.shape[1]
         chan = (torch.arange(n)[:, None] // (n // groups)) * cg + torch.arange(cg)[None, :]  # (N, C/groups)
         cols = alive_in[chan]
-        return int((nz & cols.reshape(n, cg, *([1] * (W.dim() - 2)))).sum())
-    return int((nz & alive_in[None, :]).sum())  # linear (out, in)
+        return (nz & cols.reshape(n, cg, *([1] * (W.dim() - 2)))).sum()
+    return (nz & alive_in[None, :]).sum()  # linear (out, in)
+
+
+def _masked_flops(model: nn.Module, sites: tuple[MaskSite, ...], params: dict[str, torch.Tensor],
+                  masks: dict[str, torch.Tensor], positions: dict[str, int]) -> torch.Tensor:
+    """:func:`forward_flops` of one client's masks as a 0-d int64 tensor; ``vmap`` runs it over stacked masks."""
+    eff = effective_params(params, masks, sites) if masks else params
+    example = getattr(positions, "example", None)
+    alive = input_liveness(model, sites, eff, example) if example is not None else {}
+    mods = dict(model.named_modules())
+    total = torch.zeros((), dtype=torch.int64)
+    for s in sites:
+        if s.name in alive:
+            nnz = _site_nnz(s, mods[s.name], eff, alive[s.name])
+        else:
+            nnz = sum(eff[w].ne(0).sum() for w in s.weights)
+        total = total + 2 * positions.get(s.name, 1) * nnz
+    return total
 
 
 def forward_flops(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor],
@@ -152,18 +176,40 @@ def forward_flops(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str
     (:func:`site_nnz`); input liveness comes from a probe pass on ``positions.example`` (a :class:`Positions`
     from :func:`layer_positions`). Given a plain dict, only zero effective weights are skipped."""
     params = {k: v.detach() for k, v in model.named_parameters()}
-    eff = effective_params(params, {k: v.detach() for k, v in masks.items()}, sites) if masks else params
-    example = getattr(positions, "example", None)
-    alive = input_liveness(model, sites, eff, example) if example is not None else {}
-    mods = dict(model.named_modules())
-    total = 0
-    for s in sites:
-        if s.name in alive:
-            nnz = site_nnz(s, mods[s.name], eff, alive[s.name])
-        else:
-            nnz = sum(int(eff[w].ne(0).sum()) for w in s.weights)
-        total += 2 * nnz * positions.get(s.name, 1)
-    return total
+    return int(_masked_flops(model, sites, params, {k: v.detach() for k, v in masks.items()}, positions))
+
+
+def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: list[dict[str, torch.Tensor]],
+                       positions: dict[str, int], memory_budget: int = FLOPS_MEMORY_BUDGET) -> list[int]:
+    """``[forward_flops(model, sites, m, positions) for m in masks]``, computed for the clients together: their
+    masks stacked, the probe pass and the counts run once under ``vmap`` per group of clients whose masks have
+    the same names and shapes, in chunks of at most ``memory_budget`` bytes of stacked masks and effective
+    parameters. A round of FedMask's 100 MLP clients took ~100 ms one by one, the same as its training."""
+    out: list[int | None] = [None] * len(masks)
+    groups: dict[tuple, list[int]] = {}
+    for i, m in enumerate(masks):
+        groups.setdefault(tuple((k, v.shape) for k, v in m.items()), []).append(i)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    per_client = sum(v.numel() * v.element_size() for v in params.values())
+    count = torch.vmap(lambda m: _masked_flops(model, sites, params, m, positions))
+    for spec, idx in groups.items():
+        if not spec:  # no masks: the dense model, the same for all
+            dense = forward_flops(model, sites, {}, positions)
+            for i in idx:
+                out[i] = dense
+            continue
+        mask_bytes_ = sum(math.prod(shape) * masks[idx[0]][k].element_size() for k, shape in spec)
+        chunk = max(1, memory_budget // (3 * (per_client + mask_bytes_)))  # masks, effective params, probe
+        for s in range(0, len(idx), chunk):
+            part = idx[s: s + chunk]
+            stacked = {k: torch.stack([masks[i][k].detach() for i in part]) for k, _ in spec}
+            try:
+                flops = count(stacked).tolist()
+            except RuntimeError:  # an op without a batching rule (an LSTM): one client after another
+                flops = [forward_flops(model, sites, masks[i], positions) for i in part]
+            for i, f in zip(part, flops):
+                out[i] = f
+    return out  # type: ignore[return-value]
 
 
 def dense_reference(model: nn.Module, sites: tuple[MaskSite, ...], positions: dict[str, int]) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainer.accounting import dense_reference, forward_flops, layer_positions
+from trainer.accounting import dense_reference, forward_flops_many, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
 from trainer.batched import local_train_batched
@@ -100,13 +100,13 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     if progress:
         progress(0, cfg.training.rounds, {})  # start the clock before the first round
     for rnd in range(cfg.training.rounds):
-        updates = []
-        for cid, res in train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase):
-            upd = algo.client_update(cid, rnd, res)
-            updates.append(upd)
-            masks = algo.eval_masks(cid)
-            # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
-            fwd = forward_flops(algo.model, algo.sites, masks, positions) if masks else ref["flops_fwd"]
+        trained = train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase)
+        updates = [algo.client_update(cid, rnd, res) for cid, res in trained]
+        masks_of = [algo.eval_masks(cid) for cid, _ in trained]
+        # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
+        masked = iter(forward_flops_many(algo.model, algo.sites, [m for m in masks_of if m], positions))
+        for (cid, res), upd, masks in zip(trained, updates, masks_of):
+            fwd = next(masked) if masks else ref["flops_fwd"]
             fwd_train = fwd * res.samples_seen
             bwd_train = algo.backward_flops(cid, fwd) * res.samples_seen
             record(rnd, cid, "bytes_up", upd.bytes_up)

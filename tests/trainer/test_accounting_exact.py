@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.accounting import dense_reference, forward_flops, layer_positions
+import pytest
+
+from trainer.accounting import dense_reference, forward_flops, forward_flops_many, layer_positions
 from trainer.models import build_model, model_sites
 from trainer.models.masking import all_ones_masks
 
@@ -47,6 +49,32 @@ def test_dead_lstm_hidden_units_cost_nothing_anywhere():
     # layer 2 keeps 3 units: 4 gates × 3 rows × (4 inputs + 3 live recurrent columns); fc1 loses a column
     expect = 2 * 5 * (16 * 3 + 16 * 4 + 12 * 4 + 12 * 3) + 2 * (3 * 6 + 6 * 7)
     assert forward_flops(model, sites, masks, pos) == expect
+
+
+MANY = [("mlp", (1, 8, 8), {"hidden": (16, 12)}), ("cnn", (1, 8, 8), {"widths": (4, 6)}),
+        ("tiny_mobilenet", (1, 8, 8), {"width": 4, "expand": 2}),  # depthwise convs, batch norm, residuals
+        ("char_lstm", (5,), {"hidden": 4, "embed": 3, "fc": (6,)})]  # no vmap rule: one client after another
+
+
+@pytest.mark.parametrize(("name", "shape", "args"), MANY)
+def test_many_clients_at_once_count_what_each_counts_alone(name, shape, args):
+    model = build_model(name, shape, 7, **args)
+    sites = model_sites(model)
+    example = torch.zeros(1, *shape, dtype=torch.long if name == "char_lstm" else torch.float32)
+    pos = layer_positions(model, sites, example)
+    g = torch.Generator().manual_seed(0)
+    masks = []
+    for keep in (0.9, 0.6, 0.2, 0.03):  # from nearly dense to most units dead
+        m = all_ones_masks(model, sites)
+        masks.append({k: (torch.rand(v.shape, generator=g) < keep).float() for k, v in m.items()})
+    dead = all_ones_masks(model, sites)
+    dead[sites[0].weights[0]][: 2] = 0  # two whole units of the first layer dead: their columns downstream too
+    masks += [dead, {}]  # {}: the dense model
+    alone = [forward_flops(model, sites, m, pos) for m in masks]
+    assert len(set(alone)) == len(alone)  # the cases differ, so a mix-up between clients would show
+    assert forward_flops_many(model, sites, masks, pos) == alone
+    assert forward_flops_many(model, sites, masks, pos, memory_budget=1) == alone  # one client per chunk
+    assert forward_flops_many(model, sites, [], pos) == []
 
 
 def test_measuring_positions_leaves_the_model_in_its_mode_so_round_0_trains_in_training_mode():
