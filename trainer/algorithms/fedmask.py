@@ -72,6 +72,7 @@ class FedMask(Algorithm):
     Args = FedMaskArgs
 
     def setup(self) -> None:
+        from trainer.batched import local_train_batched
         from trainer.local_training import local_train
         from trainer.sampling import batch_order
 
@@ -84,14 +85,25 @@ class FedMask(Algorithm):
         self.masks: dict[str, dict[str, torch.Tensor]] = {}
         self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
         ones = {w: torch.ones(shapes[w]) for w in masked}
-        for i, cid in enumerate(self.client_ids):
-            # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0.
+        t = self.cfg.training
+
+        def pruning_task(cid: str) -> LocalTask:
             task = self._task(cid, ones, ones, regularize=False)
             task.epochs = 1
-            data = self.client_data(cid)
-            res = local_train(task, data.train_x, data.train_y,
-                              batch_order(data.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i),
-                              self.cfg.training.batch_size)
+            return task
+
+        # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, every
+        # client together when training is batched (as the rounds are), else one after another.
+        data = [self.client_data(cid) for cid in self.client_ids]
+        orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i) for i, d in enumerate(data)]
+        if t.batched:
+            tasks = [pruning_task(cid) for cid in self.client_ids]
+            pairs = zip(tasks, local_train_batched(tasks, [(d.train_x, d.train_y) for d in data], orders,
+                                                   t.batch_size, device=t.device))
+        else:  # one client's task alive at a time
+            pairs = ((task, local_train(task, d.train_x, d.train_y, o, t.batch_size))
+                     for task, d, o in ((pruning_task(cid), d, o) for cid, d, o in zip(self.client_ids, data, orders)))
+        for cid, (task, res) in zip(self.client_ids, pairs):
             keep = {}
             for w in masked:
                 if w in pruned:
