@@ -47,13 +47,15 @@ from torch.func import vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import LocalResult, LocalTask
+from trainer.algorithms.base import EvalModel, LocalResult, LocalTask
 from trainer.batched_ops import BatchedLayers
-from trainer.local_training import draw_noise, local_train, noise_generator, step_plan
+from trainer.local_training import draw_noise, evaluate, local_train, noise_generator, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
 PADDED_CACHE_BYTES = 256 << 20  # padded client data kept between rounds (see _padded_data), at most
+EVAL_SAMPLES_PER_CALL = 4096  # clients × test samples in one vmapped evaluation call, at most
+EVAL_MEMORY_BUDGET = 256 << 20  # bytes of stacked per-client tensors per evaluation chunk
 _PROBED: dict[Hashable, tuple[tuple[int, bool] | str, tuple]] = {}  # signature -> (probe result, its functions)
 _PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, bytes): see _padded_data
 
@@ -135,30 +137,34 @@ def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -
     regularizer code over the same captured objects, same tensor names, shapes and dtypes. ``memo`` keeps the
     specs of dicts of the very same tensors (by identity) and the keys of the very same functions while they are
     alive, e.g. one grouping call."""
+    return (_fn_signature(task.forward, memo), _fn_signature(task.regularizer, memo), _fn_signature(task.loss, memo),
+            _fn_signature(task.project, memo), task.batches_per_step, tuple(task.noise.items()),
+            _spec(task.trainable, memo), _spec(task.constants, memo), _spec(task.buffers, memo),
+            _spec(task.grad_keep, memo))
 
-    def spec(d: dict[str, torch.Tensor]) -> tuple:  # torch.Size hashes and compares as a tuple
-        if not d:
-            return ()
-        if memo is None:
-            return tuple([(k, v.shape, v.dtype) for k, v in d.items()])
-        key = (tuple(d), tuple(map(id, d.values())))
-        out = memo.get(key)
-        if out is None:
-            out = memo[key] = tuple([(k, v.shape, v.dtype) for k, v in d.items()])
-        return out
 
-    def fn(f: Callable | None) -> Hashable:  # one function object shared by many tasks: its key once
-        if f is None or memo is None or type(f) is types.MethodType:  # a bound method is a new object each time
-            return _fn_key(f)
-        key = ("fn", id(f))
-        out = memo.get(key)
-        if out is None:
-            out = memo[key] = (_fn_key(f), f)  # the entry holds f, so its id stays its own
-        return out[0]
+def _spec(d: dict[str, torch.Tensor], memo: dict[Hashable, tuple] | None) -> tuple:
+    """Names, shapes and dtypes of ``d``'s tensors (torch.Size hashes and compares as a tuple)."""
+    if not d:
+        return ()
+    if memo is None:
+        return tuple([(k, v.shape, v.dtype) for k, v in d.items()])
+    key = (tuple(d), tuple(map(id, d.values())))
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = tuple([(k, v.shape, v.dtype) for k, v in d.items()])
+    return out
 
-    return (fn(task.forward), fn(task.regularizer), fn(task.loss), fn(task.project),
-            task.batches_per_step, tuple(task.noise.items()), spec(task.trainable), spec(task.constants),
-            spec(task.buffers), spec(task.grad_keep))
+
+def _fn_signature(f: Callable | None, memo: dict[Hashable, tuple] | None) -> Hashable:
+    """:func:`_fn_key`, computed once per function object shared by many tasks."""
+    if f is None or memo is None or type(f) is types.MethodType:  # a bound method is a new object each time
+        return _fn_key(f)
+    key = ("fn", id(f))
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = (_fn_key(f), f)  # the entry holds f, so its id stays its own
+    return out[0]
 
 
 def _fn_key(fn: Callable | None) -> Hashable:
@@ -525,3 +531,60 @@ def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum
     if total is None:
         return [None] * len(keys)
     return torch.autograd.grad(total, [P[k] for k in keys], allow_unused=True)
+
+
+# -- evaluation ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.Tensor]],
+                  batch_size: int = 512) -> list[tuple[float, float]]:
+    """``(accuracy, mean cross-entropy)`` of each client's model on its test split ``data[i] = (x, y)``, as
+    :func:`trainer.local_training.evaluate` gives it (NaN for a client without test samples), for many clients
+    at once: the models with the same function and tensor layout are stacked (a tensor every client holds is
+    broadcast, not copied), their test sets padded, and ``vmap`` runs the forward over up to
+    :data:`EVAL_SAMPLES_PER_CALL` clients × samples per call; padded samples are left out of the counts. Models
+    that cannot run under ``vmap`` (an LSTM has no batching rule) are evaluated one after another."""
+    out: list[tuple[float, float] | None] = [None] * len(models)
+    groups: dict[Hashable, list[int]] = {}
+    memo: dict[Hashable, tuple] = {}
+    for i, m in enumerate(models):
+        groups.setdefault((_fn_signature(m.forward, memo), _spec(m.params, memo), _spec(m.buffers, memo)),
+                          []).append(i)
+    for idx in groups.values():
+        first = models[idx[0]]
+        n_max = max(len(data[i][1]) for i in idx)
+        block = max(1, min(batch_size, n_max))
+        own = sum(v.numel() * v.element_size() for d in (first.params, first.buffers) for v in d.values())
+        chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, EVAL_MEMORY_BUDGET // max(own, 1)))
+        forward = vmap(first.forward)
+        for s in range(0, len(idx), chunk):
+            part = idx[s: s + chunk]
+            try:
+                scores = _evaluate_stacked(forward, [models[i] for i in part], [data[i] for i in part], block)
+            except RuntimeError:  # no batching rule for an op (LSTM): one client after another
+                scores = [evaluate(lambda x, m=models[i]: m.forward(m.params, m.buffers, x), *data[i], batch_size)
+                          for i in part]
+            for i, sc in zip(part, scores):
+                out[i] = sc
+    return out  # type: ignore[return-value]
+
+
+def _evaluate_stacked(forward: Callable, models: list[EvalModel], data: list[tuple[torch.Tensor, torch.Tensor]],
+                      block: int) -> list[tuple[float, float]]:
+    C = len(models)
+    cpu = torch.device("cpu")
+    P = _stack([m.params for m in models], cpu, copy=False)  # read only: shared tensors stay broadcast views
+    B = _stack([m.buffers for m in models], cpu, copy=False)
+    X, Y = _padded_data(data, cpu)  # (C, N, *input), (C, N)
+    n = torch.tensor([len(y) for _, y in data])
+    correct = torch.zeros(C, dtype=torch.int64)
+    loss = torch.zeros(C, dtype=torch.float64)
+    for s in range(0, int(n.max()), block):
+        xb, yb = X[:, s: s + block], Y[:, s: s + block]
+        with BatchedLayers():
+            logits = forward(P, B, xb)  # (C, b, classes)
+        real = torch.arange(s, s + yb.shape[1])[None, :] < n[:, None]  # (C, b): not padding
+        ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(C, -1)
+        loss += (ce * real).sum(1, dtype=torch.float64)
+        correct += ((logits.argmax(2) == yb) & real).sum(1)
+    return [(c / k, lo / k) if k else (float("nan"), float("nan"))
+            for c, lo, k in zip(correct.tolist(), loss.tolist(), n.tolist())]

@@ -13,7 +13,7 @@ import torch
 from trainer.accounting import dense_reference, forward_flops_many, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
-from trainer.batched import local_train_batched
+from trainer.batched import evaluate_many, local_train_batched
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
@@ -81,9 +81,12 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     def eval_all(rnd: int) -> float:
         algo.model.eval()
         accs = []
-        for cid in algo.client_ids:
-            d = algo.client_data(cid)
-            acc, loss = evaluate(algo.eval_forward(cid), d.test_x, d.test_y)
+        tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
+        if cfg.training.batched and algo.evaluates_batched():  # every client's model at once
+            scores = evaluate_many([algo.eval_model(cid) for cid in algo.client_ids], tests)
+        else:  # one after another: the reference (and Per-FedAvg, which adapts each model first)
+            scores = [evaluate(algo.eval_forward(cid), x, y) for cid, (x, y) in zip(algo.client_ids, tests)]
+        for cid, (acc, loss) in zip(algo.client_ids, scores):
             record(rnd, cid, "accuracy", acc)
             record(rnd, cid, "test_loss", loss)
             accs.append(acc)

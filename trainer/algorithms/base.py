@@ -8,7 +8,8 @@ Hooks, in the order the loop calls them:
 * ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`LocalTask`;
 * ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`;
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
-* ``eval_forward(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation and FLOPs;
+* ``eval_model(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation (an
+  :class:`EvalModel`: the loop evaluates many clients together) and its masks for FLOPs;
 * ``client_state(cid)`` / ``shared_state()`` — what the run directory stores.
 
 Optional hooks (defaults keep the behaviour above):
@@ -19,7 +20,11 @@ Optional hooks (defaults keep the behaviour above):
 * ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
 * ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
-* ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less).
+* ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less);
+* ``eval_forward(cid)`` — the personalized model as a plain function of a batch, by default
+  :meth:`Algorithm.eval_model`'s. An algorithm whose evaluation cannot be written as an :class:`EvalModel`
+  (Per-FedAvg adapts each client's model with a gradient step first) overrides this instead, and the loop
+  evaluates its clients one after another.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from trainer.accounting import tensor_bytes
 from trainer.config import TrainConfig
 from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
+from trainer.models.masking import effective_params
 from trainer.run_dir import ClientState
 
 Tensors = dict[str, torch.Tensor]
@@ -89,6 +95,18 @@ class LocalTask:
     # phase), so a client's draws do not depend on which clients train with it, nor on the loop.
     noise: dict[str, tuple[int, ...]] = field(default_factory=dict)
     seed: int = 0
+
+
+@dataclass
+class EvalModel:
+    """A client's personalized model for evaluation: ``forward(params, buffers, x)`` maps a batch to logits.
+    As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
+    function (one object for every client of a kind, e.g. a bound method) captures only what they share, so the
+    loop can stack clients and evaluate them together (:func:`trainer.batched.evaluate_many`)."""
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    forward: Callable[[Tensors, Tensors, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -220,8 +238,25 @@ class Algorithm:
         avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
         self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
 
+    def eval_model(self, cid: str) -> EvalModel:
+        """The model client ``cid`` is evaluated with (default: the global one)."""
+        return EvalModel(self.global_params, self.global_buffers, self.call)
+
     def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda x: self.call(self.global_params, self.global_buffers, x)
+        """Client ``cid``'s model as a function of a batch: :meth:`eval_model`'s, unless overridden."""
+        m = self.eval_model(cid)
+        return lambda x: m.forward(m.params, m.buffers, x)
+
+    def evaluates_batched(self) -> bool:
+        """Whether :meth:`eval_forward` is :meth:`eval_model`'s (not overridden), so clients can be evaluated
+        together."""
+        return type(self).eval_forward is Algorithm.eval_forward
+
+    def masked_call(self, masks: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                    x: torch.Tensor) -> torch.Tensor:
+        """The global weights under a client's ``masks`` (:func:`~trainer.models.masking.effective_params`): the
+        :attr:`EvalModel.forward` of masked models, whose ``params`` are the masks."""
+        return self.call(effective_params(self.global_params, masks, self.sites), buffers, x)
 
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The client's current binary masks (empty: dense)."""

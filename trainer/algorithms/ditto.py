@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.algorithms.fedprox import with_proximal
 from trainer.run_dir import ClientState
 
@@ -47,10 +47,9 @@ class Ditto(Algorithm):
         glob.samples_seen = result.samples_seen
         return super().client_update(cid, rnd, glob)
 
-    def eval_forward(self, cid: str):
-        params = self.personal.get(cid, self.global_params)
-        buffers = self.personal_buffers.get(cid, self.global_buffers)
-        return lambda x: self.call(params, buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.personal.get(cid, self.global_params),
+                         self.personal_buffers.get(cid, self.global_buffers), self.call)
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params={**self.personal.get(cid, {}), **self.personal_buffers.get(cid, {})})

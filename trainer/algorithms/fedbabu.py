@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.models.registry import head_names
 from trainer.run_dir import ClientState
 
@@ -55,9 +55,8 @@ class FedBABU(Algorithm):
     def finetune_result(self, cid: str, result: LocalResult) -> None:
         self.heads[cid] = dict(result.trained)
 
-    def eval_forward(self, cid: str):
-        params = {**self.global_params, **self.heads.get(cid, {})}
-        return lambda x: self.call(params, self.global_buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers, self.call)
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))

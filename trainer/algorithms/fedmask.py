@@ -32,7 +32,7 @@ import torch
 
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, personalization_preserving
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.masks import binarize
 from trainer.models.masking import MaskSite, effective_params
 from trainer.run_dir import ClientState
@@ -199,9 +199,8 @@ class FedMask(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.local[cid]
 
-    def eval_forward(self, cid: str):
-        masks, buffers = self.local[cid], self.buffers[cid]
-        return lambda x: self.call(effective_params(self.global_params, masks, self.sites), buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.local[cid], self.buffers[cid], self.masked_call)  # W ⊙ m (Eq. 2), binary m
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())

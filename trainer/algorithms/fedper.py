@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.models.registry import head_names
 from trainer.run_dir import ClientState
 
@@ -36,9 +36,8 @@ class FedPer(Algorithm):
         self.average_params(updates, self.body)
         self.average_buffers(updates)
 
-    def eval_forward(self, cid: str):
-        params = self.personal_params(cid)
-        return lambda x: self.call(params, self.global_buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.personal_params(cid), self.global_buffers, self.call)
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads[cid]))

@@ -32,7 +32,7 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.run_dir import ClientState
 
 Tensors = dict[str, torch.Tensor]
@@ -179,9 +179,8 @@ class FedSelect(Algorithm):
             src = trained.get(cid, self.models.get(cid, self.global_params))
             self.models[cid] = {k: torch.where(self.personal[cid][k], src[k], g) for k, g in self.global_params.items()}
 
-    def eval_forward(self, cid: str):
-        params = self.client_model(cid)
-        return lambda x: self.call(params, self.global_buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.client_model(cid), self.global_buffers, self.call)
 
     def client_state(self, cid: str) -> ClientState:
         if cid not in self.personal:

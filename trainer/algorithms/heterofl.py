@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.algorithms.perfedmask import mask_weighted_average
 from trainer.models.masking import MaskSite, effective_params
 from trainer.models.registry import head_names
@@ -105,9 +105,8 @@ class HeteroFL(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.masks[cid]
 
-    def eval_forward(self, cid: str):
-        params = effective_params(self.global_params, self.masks[cid], self.sites)
-        return lambda x: self.call(params, self.global_buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.masks[cid], self.global_buffers, self.masked_call)
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(h.sum()) for h in self.hold[cid].values())

@@ -32,7 +32,7 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.aggregation import average_state
 from trainer.models import head_names
 from trainer.run_dir import ClientState
@@ -107,10 +107,9 @@ class LGFedAvg(Algorithm):
         avg = average_state([u.payload for u in updates], [u.num_samples for u in updates], self.head)
         self.global_params = {**self.global_params, **avg}
 
-    def eval_forward(self, cid: str):
+    def eval_model(self, cid: str) -> EvalModel:
         rep, buffers = self.representation(cid)
-        params = {**rep, **self._global_head()}
-        return lambda x: self.call(params, buffers, x)
+        return EvalModel({**rep, **self._global_head()}, buffers, self.call)
 
     def client_state(self, cid: str) -> ClientState:
         rep, buffers = self.representation(cid)

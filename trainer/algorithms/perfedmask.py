@@ -32,7 +32,7 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import forward_flops, layer_positions, tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.models.registry import head_names
 from trainer.run_dir import ClientState
 
@@ -229,9 +229,8 @@ class PerFedMask(Algorithm):
     def personal_params(self, cid: str) -> dict[str, torch.Tensor]:
         return {**self.global_params, **self.heads.get(cid, {})}
 
-    def eval_forward(self, cid: str):
-        params = self.personal_params(cid)
-        return lambda x: self.call(params, self.global_buffers, x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.personal_params(cid), self.global_buffers, self.call)
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))

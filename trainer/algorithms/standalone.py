@@ -11,7 +11,7 @@ starts from the same seeded initial weights; evaluation uses its own model.
 
 from __future__ import annotations
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.run_dir import ClientState
 
 
@@ -39,8 +39,8 @@ class Standalone(Algorithm):
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         """No server."""
 
-    def eval_forward(self, cid: str):
-        return lambda x: self.call(self.own[cid], self.own_buffers[cid], x)
+    def eval_model(self, cid: str) -> EvalModel:
+        return EvalModel(self.own[cid], self.own_buffers[cid], self.call)
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params={**self.own[cid], **self.own_buffers[cid]})
