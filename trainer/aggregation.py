@@ -58,16 +58,16 @@ def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],
     return {k: weighted_average([s[k] for s in states], w) for k in keys}
 
 
-def personalization_preserving(masks: list[torch.Tensor], keeps: list[torch.Tensor]) -> list[torch.Tensor]:
+def personalization_preserving(masks: list[torch.Tensor], keeps: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
     """FedMask §3.6 (Fig. 7-8): each element is averaged only over the clients whose (pruned) structure keeps
     it, and only where two or more do; an element kept by one client alone keeps that client's value.
 
-    ``masks[k]`` is client k's uploaded binary mask, ``keeps[k]`` its one-shot pruning structure (1 = kept).
-    Returns each client's updated mask (averaged values, in [0, 1]; zero where the client pruned).
+    ``masks[k]`` is client k's uploaded binary mask, ``keeps[k]`` its one-shot pruning structure (1 = kept;
+    the K structures may come stacked, ``(K, *shape)``). Returns the clients' updated masks stacked,
+    ``(K, *shape)``: averaged values in [0, 1], zero where the client pruned.
     """
-    keep = torch.stack([k.float() for k in keeps])  # (K, *shape)
-    vals = torch.stack([m.float() for m in masks]) * keep
+    keep = keeps.float() if isinstance(keeps, torch.Tensor) else torch.stack([k.float() for k in keeps])
+    vals = torch.stack([m.float() for m in masks]) * keep  # (K, *shape)
     count = keep.sum(0)  # (*shape) how many clients keep each element
     avg = vals.sum(0) / count.clamp(min=1)
-    shared = count >= 2
-    return [torch.where(shared, avg, v) * kp for v, kp in zip(vals, keep)]
+    return torch.where(count >= 2, avg, vals) * keep

@@ -184,10 +184,10 @@ class FedMask(Algorithm):
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for w in self.keep[self.client_ids[0]]:
-            merged = personalization_preserving([u.payload[w] for u in updates],
-                                                [self.keep[u.client_id][w] for u in updates])
-            for u, m in zip(updates, merged):
-                self.masks[u.client_id][w] = binarize(m) * self.keep[u.client_id][w]
+            keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
+            merged = binarize(personalization_preserving([u.payload[w] for u in updates], keep)) * keep
+            for u, m in zip(updates, merged.unbind(0)):
+                self.masks[u.client_id][w] = m
         real_o = self._real_output_gates()
         if real_o:
             avg = average_state([u.extra["o"] for u in updates], [u.num_samples for u in updates])
