@@ -84,11 +84,12 @@ class FedMask(Algorithm):
         self.keep: dict[str, dict[str, torch.Tensor]] = {}
         self.masks: dict[str, dict[str, torch.Tensor]] = {}
         self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
-        ones = {w: torch.ones(shapes[w]) for w in masked}
+        ones = {w: torch.ones(shapes[w]) for w in masked}  # one tensor every client holds: stacked as a view
+        first = self._start_scores(ones, ones)
         t = self.cfg.training
 
         def pruning_task(cid: str) -> LocalTask:
-            task = self._task(cid, ones, ones, regularize=False)
+            task = self._task(cid, first, ones, regularize=False)
             task.epochs = 1
             return task
 
@@ -111,13 +112,15 @@ class FedMask(Algorithm):
                     after = self._weight_rows(w) * res.trained[w]
                     keep[w] = top_fraction((after - before).abs(), self.args.prune_rate)
                 else:
-                    keep[w] = torch.ones(shapes[w])
+                    keep[w] = ones[w]
             self.keep[cid] = keep
             self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
             self.buffers[cid] = res.buffers
         # The mask each device infers with: its latest locally trained binary mask. The server's
-        # personalized aggregate (self.masks) is where its next local update starts (Alg. 1 line 11).
+        # personalized aggregate (self.masks) is where its next local update starts (Alg. 1 line 11), as the
+        # real-valued scores self.start.
         self.local = {cid: dict(m) for cid, m in self.masks.items()}
+        self.start = {cid: self._start_scores(self.masks[cid], self.keep[cid]) for cid in self.client_ids}
 
     # -- the local task -------------------------------------------------------------------------------
     def _weight_rows(self, w: str) -> torch.Tensor:
@@ -126,10 +129,16 @@ class FedMask(Algorithm):
         W = self.weights[w]
         return W[: 3 * site.hidden] if site.kind == "lstm" else W
 
+    def _start_scores(self, masks: dict[str, torch.Tensor], keep: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The real-valued mask m^r a local update starts from (Alg. 1 line 14): ``±init_scale`` where the binary
+        mask is 1 / 0, and 0 where pruned. Works on one client's masks or on the clients' stacked ``(K, ...)``."""
+        s = self.args.init_scale
+        return {w: (s * (2 * masks[w] - 1)) * keep[w] for w in masks}
+
     def _task(self, cid: str, start: dict[str, torch.Tensor], keep: dict[str, torch.Tensor],
               regularize: bool = True) -> LocalTask:
-        s = self.args.init_scale
-        trainable = {w: (s * (2 * start[w] - 1)) * keep[w] for w in start}  # m^r (Alg. 1 line 14)
+        """``start``: the scores m^r (:meth:`_start_scores`), trained by the loops on their own copies."""
+        trainable = dict(start)
         real_o = self._real_output_gates()
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
@@ -170,7 +179,7 @@ class FedMask(Algorithm):
         return params
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
-        return self._task(cid, self.masks[cid], self.keep[cid])
+        return self._task(cid, self.start[cid], self.keep[cid])
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         masks = {w: binarize(torch.sigmoid(result.trained[w])) * self.keep[cid][w] for w in self.keep[cid]}
@@ -186,8 +195,10 @@ class FedMask(Algorithm):
         for w in self.keep[self.client_ids[0]]:
             keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
             merged = binarize(personalization_preserving([u.payload[w] for u in updates], keep)) * keep
-            for u, m in zip(updates, merged.unbind(0)):
+            start = self._start_scores({w: merged}, {w: keep})[w]  # all K clients' next m^r in one op
+            for u, m, st in zip(updates, merged.unbind(0), start.unbind(0)):
                 self.masks[u.client_id][w] = m
+                self.start[u.client_id][w] = st
         real_o = self._real_output_gates()
         if real_o:
             avg = average_state([u.extra["o"] for u in updates], [u.num_samples for u in updates])
