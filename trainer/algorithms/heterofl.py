@@ -84,15 +84,18 @@ class HeteroFL(Algorithm):
         self.rate = {cid: rates[i % len(rates)] for i, cid in enumerate(self.client_ids)}
         self.masks = {cid: width_masks(self.global_params, self.sites, head, r) for cid, r in self.rate.items()}
         self.hold = {cid: holder_masks(self.global_params, self.sites, m) for cid, m in self.masks.items()}
+        self.held = {cid: sum(int(h.sum()) for h in hold.values()) for cid, hold in self.hold.items()}  # elements
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         masks = self.masks[cid]
-        return LocalTask(self.clone_global(), lambda p, c, x, b: self.call(effective_params(p, c, self.sites), b, x),
-                         constants=dict(masks), buffers={k: v.clone() for k, v in self.global_buffers.items()},
+        # the global tensors themselves: the loops train copies (LocalTask)
+        return LocalTask(dict(self.global_params),
+                         lambda p, c, x, b: self.call(effective_params(p, c, self.sites), b, x),
+                         constants=dict(masks), buffers=dict(self.global_buffers),
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        held = sum(int(h.sum()) for h in self.hold[cid].values()) * 4  # the submodel, both ways
+        held = self.held[cid] * 4  # the submodel's float32 elements, both ways
         return ClientUpdate(cid, result.num_samples, {**result.trained, **result.buffers}, bytes_up=held,
                             bytes_down=held, train_loss=result.loss, samples_seen=result.samples_seen)
 
@@ -109,7 +112,7 @@ class HeteroFL(Algorithm):
         return EvalModel(self.masks[cid], self.global_buffers, self.masked_call)
 
     def trained_numel(self, cid: str) -> int:
-        return sum(int(h.sum()) for h in self.hold[cid].values())
+        return self.held[cid]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(masks=dict(self.masks[cid]))
