@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from trainer.masks import packed_nbytes
-from trainer.models.masking import MaskSite, effective_params
+from trainer.models.masking import MaskSite, any_nonzero, effective_params
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 4
@@ -115,9 +115,9 @@ def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str,
     for s in sites:
         a = seen[s.name]
         if s.kind == "conv":  # (1, C, *spatial)
-            alive[s.name] = a.reshape(a.shape[0], a.shape[1], -1).ne(0).any(2).any(0)
+            alive[s.name] = any_nonzero(any_nonzero(a.reshape(a.shape[0], a.shape[1], -1), 2).float(), 0)
         else:  # (1, ..., features)
-            alive[s.name] = a.reshape(-1, a.shape[-1]).ne(0).any(0)
+            alive[s.name] = any_nonzero(a.reshape(-1, a.shape[-1]), 0)
     return alive
 
 

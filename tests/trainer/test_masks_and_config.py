@@ -7,7 +7,7 @@ from edgemask.errors import ConfigError, UnknownNameError
 from trainer.config import TrainConfig
 from trainer.masks import binarize, pack_bits, packed_nbytes, unpack_bits
 from trainer.models import MaskedModel, build_model, model_sites
-from trainer.models.masking import effective_params, unit_alive
+from trainer.models.masking import any_nonzero, effective_params, unit_alive
 
 
 def test_pack_bits_uses_one_bit_per_element():
@@ -22,6 +22,17 @@ def test_pack_bits_uses_one_bit_per_element():
 
 def test_binarize_threshold_is_inclusive_at_one_half():
     assert binarize(torch.tensor([0.49, 0.5, 0.51])).tolist() == [0.0, 1.0, 1.0]
+
+
+def test_any_nonzero_is_ne_any_for_every_kind_of_value():
+    x = torch.tensor([[0.0, -0.0, 0.0], [0.0, float("nan"), 0.0], [1e-45, 0.0, 0.0], [0.0, 0.0, float("-inf")],
+                      [-0.0, -0.0, -0.0], [0.0, 0.0, -1e-30]])  # -0.0 is zero; NaN, a denormal and -inf are not
+    assert any_nonzero(x, 1).tolist() == x.ne(0).any(1).tolist() == [False, True, True, True, False, True]
+    assert any_nonzero(x, 0).tolist() == x.ne(0).any(0).tolist()
+    soft = torch.rand(4, 6, requires_grad=True)  # a soft training mask: no autograd graph through the gate
+    assert not any_nonzero(soft, 1).requires_grad
+    ints = torch.tensor([[0, 3], [0, 0]])
+    assert any_nonzero(ints, 1).tolist() == [True, False]
 
 
 def test_dead_unit_outputs_exactly_zero_bias_and_batchnorm_included():
