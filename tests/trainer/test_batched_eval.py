@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 
 from trainer import batched
-from trainer.algorithms import ALGORITHMS, EvalModel
+from trainer.algorithms import ALGORITHMS, Algorithm, EvalModel
 from trainer.batched import evaluate_many
 from trainer.local_training import evaluate
 from trainer.models import build_model
@@ -75,10 +75,34 @@ def test_models_of_different_kinds_are_grouped_apart():
     assert [lo for _, lo in got] == pytest.approx([lo for _, lo in alone], rel=1e-5)
 
 
-def test_an_algorithm_that_overrides_eval_forward_is_evaluated_one_by_one():
-    # Per-FedAvg adapts each client's model with a gradient step before evaluating: not an EvalModel
-    assert not ALGORITHMS.get("perfedavg").evaluates_batched(object.__new__(ALGORITHMS.get("perfedavg")))
-    for name in ALGORITHMS.names():
+def test_an_algorithm_with_its_own_eval_forward_is_evaluated_one_by_one():
+    class OwnForward(ALGORITHMS.get("fedavg")):
+        def eval_forward(self, cid):
+            return lambda x: x
+
+    assert not OwnForward.evaluates_batched(object.__new__(OwnForward))
+    for name in ALGORITHMS.names():  # every registered algorithm states its models as EvalModels
         cls = ALGORITHMS.get(name)
-        if name != "perfedavg":
-            assert cls.evaluates_batched(object.__new__(cls)), name
+        assert cls.evaluates_batched(object.__new__(cls)), name
+    assert Algorithm.evaluates_batched(object.__new__(Algorithm))
+
+
+@pytest.mark.parametrize("model", ["mlp", "tiny_mobilenet"])
+def test_per_fedavgs_adaptation_steps_together_are_each_clients_own(model):
+    # Per-FedAvg evaluates w_i = w - α ∇f(w; D_i^train): all clients' steps in one batched call, or one by one
+    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+    from trainer.data import DataConfig
+    from trainer.simulation import build_algorithm
+
+    args = {"mlp": {"hidden": [16, 12]}, "tiny_mobilenet": {"width": 4, "expand": 2}}[model]
+    cfg = TrainConfig(run=RunConfig(seed=1), data=DataConfig(name="digits", num_clients=5, partition="dirichlet",
+                                                             alpha=0.5, samples_per_client=30),
+                      model=ModelConfig(model, args), algorithm=AlgorithmConfig("perfedavg", {"alpha": 0.5}))
+    algo = build_algorithm(cfg)
+    algo.model.eval()  # as the loop evaluates
+    ids = list(algo.client_ids)
+    together = [dict(m.params) for m in algo.eval_models(ids)]
+    alone = [dict(algo.eval_model(cid).params) for cid in ids]
+    for t, a in zip(together, alone):
+        assert max(float((t[k] - a[k]).abs().max()) for k in a) < 1e-5
+        assert max(float((t[k] - algo.global_params[k]).abs().max()) for k in a) > 1e-3  # a real step was taken

@@ -21,10 +21,11 @@ Optional hooks (defaults keep the behaviour above):
 * ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
 * ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less);
+* ``eval_models(cids)`` — every listed client's :class:`EvalModel`, asked for together by the batched loop
+  (Per-FedAvg adapts them all in one batched step); by default each one's ``eval_model``;
 * ``eval_forward(cid)`` — the personalized model as a plain function of a batch, by default
   :meth:`Algorithm.eval_model`'s. An algorithm whose evaluation cannot be written as an :class:`EvalModel`
-  (Per-FedAvg adapts each client's model with a gradient step first) overrides this instead, and the loop
-  evaluates its clients one after another.
+  overrides this instead, and the loop evaluates its clients one after another.
 """
 
 from __future__ import annotations
@@ -241,6 +242,10 @@ class Algorithm:
     def eval_model(self, cid: str) -> EvalModel:
         """The model client ``cid`` is evaluated with (default: the global one)."""
         return EvalModel(self.global_params, self.global_buffers, self.call)
+
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        """:meth:`eval_model` of each of ``cids`` (the batched loop asks for them together)."""
+        return [self.eval_model(cid) for cid in cids]
 
     def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
         """Client ``cid``'s model as a function of a batch: :meth:`eval_model`'s, unless overridden."""

@@ -16,7 +16,8 @@ count, the last D is paired with the round's first minibatch B_0 (a different ba
 only a client whose whole round is one minibatch uses it as both D and D'). ``max_steps`` counts such steps.
 The server averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient
 step of size α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with
-w_i; that adapted model is what the run directory stores for the client.
+w_i; that adapted model is what the run directory stores for the client. With training batched, every client's
+adaptation step runs at once in the batched loop (:meth:`PerFedAvg.eval_models`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm, EvalModel, LocalTask
 from trainer.run_dir import ClientState
 
 
@@ -78,17 +80,33 @@ class PerFedAvg(Algorithm):
         task.batches_per_step = 2  # (D, D'): two consecutive minibatches of the client's order per step
         return task
 
-    def eval_forward(self, cid: str):
+    def eval_model(self, cid: str) -> EvalModel:
         d = self.client_data(cid)
         if len(d.train_y):
             self.personal[cid] = adapt(self.call, self.global_params, self.global_buffers,
                                        d.train_x, d.train_y, self.args.alpha)
         else:
             self.personal[cid] = dict(self.global_params)
-        params = self.personal[cid]
-        return lambda x: self.call(params, self.global_buffers, x)
+        return EvalModel(self.personal[cid], self.global_buffers, self.call)
+
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        """Every client's adaptation step at once, by the batched loop: a local task of one step of size α
+        (``lr = alpha``, no momentum or decay) over the client's whole training set (one minibatch of all its
+        samples) is exactly :func:`adapt`; a client without training data takes no step."""
+        from trainer.batched import local_train_batched
+
+        data = [self.client_data(cid) for cid in cids]
+        tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
+                           lr=self.args.alpha) for _ in cids]
+        whole = max([d.num_train for d in data] + [1])
+        results = local_train_batched(tasks, [(d.train_x, d.train_y) for d in data],
+                                      [[np.arange(d.num_train)] for d in data], whole,
+                                      device=self.cfg.training.device)
+        for cid, res in zip(cids, results):
+            self.personal[cid] = res.trained
+        return [EvalModel(self.personal[cid], self.global_buffers, self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         if cid not in self.personal:
-            self.eval_forward(cid)
+            self.eval_model(cid)
         return ClientState(params=dict(self.personal[cid]))
