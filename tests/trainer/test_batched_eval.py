@@ -90,7 +90,7 @@ def test_an_algorithm_with_its_own_eval_forward_is_evaluated_one_by_one():
 @pytest.mark.parametrize("model", ["mlp", "tiny_mobilenet"])
 def test_per_fedavgs_adaptation_steps_together_are_each_clients_own(model):
     # Per-FedAvg evaluates w_i = w - α ∇f(w; D_i^train): all clients' steps in one batched call, or one by one
-    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
     from trainer.data import DataConfig
     from trainer.simulation import build_algorithm
 
