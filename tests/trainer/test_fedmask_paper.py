@@ -78,7 +78,7 @@ def test_sigmoid_gradient_factor_through_the_fedmask_forward(fedmask_digits):
     x, y = d.train_x[:8], d.train_y[:8]
     mr = {k: (v + 0.3 * torch.randn_like(v)).requires_grad_(True) for k, v in task.trainable.items()}
     F.cross_entropy(task.forward(mr, task.constants, x, task.buffers), y).backward()
-    keep = task.constants  # pruned elements: σ(m^r)·0
+    keep = algo.keep[cid]  # pruned elements: σ(m^r)·0 (the task carries only the pruned layers' structure)
     m = {k: (torch.sigmoid(v.detach()) * keep[k]).requires_grad_(True) for k, v in mr.items()}
     F.cross_entropy(algo.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x), y).backward()
     for w in ("fc1.weight",):  # not pruned: keep = 1 everywhere

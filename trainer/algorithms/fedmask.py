@@ -81,6 +81,7 @@ class FedMask(Algorithm):
         shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
         pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
         pruned = {w for s in pruned_sites for w in s.weights}
+        self.pruned = [w for w in masked if w in pruned]  # the masks with a one-shot pruning structure
         self.keep: dict[str, dict[str, torch.Tensor]] = {}
         self.masks: dict[str, dict[str, torch.Tensor]] = {}
         self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
@@ -89,7 +90,7 @@ class FedMask(Algorithm):
         t = self.cfg.training
 
         def pruning_task(cid: str) -> LocalTask:
-            task = self._task(cid, first, ones, regularize=False)
+            task = self._task(cid, first, {}, regularize=False)  # m^0: nothing pruned yet
             task.epochs = 1
             return task
 
@@ -137,24 +138,29 @@ class FedMask(Algorithm):
 
     def _task(self, cid: str, start: dict[str, torch.Tensor], keep: dict[str, torch.Tensor],
               regularize: bool = True) -> LocalTask:
-        """``start``: the scores m^r (:meth:`_start_scores`), trained by the loops on their own copies."""
+        """``start``: the scores m^r (:meth:`_start_scores`), trained by the loops on their own copies; ``keep``:
+        the pruning structure of the masks that have one (a mask without keeps every element, and multiplying
+        by its all-ones structure would change nothing but the time: half of a step's large products)."""
         trainable = dict(start)
         real_o = self._real_output_gates()
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
         grad_keep = dict(keep)
-        masked = list(keep)
+        masked = list(start)
+        structured = [w for w in masked if w in keep]  # names only: the closures capture nothing per client
+
+        def soft_masks(tr, c):  # Eq. 6, pruned elements stay 0
+            return {w: torch.sigmoid(tr[w]) * c[w] if w in structured else torch.sigmoid(tr[w]) for w in masked}
 
         def forward(tr, c, x, buffers):  # c: the keep masks and the frozen weights (FROZEN + name)
-            soft = {w: torch.sigmoid(tr[w]) * c[w] for w in masked}  # Eq. 6, pruned elements stay 0
             params = self._params_with_o(tr, c)
-            eff = effective_params(params, soft, self.sites)
+            eff = effective_params(params, soft_masks(tr, c), self.sites)
             return self.call(eff, buffers, x)
 
         reg = None
         if regularize and self.args.lambda_r > 0:
             def reg(tr, keep):
-                soft = {w: torch.sigmoid(tr[w]) * keep[w] for w in masked}
+                soft = soft_masks(tr, keep)
                 return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
 
         # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
@@ -179,10 +185,14 @@ class FedMask(Algorithm):
         return params
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
-        return self._task(cid, self.start[cid], self.keep[cid])
+        keep = self.keep[cid]
+        return self._task(cid, self.start[cid], {w: keep[w] for w in self.pruned})
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        masks = {w: binarize(torch.sigmoid(result.trained[w])) * self.keep[cid][w] for w in self.keep[cid]}
+        keep = self.keep[cid]
+        masks = {w: binarize(torch.sigmoid(result.trained[w])) for w in keep}
+        for w in self.pruned:  # the other masks keep every element
+            masks[w] = masks[w] * keep[w]
         o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
         self.buffers[cid] = result.buffers
         self.local[cid] = masks
