@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from trainer.accounting import tensor_bytes
 from trainer.aggregation import personalization_preserving
+from trainer.algorithms.base import ClientUpdate
 from trainer.algorithms.fedmask import FedMask, group_lasso
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
@@ -48,6 +49,30 @@ def test_personalization_preserving_aggregation_on_hand_built_masks():
     torch.testing.assert_close(out[1], torch.tensor([1., 2 / 3, 0, .5, 0]))
     torch.testing.assert_close(out[2], torch.tensor([0., 2 / 3, 1, .5, 0]))
     assert binarize(out[1]).tolist() == [1, 1, 0, 1, 0]  # what is sent back: 1 bit per element
+
+
+def test_server_aggregate_is_personalization_preserving_for_pruned_and_unpruned_layers():
+    # Fig. 7-8 on the clients' one-shot structures; a layer nobody pruned is averaged over all K clients, and all of
+    # them then hold one and the same tensor (no per-client copy)
+    c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
+    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo.setup()
+    g = torch.Generator().manual_seed(0)
+    sent = {cid: {w: (torch.rand(k.shape, generator=g) < 0.5).float() * k for w, k in algo.keep[cid].items()}
+            for cid in algo.client_ids}
+    updates = [ClientUpdate(cid, 10, sent[cid], 0, 0, 0.0) for cid in algo.client_ids]
+    algo.aggregate(0, updates)
+    s = algo.args.init_scale
+    for w in algo.keep[algo.client_ids[0]]:
+        keeps = [algo.keep[cid][w] for cid in algo.client_ids]
+        expect = personalization_preserving([sent[cid][w] for cid in algo.client_ids], keeps)
+        for k, cid in enumerate(algo.client_ids):
+            want = binarize(expect[k]) * keeps[k]
+            assert torch.equal(algo.masks[cid][w], want), (cid, w)
+            assert torch.equal(algo.start[cid][w], (s * (2 * want - 1)) * keeps[k])  # Alg. 1 line 14
+    a, b = algo.client_ids[:2]
+    assert algo.masks[a]["fc1.weight"] is algo.masks[b]["fc1.weight"]  # not pruned: one tensor for all
+    assert not torch.equal(algo.masks[a]["out.weight"], algo.masks[b]["out.weight"])  # pruned: personal
 
 
 def test_packed_sizes():

@@ -132,9 +132,10 @@ class FedMask(Algorithm):
 
     def _start_scores(self, masks: dict[str, torch.Tensor], keep: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The real-valued mask m^r a local update starts from (Alg. 1 line 14): ``±init_scale`` where the binary
-        mask is 1 / 0, and 0 where pruned. Works on one client's masks or on the clients' stacked ``(K, ...)``."""
+        mask is 1 / 0, and 0 where pruned (a mask missing from ``keep`` has no pruned element). Works on one
+        client's masks or on the clients' stacked ``(K, ...)``."""
         s = self.args.init_scale
-        return {w: (s * (2 * masks[w] - 1)) * keep[w] for w in masks}
+        return {w: (s * (2 * m - 1)) * keep[w] if w in keep else s * (2 * m - 1) for w, m in masks.items()}
 
     def _task(self, cid: str, start: dict[str, torch.Tensor], keep: dict[str, torch.Tensor],
               regularize: bool = True) -> LocalTask:
@@ -203,6 +204,17 @@ class FedMask(Algorithm):
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for w in self.keep[self.client_ids[0]]:
+            if w not in self.pruned:
+                # Every client keeps every element: §3.6's average over the clients that keep an element is the
+                # plain average everywhere (personalization_preserving with all-ones structures, the same ops), so
+                # all K clients get one mask, held as one tensor (the next round stacks it as a view).
+                masks = torch.stack([u.payload[w] for u in updates])
+                merged = binarize(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
+                start = self._start_scores({w: merged}, {})[w]
+                for u in updates:
+                    self.masks[u.client_id][w] = merged
+                    self.start[u.client_id][w] = start
+                continue
             keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
             merged = binarize(personalization_preserving([u.payload[w] for u in updates], keep)) * keep
             start = self._start_scores({w: merged}, {w: keep})[w]  # all K clients' next m^r in one op
