@@ -28,6 +28,8 @@ both use the same minibatch and x's gradient is taken at the updated s, as in Al
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,11 +65,13 @@ def bernoulli_ste(theta: torch.Tensor, u: torch.Tensor | None = None) -> torch.T
     return sample + (theta - theta.detach())  # (θ − θ̄) is exactly 0: the value stays binary in float32
 
 
-def server_update(x_g: torch.Tensor, xs: list[torch.Tensor], masks: list[torch.Tensor], server_lr: float
-                  ) -> torch.Tensor:
-    """Alg. 1 line 21: x_g − η_g (x_g − Σ x_i ⊙ m_i / Σ m_i), with x_g kept where Σ m_i = 0."""
-    num = sum(x.float() * m for x, m in zip(xs, masks))
-    den = sum(m.float() for m in masks)
+def server_update(x_g: torch.Tensor, xs: list[torch.Tensor], masks: list[torch.Tensor | None],
+                  server_lr: float) -> torch.Tensor:
+    """Alg. 1 line 21: x_g − η_g (x_g − Σ x_i ⊙ m_i / Σ m_i), with x_g kept where Σ m_i = 0. A mask ``None`` is
+    all ones (a client that trained the whole model), without a product by it: the same sums, exactly."""
+    ones = torch.ones_like(x_g, dtype=torch.float32)
+    num = sum(x.float() if m is None else x.float() * m for x, m in zip(xs, masks))  # x · 1 = x, exactly
+    den = sum(ones if m is None else m.float() for m in masks)
     avg = torch.where(den > 0, num / den.clamp(min=1e-12), x_g)
     return x_g - server_lr * (x_g - avg)
 
@@ -130,6 +134,11 @@ class FedPeWS(Algorithm):
         """θ_{g∖i}: the mean of the other participants' latest θ_j (θ_i itself with one participant)."""
         others = [self.theta[c] for c in self.client_ids if c != cid] or [self.theta[cid]]
         return {n: torch.stack([t[n] for t in others]).mean(0) for n in self.units}
+
+    @functools.cached_property
+    def theta_bytes(self) -> int:
+        """The bytes of θ_g on the wire (its shapes never change; its values are a mean over every client)."""
+        return tensor_bytes(self.theta_global)
 
     @property
     def theta_global(self) -> Tensors:
@@ -257,7 +266,7 @@ class FedPeWS(Algorithm):
         else:
             up = tensor_bytes(x)
         return ClientUpdate(cid, result.num_samples, {**x, **result.buffers}, bytes_up=up,
-                            bytes_down=tensor_bytes(self.global_params) + tensor_bytes(self.theta_global),
+                            bytes_down=tensor_bytes(self.global_params) + self.theta_bytes,
                             train_loss=result.loss, samples_seen=result.samples_seen,
                             extra={**extra, "masks": pmask})
 
@@ -266,7 +275,7 @@ class FedPeWS(Algorithm):
             if "theta" in u.extra:
                 self.theta[u.client_id] = u.extra["theta"]
         for k, xg in self.global_params.items():
-            masks = [u.extra["masks"].get(k, torch.ones_like(xg)) for u in updates]
+            masks = [u.extra["masks"].get(k) for u in updates]  # None: the whole tensor
             self.global_params[k] = server_update(xg, [u.payload[k] for u in updates], masks, self.args.server_lr)
         self.average_buffers(updates, weights=[1.0] * len(updates))  # unweighted, as Alg. 1 line 21
 

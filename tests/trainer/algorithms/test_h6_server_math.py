@@ -59,6 +59,13 @@ def test_fedpews_server_update_by_hand():
     # Σ x⊙m / Σ m = [4, 9, 7, (none: x_g = 1)];  x_g − 0.5 (x_g − avg)
     assert torch.allclose(server_update(xg, xs, ms, 0.5), torch.tensor([2.5, 5.0, 4.0, 1.0]))
     assert torch.allclose(server_update(xg, xs, ms, 1.0), torch.tensor([4.0, 9.0, 7.0, 1.0]))
+    # None: a client that trained everything (m = 1), the same bits as with an explicit all-ones mask
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(50, generator=g) for _ in range(7)]
+    ms = [None if i % 3 else (torch.rand(50, generator=g) < 0.5).float() for i in range(7)]
+    explicit = [torch.ones(50) if m is None else m for m in ms]
+    x0 = torch.randn(50, generator=g)
+    assert torch.equal(server_update(x0, xs, ms, 0.7), server_update(x0, xs, explicit, 0.7))
 
 
 def test_ste_passes_gradient_through_bernoulli_sample():
