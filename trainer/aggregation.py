@@ -16,9 +16,7 @@ def weighted_average(tensors: list[torch.Tensor], weights: list[float] | torch.T
     step = max(1, STACK_ELEMENTS // max(tensors[0].numel(), 1))
     out = None
     for s in range(0, len(tensors), step):
-        chunk = tensors[s: s + step]
-        part = _as_stacked(chunk)
-        part = (torch.stack(chunk) if part is None else part).float()
+        part = stack_rows(tensors[s: s + step]).float()
         term = torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
         out = term if out is None else out.add_(term)
     return out
@@ -27,6 +25,13 @@ def weighted_average(tensors: list[torch.Tensor], weights: list[float] | torch.T
 def _normalized(weights: list[float]) -> torch.Tensor:
     total = float(sum(weights))
     return torch.tensor([x / total for x in weights], dtype=torch.float32)
+
+
+def stack_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(tensors)``, without the copy when they already are consecutive rows of one tensor (the
+    batched loop's per-client results): :func:`_as_stacked`."""
+    stacked = _as_stacked(tensors)
+    return torch.stack(tensors) if stacked is None else stacked
 
 
 def _as_stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
@@ -67,7 +72,7 @@ def personalization_preserving(masks: list[torch.Tensor], keeps: list[torch.Tens
     ``(K, *shape)``: averaged values in [0, 1], zero where the client pruned.
     """
     keep = keeps.float() if isinstance(keeps, torch.Tensor) else torch.stack([k.float() for k in keeps])
-    vals = torch.stack([m.float() for m in masks]) * keep  # (K, *shape)
+    vals = stack_rows([m.float() for m in masks]) * keep  # (K, *shape)
     count = keep.sum(0)  # (*shape) how many clients keep each element
     avg = vals.sum(0) / count.clamp(min=1)
     return torch.where(count >= 2, avg, vals) * keep

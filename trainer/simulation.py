@@ -104,7 +104,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         progress(0, cfg.training.rounds, {})  # start the clock before the first round
     for rnd in range(cfg.training.rounds):
         trained = train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase)
-        updates = [algo.client_update(cid, rnd, res) for cid, res in trained]
+        updates = algo.client_updates(rnd, trained)
         masks_of = [algo.eval_masks(cid) for cid, _ in trained]
         # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
         masked = iter(forward_flops_many(algo.model, algo.sites, [m for m in masks_of if m], positions))

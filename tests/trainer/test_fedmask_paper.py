@@ -75,6 +75,26 @@ def test_server_aggregate_is_personalization_preserving_for_pruned_and_unpruned_
     assert not torch.equal(algo.masks[a]["out.weight"], algo.masks[b]["out.weight"])  # pruned: personal
 
 
+def test_uploads_computed_together_are_each_clients_own():
+    # client_updates binarizes all clients' stacked scores at once (Eq. 3); client_update does one client
+    from trainer.simulation import train_clients
+
+    c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
+    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo.setup()
+    results = train_clients(algo, list(algo.client_ids), 0)  # batched: the scores are rows of one tensor
+    together = algo.client_updates(0, results)
+    local_together = {cid: dict(m) for cid, m in algo.local.items()}
+    alone = [algo.client_update(cid, 0, res) for cid, res in results]
+    for t, a in zip(together, alone):
+        assert t.client_id == a.client_id and (t.bytes_up, t.bytes_down) == (a.bytes_up, a.bytes_down)
+        assert list(t.payload) == list(a.payload)
+        assert all(torch.equal(t.payload[w], a.payload[w]) for w in a.payload)
+        assert all(torch.equal(local_together[a.client_id][w], algo.local[a.client_id][w]) for w in a.payload)
+        assert float((a.payload["out.weight"] * (1 - algo.keep[a.client_id]["out.weight"])).abs().sum()) == 0
+    assert not torch.equal(together[0].payload["fc1.weight"], together[1].payload["fc1.weight"])
+
+
 def test_packed_sizes():
     for n in range(0, 40):
         assert pack_bits(torch.ones(n)).size == math.ceil(n / 8) == packed_nbytes(n)

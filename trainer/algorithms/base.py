@@ -6,7 +6,8 @@ Hooks, in the order the loop calls them:
 * ``setup()`` — once, before round 0 (e.g. FedMask's one-shot pruning on every client);
 * ``round_clients(rnd, sampled)`` — who trains this round (default: the sampled ones; Standalone: everyone);
 * ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`LocalTask`;
-* ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`;
+* ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`
+  (``client_updates(rnd, results)`` asks for the round's clients together; by default one by one);
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
 * ``eval_model(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation (an
   :class:`EvalModel`: the loop evaluates many clients together) and its masks for FLOPs;
@@ -208,6 +209,11 @@ class Algorithm:
                             bytes_down=tensor_bytes({**self.global_params, **self.global_buffers}),
                             train_loss=result.loss,
                             samples_seen=result.samples_seen)
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """:meth:`client_update` of each of the round's clients, in order. An algorithm may compute them
+        together (FedMask binarizes all clients' stacked scores in one op); the loop calls this."""
+        return [self.client_update(cid, rnd, res) for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         self.average_params(updates, list(self.global_params))

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.aggregation import average_state, personalization_preserving
+from trainer.aggregation import average_state, personalization_preserving, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.masks import binarize
 from trainer.models.masking import MaskSite, effective_params
@@ -191,16 +191,33 @@ class FedMask(Algorithm):
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         keep = self.keep[cid]
-        masks = {w: binarize(torch.sigmoid(result.trained[w])) for w in keep}
+        masks = {w: binarize(torch.sigmoid(result.trained[w])) for w in keep}  # Eq. 3
         for w in self.pruned:  # the other masks keep every element
             masks[w] = masks[w] * keep[w]
+        return self._upload(cid, result, masks)
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """:meth:`client_update` of every client, Eq. 3's binarization of σ(m^r) (and the pruned layers' structure)
+        done once on the clients' stacked scores: the batched loop's results are rows of one tensor, read in
+        place (``stack_rows``). The same elementwise ops, so the same masks."""
+        if len(results) < 2:
+            return super().client_updates(rnd, results)
+        rows = {}
+        for w in self.keep[results[0][0]]:
+            bits = binarize(torch.sigmoid(stack_rows([res.trained[w] for _, res in results])))
+            if w in self.pruned:
+                bits = bits * torch.stack([self.keep[cid][w] for cid, _ in results])
+            rows[w] = bits.unbind(0)
+        return [self._upload(cid, res, {w: r[i] for w, r in rows.items()}) for i, (cid, res) in enumerate(results)]
+
+    def _upload(self, cid: str, result: LocalResult, masks: dict[str, torch.Tensor]) -> ClientUpdate:
+        """The client's new binary masks become its inference masks and its upload (1 bit each, packed)."""
         o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
         self.buffers[cid] = result.buffers
         self.local[cid] = masks
-        down = mask_bytes(masks) + tensor_bytes(o)
-        return ClientUpdate(cid, result.num_samples, masks, bytes_up=mask_bytes(masks) + tensor_bytes(o),
-                            bytes_down=down, train_loss=result.loss, samples_seen=result.samples_seen,
-                            extra={"o": o})
+        size = mask_bytes(masks) + tensor_bytes(o)  # the same both ways
+        return ClientUpdate(cid, result.num_samples, masks, bytes_up=size, bytes_down=size, train_loss=result.loss,
+                            samples_seen=result.samples_seen, extra={"o": o})
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for w in self.keep[self.client_ids[0]]:
@@ -208,7 +225,7 @@ class FedMask(Algorithm):
                 # Every client keeps every element: §3.6's average over the clients that keep an element is the
                 # plain average everywhere (personalization_preserving with all-ones structures, the same ops), so
                 # all K clients get one mask, held as one tensor (the next round stacks it as a view).
-                masks = torch.stack([u.payload[w] for u in updates])
+                masks = stack_rows([u.payload[w] for u in updates])
                 merged = binarize(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
                 start = self._start_scores({w: merged}, {})[w]
                 for u in updates:
