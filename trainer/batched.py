@@ -570,8 +570,7 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
             try:
                 scores = _evaluate_stacked(forward, [models[i] for i in part], [data[i] for i in part], block)
             except RuntimeError:  # no batching rule for an op (LSTM): one client after another
-                scores = [evaluate(lambda x, m=models[i]: m.forward(m.params, m.buffers, x), *data[i], batch_size)
-                          for i in part]
+                scores = [evaluate(models[i], *data[i], batch_size) for i in part]
             for i, sc in zip(part, scores):
                 out[i] = sc
     return out  # type: ignore[return-value]

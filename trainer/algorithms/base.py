@@ -110,6 +110,10 @@ class EvalModel:
     buffers: dict[str, torch.Tensor]
     forward: Callable[[Tensors, Tensors, torch.Tensor], torch.Tensor]
 
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The client's logits for a batch ``x``."""
+        return self.forward(self.params, self.buffers, x)
+
 
 @dataclass
 class LocalResult:
@@ -255,8 +259,7 @@ class Algorithm:
 
     def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
         """Client ``cid``'s model as a function of a batch: :meth:`eval_model`'s, unless overridden."""
-        m = self.eval_model(cid)
-        return lambda x: m.forward(m.params, m.buffers, x)
+        return self.eval_model(cid)
 
     def evaluates_batched(self) -> bool:
         """Whether :meth:`eval_forward` is :meth:`eval_model`'s (not overridden), so clients can be evaluated
