@@ -115,7 +115,7 @@ def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str,
     for s in sites:
         a = seen[s.name]
         if s.kind == "conv":  # (1, C, *spatial)
-            alive[s.name] = any_nonzero(any_nonzero(a.reshape(a.shape[0], a.shape[1], -1), 2).float(), 0)
+            alive[s.name] = any_nonzero(a.transpose(0, 1).reshape(a.shape[1], -1), 1)
         else:  # (1, ..., features)
             alive[s.name] = any_nonzero(a.reshape(-1, a.shape[-1]), 0)
     return alive
@@ -134,7 +134,7 @@ def _site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], aliv
         for layer, (ih, hh) in enumerate(zip(site.weights[0::2], site.weights[1::2])):
             # hidden unit j is dead when its g rows are all zero (masking.unit_alive): h_j = o_j·tanh(0) = 0
             g = torch.cat([eff[ih][2 * h: 3 * h], eff[hh][2 * h: 3 * h]], dim=1)
-            out_alive = g.ne(0).any(1)  # (H,)
+            out_alive = any_nonzero(g, 1)  # (H,)
             rows = out_alive.repeat(4)[:, None]  # (4H, 1): the i, f, g, o rows of dead units do no work
             total = total + (eff[ih].ne(0) & rows & prev[None, :]).sum()
             total = total + (eff[hh].ne(0) & rows & out_alive[None, :]).sum()
