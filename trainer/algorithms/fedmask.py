@@ -190,18 +190,14 @@ class FedMask(Algorithm):
         return self._task(cid, self.start[cid], {w: keep[w] for w in self.pruned})
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        keep = self.keep[cid]
-        masks = {w: binarize(torch.sigmoid(result.trained[w])) for w in keep}  # Eq. 3
-        for w in self.pruned:  # the other masks keep every element
-            masks[w] = masks[w] * keep[w]
-        return self._upload(cid, result, masks)
+        return self.client_updates(rnd, [(cid, result)])[0]
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
-        """:meth:`client_update` of every client, Eq. 3's binarization of σ(m^r) (and the pruned layers' structure)
-        done once on the clients' stacked scores: the batched loop's results are rows of one tensor, read in
-        place (``stack_rows``). The same elementwise ops, so the same masks."""
-        if len(results) < 2:
-            return super().client_updates(rnd, results)
+        """Every client's upload, Eq. 3's binarization of σ(m^r) (and the pruned layers' structure) done once on
+        the clients' stacked scores: the batched loop's results are rows of one tensor, read in place
+        (``stack_rows``). Elementwise ops, so each client's masks are what it alone would get."""
+        if not results:
+            return []
         rows = {}
         for w in self.keep[results[0][0]]:
             bits = binarize(torch.sigmoid(stack_rows([res.trained[w] for _, res in results])))
