@@ -545,20 +545,19 @@ def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum
 # -- evaluation ------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.Tensor]],
-                  batch_size: int = 512) -> list[tuple[float, float]]:
+                  batch_size: int = 512, device: str | torch.device = "cpu") -> list[tuple[float, float]]:
     """``(accuracy, mean cross-entropy)`` of each client's model on its test split ``data[i] = (x, y)``, as
     :func:`trainer.local_training.evaluate` gives it (NaN for a client without test samples), for many clients
     at once: the models with the same function and tensor layout are stacked (a tensor every client holds is
     broadcast, not copied), their test sets padded, and ``vmap`` runs the forward over up to
     :data:`EVAL_SAMPLES_PER_CALL` clients × samples per call; padded samples are left out of the counts. Models
-    that cannot run under ``vmap`` (an LSTM has no batching rule) are evaluated one after another."""
+    that cannot run under ``vmap`` (an LSTM has no batching rule) are evaluated one after another, on the CPU.
+    The stacked models and test sets run on ``device`` (``cuda`` when asked for and present: the training's
+    device), so an :class:`EvalModel` must hold every tensor its function reads (as the masked models of
+    :meth:`~trainer.algorithms.base.Algorithm.masked_model` hold the global weights)."""
+    dev = resolve_device(device)
     out: list[tuple[float, float] | None] = [None] * len(models)
-    groups: dict[Hashable, list[int]] = {}
-    memo: dict[Hashable, tuple] = {}
-    for i, m in enumerate(models):
-        groups.setdefault((_fn_signature(m.forward, memo), _spec(m.params, memo), _spec(m.buffers, memo)),
-                          []).append(i)
-    for idx in groups.values():
+    for idx in eval_groups(models):
         first = models[idx[0]]
         n_max = max(len(data[i][1]) for i in idx)
         block = max(1, min(batch_size, n_max))
@@ -568,7 +567,10 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
         for s in range(0, len(idx), chunk):
             part = idx[s: s + chunk]
             try:
-                scores = _evaluate_stacked(forward, [models[i] for i in part], [data[i] for i in part], block)
+                correct, loss, n = _evaluate_stacked(forward, [models[i] for i in part], [data[i] for i in part],
+                                                     block, dev)
+                scores = [(c / k, lo / k) if k else (float("nan"), float("nan"))
+                          for c, lo, k in zip(correct.tolist(), loss.tolist(), n.tolist())]
             except RuntimeError:  # no batching rule for an op (LSTM): one client after another
                 scores = [evaluate(models[i], *data[i], batch_size) for i in part]
             for i, sc in zip(part, scores):
@@ -576,23 +578,33 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
     return out  # type: ignore[return-value]
 
 
+def eval_groups(models: list[EvalModel]) -> list[list[int]]:
+    """Indices of ``models`` that can be stacked together: the same function, the same tensor names, shapes and
+    dtypes; groups in order of first appearance."""
+    groups: dict[Hashable, list[int]] = {}
+    memo: dict[Hashable, tuple] = {}
+    for i, m in enumerate(models):
+        groups.setdefault((_fn_signature(m.forward, memo), _spec(m.params, memo), _spec(m.buffers, memo)),
+                          []).append(i)
+    return list(groups.values())
+
+
 def _evaluate_stacked(forward: Callable, models: list[EvalModel], data: list[tuple[torch.Tensor, torch.Tensor]],
-                      block: int) -> list[tuple[float, float]]:
+                      block: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per client, on ``dev``: correct predictions, the summed cross-entropy (float64) and the test samples."""
     C = len(models)
-    cpu = torch.device("cpu")
-    P = _stack([m.params for m in models], cpu, copy=False)  # read only: shared tensors stay broadcast views
-    B = _stack([m.buffers for m in models], cpu, copy=False)
-    X, Y = _padded_data(data, cpu)  # (C, N, *input), (C, N)
-    n = torch.tensor([len(y) for _, y in data])
-    correct = torch.zeros(C, dtype=torch.int64)
-    loss = torch.zeros(C, dtype=torch.float64)
-    for s in range(0, int(n.max()), block):
+    P = _stack([m.params for m in models], dev, copy=False)  # read only: shared tensors stay broadcast views
+    B = _stack([m.buffers for m in models], dev, copy=False)
+    X, Y = _padded_data(data, dev)  # (C, N, *input), (C, N)
+    n = torch.tensor([len(y) for _, y in data], device=dev)
+    correct = torch.zeros(C, dtype=torch.int64, device=dev)
+    loss = torch.zeros(C, dtype=torch.float64, device=dev)
+    for s in range(0, int(max(len(y) for _, y in data)), block):
         xb, yb = X[:, s: s + block], Y[:, s: s + block]
         with BatchedLayers():
             logits = forward(P, B, xb)  # (C, b, classes)
-        real = torch.arange(s, s + yb.shape[1])[None, :] < n[:, None]  # (C, b): not padding
+        real = torch.arange(s, s + yb.shape[1], device=dev)[None, :] < n[:, None]  # (C, b): not padding
         ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(C, -1)
         loss += (ce * real).sum(1, dtype=torch.float64)
         correct += ((logits.argmax(2) == yb) & real).sum(1)
-    return [(c / k, lo / k) if k else (float("nan"), float("nan"))
-            for c, lo, k in zip(correct.tolist(), loss.tolist(), n.tolist())]
+    return correct, loss, n

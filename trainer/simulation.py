@@ -83,7 +83,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         accs = []
         tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
         if cfg.training.batched and algo.evaluates_batched():  # every client's model at once
-            scores = evaluate_many(algo.eval_models(list(algo.client_ids)), tests)
+            scores = evaluate_many(algo.eval_models(list(algo.client_ids)), tests, device=cfg.training.device)
         else:  # one after another: the reference (or an algorithm with its own eval_forward)
             scores = [evaluate(algo.eval_forward(cid), x, y) for cid, (x, y) in zip(algo.client_ids, tests)]
         for cid, (acc, loss) in zip(algo.client_ids, scores):

@@ -313,6 +313,32 @@ def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
     assert phase >= 1
 
 
+@pytest.mark.parametrize(("algorithm", "model"), CASES)
+def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model):
+    # The batched evaluation runs on the training device: every tensor a client's EvalModel reads must be in
+    # the model (FedMask's and HeteroFL's masked models carry the global weights). On the "meta" device a
+    # captured CPU tensor fails as it would on CUDA.
+    from torch.func import vmap
+
+    from trainer.batched import _evaluate_stacked, eval_groups
+    from trainer.simulation import build_algorithm, train_clients
+
+    cfg = _config(algorithm, True, model)
+    try:
+        algo = build_algorithm(cfg)
+    except EdgemaskError as e:
+        pytest.skip(f"{algorithm} does not run on digits/{model}: {e}")
+    trained = train_clients(algo, algo.client_ids, 0)  # one round: personal state where the algorithm keeps one
+    algo.aggregate(0, algo.client_updates(0, trained))
+    assert algo.evaluates_batched()
+    models = algo.eval_models(list(algo.client_ids))
+    tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
+    for idx in eval_groups(models):
+        correct, loss, n = _evaluate_stacked(vmap(models[idx[0]].forward), [models[i] for i in idx],
+                                             [tests[i] for i in idx], 16, torch.device("meta"))
+        assert correct.device.type == loss.device.type == "meta" and correct.shape == (len(idx),)
+
+
 def test_device_is_cuda_only_when_present():
     from edgemask.errors import ConfigError
     from trainer.batched import resolve_device

@@ -50,6 +50,7 @@ from trainer.models.masking import effective_params
 from trainer.run_dir import ClientState
 
 Tensors = dict[str, torch.Tensor]
+MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (Algorithm.masked_model)
 Forward = Callable[[Tensors, Tensors, torch.Tensor, Tensors], torch.Tensor]
 
 
@@ -103,8 +104,10 @@ class LocalTask:
 class EvalModel:
     """A client's personalized model for evaluation: ``forward(params, buffers, x)`` maps a batch to logits.
     As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
-    function (one object for every client of a kind, e.g. a bound method) captures only what they share, so the
-    loop can stack clients and evaluate them together (:func:`trainer.batched.evaluate_many`)."""
+    function (one object for every client of a kind, e.g. a bound method) captures no tensor, so the loop can
+    stack clients and evaluate them together on the training device (:func:`trainer.batched.evaluate_many`). A
+    tensor every client shares (the global weights of a masked model, :meth:`Algorithm.masked_model`) goes in
+    ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
 
     params: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
@@ -266,11 +269,20 @@ class Algorithm:
         together."""
         return type(self).eval_forward is Algorithm.eval_forward
 
-    def masked_call(self, masks: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+    def masked_model(self, masks: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> EvalModel:
+        """The global weights under a client's ``masks`` (:func:`~trainer.models.masking.effective_params`) as an
+        :class:`EvalModel`. Its ``params`` hold the global weights too (under their names; the masks under
+        :data:`MASK_PREFIX` + the weight's name): every client holds the very same weight tensors, so stacking
+        them is a broadcast view, and they move to the evaluation device with the masks."""
+        return EvalModel({**self.global_params, **{MASK_PREFIX + k: m for k, m in masks.items()}}, buffers,
+                         self.masked_call)
+
+    def masked_call(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                     x: torch.Tensor) -> torch.Tensor:
-        """The global weights under a client's ``masks`` (:func:`~trainer.models.masking.effective_params`): the
-        :attr:`EvalModel.forward` of masked models, whose ``params`` are the masks."""
-        return self.call(effective_params(self.global_params, masks, self.sites), buffers, x)
+        """The :attr:`EvalModel.forward` of :meth:`masked_model`: the weights in ``params`` under its masks."""
+        weights = {k: v for k, v in params.items() if not k.startswith(MASK_PREFIX)}
+        masks = {k[len(MASK_PREFIX):]: v for k, v in params.items() if k.startswith(MASK_PREFIX)}
+        return self.call(effective_params(weights, masks, self.sites), buffers, x)
 
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The client's current binary masks (empty: dense)."""

@@ -246,7 +246,7 @@ class FedMask(Algorithm):
         return self.local[cid]
 
     def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.local[cid], self.buffers[cid], self.masked_call)  # W ⊙ m (Eq. 2), binary m
+        return self.masked_model(self.local[cid], self.buffers[cid])  # W ⊙ m (Eq. 2), binary m
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())

@@ -109,7 +109,7 @@ class HeteroFL(Algorithm):
         return self.masks[cid]
 
     def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.masks[cid], self.global_buffers, self.masked_call)
+        return self.masked_model(self.masks[cid], self.global_buffers)
 
     def trained_numel(self, cid: str) -> int:
         return self.held[cid]
