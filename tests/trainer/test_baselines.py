@@ -79,6 +79,31 @@ def test_topk_uploads_exactly_k_values_and_k_indices():
     torch.testing.assert_close(torch.cat([algo.global_params[p].reshape(-1) for p in algo.names]), expect)
 
 
+@pytest.mark.parametrize("name", ["topk", "bnn_fedavg"])
+def test_uploads_computed_together_are_each_clients_own(name):
+    # client_updates sparsifies / binarizes all clients' stacked updates at once; client_update does one client.
+    # Two equal instances, fed the same trained results for two rounds (Top-k's residuals carry over).
+    from trainer.simulation import train_clients
+
+    together_algo, alone_algo = make(name, clients=4, batched=True), make(name, clients=4, batched=True)
+    ids = list(together_algo.client_ids)
+    for rnd in range(2):
+        results = train_clients(together_algo, ids, rnd)  # batched: the tensors are rows of one stack
+        together = together_algo.client_updates(rnd, results)
+        alone = [alone_algo.client_update(cid, rnd, res) for cid, res in results]
+        for t, a in zip(together, alone):
+            assert t.client_id == a.client_id and (t.bytes_up, t.bytes_down) == (a.bytes_up, a.bytes_down)
+            assert list(t.payload) == list(a.payload)
+            assert all(torch.equal(t.payload[k], a.payload[k]) for k in a.payload), (rnd, t.client_id)
+            if name == "topk":
+                assert torch.equal(together_algo.residual[t.client_id], alone_algo.residual[a.client_id])
+        together_algo.aggregate(rnd, together)
+        alone_algo.aggregate(rnd, alone)
+        assert all(torch.equal(v, alone_algo.global_params[k]) for k, v in together_algo.global_params.items())
+    own = "values" if name == "topk" else "scale:fc1.weight"  # differs between clients: rows are not mixed up
+    assert not torch.equal(together[0].payload[own], together[1].payload[own])
+
+
 def test_bnn_forward_uses_plus_minus_one_weights_and_one_bit_uploads():
     algo = make("bnn_fedavg", args={"scale": False})
     seen = {}

@@ -174,6 +174,12 @@ class Algorithm:
         """Each client's index in :attr:`client_ids` (its shuffle and random streams are named by it)."""
         return {cid: i for i, cid in enumerate(self.client_ids)}
 
+    @functools.cached_property
+    def dense_bytes(self) -> int:
+        """The dense float32 global model with its buffers on the wire (FedAvg's downlink); its shapes are fixed
+        for the run, so this is counted once."""
+        return tensor_bytes({**self.global_params, **self.global_buffers})
+
     def client_data(self, cid: str):
         return self.dataset.client(cid)
 
@@ -213,7 +219,7 @@ class Algorithm:
         payload = {**result.trained, **result.buffers}
         # the batch-norm running statistics travel with the weights, so they are costed too
         return ClientUpdate(cid, result.num_samples, payload, bytes_up=tensor_bytes(payload),
-                            bytes_down=tensor_bytes({**self.global_params, **self.global_buffers}),
+                            bytes_down=self.dense_bytes,
                             train_loss=result.loss,
                             samples_seen=result.samples_seen)
 

@@ -21,12 +21,13 @@ El-Yaniv, Bengio, "Binarized Neural Networks", NeurIPS 2016).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
-from trainer.aggregation import average_state, weighted_average
+from trainer.aggregation import average_state, stack_rows, weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
 
 
@@ -70,22 +71,41 @@ class BNNFedAvg(Algorithm):
         task.project = self.clip
         return task
 
-    def _wire_bytes(self, real: dict[str, torch.Tensor]) -> int:
+    @functools.cached_property
+    def _binary_bytes(self) -> int:
+        """sign(W) packed 1 bit per element, plus α per layer with ``scale``: fixed shapes, counted once."""
         bits = mask_bytes({w: self.global_params[w] for w in self.binary})
-        return bits + (FLOAT_BYTES * len(self.binary) if self.args.scale else 0) + tensor_bytes(real)
+        return bits + (FLOAT_BYTES * len(self.binary) if self.args.scale else 0)
+
+    def _wire_bytes(self, real: dict[str, torch.Tensor]) -> int:
+        return self._binary_bytes + tensor_bytes(real)
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        trained = result.trained
-        real = {k: v for k, v in trained.items() if k not in self.binary}
-        payload = {**real, **result.buffers}
+        return self.client_updates(rnd, [(cid, result)])[0]
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """Every client's upload at once: sign(W_k) and α_k = mean|W_k| of each binarized layer computed on the
+        clients' stacked shadow weights (read in place from the batched loop's results), one op per layer."""
+        if not results:
+            return []
+        K = len(results)
+        signs, scales = {}, {}
         for w in self.binary:
-            payload[w] = sign(trained[w])  # 1 bit per element on the wire
-            payload[f"scale:{w}"] = trained[w].abs().mean() if self.args.scale else torch.tensor(1.0)
-        down_real = {k: v for k, v in {**self.global_params, **self.global_buffers}.items() if k not in self.binary}
-        return ClientUpdate(cid, result.num_samples, payload,
-                            bytes_up=self._wire_bytes({**real, **result.buffers}),
-                            bytes_down=self._wire_bytes(down_real), train_loss=result.loss,
-                            samples_seen=result.samples_seen)
+            shadow = stack_rows([res.trained[w] for _, res in results])  # (K, *shape)
+            signs[w] = sign(shadow).unbind(0)  # 1 bit per element on the wire
+            scales[w] = (shadow.abs().flatten(1).mean(1) if self.args.scale else torch.ones(K)).unbind(0)
+        down = self._wire_bytes({k: v for k, v in {**self.global_params, **self.global_buffers}.items()
+                                 if k not in self.binary})
+        out = []
+        for i, (cid, res) in enumerate(results):
+            real = {k: v for k, v in res.trained.items() if k not in self.binary}
+            payload = {**real, **res.buffers}
+            for w in self.binary:
+                payload[w] = signs[w][i]
+                payload[f"scale:{w}"] = scales[w][i]
+            out.append(ClientUpdate(cid, res.num_samples, payload, bytes_up=self._wire_bytes({**real, **res.buffers}),
+                                    bytes_down=down, train_loss=res.loss, samples_seen=res.samples_seen))
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         weights = [u.num_samples for u in updates]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import tensor_bytes, topk_bytes
-from trainer.aggregation import average_state
+from trainer.aggregation import average_state, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
 
 
@@ -49,23 +49,38 @@ class TopK(Algorithm):
         return torch.cat([params[n].reshape(-1).float() for n in self.names])
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        delta = self._flat(result.trained) - self._flat(self.global_params)  # (numel,)
+        return self.client_updates(rnd, [(cid, result)])[0]
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """Every client's upload at once: the clients' updates Δ_k stacked as rows ``(K, numel)`` (read in place
+        from the batched loop's results), one top-k per row (each row's own k largest |Δ|, as it would be
+        alone), and the residuals r_k ← Δ_k − sparse(Δ_k) in one scatter."""
+        if not results:
+            return []
+        K = len(results)
+        trained = torch.cat([stack_rows([res.trained[n] for _, res in results]).reshape(K, -1).float()
+                             for n in self.names], dim=1)
+        delta = trained - self._flat(self.global_params)  # (K, numel)
         if self.args.error_feedback:
-            delta = delta + self.residual[cid]
-        idx, vals = top_k_sparsify(delta, self.k)
+            delta = delta + stack_rows([self.residual[cid] for cid, _ in results])
+        idx = torch.topk(delta.abs(), self.k, dim=1).indices  # (K, k)
+        vals = delta.gather(1, idx).float()
         if self.args.error_feedback:
-            self.residual[cid] = delta.index_fill(0, idx.long(), 0.0)
-        buffers = {k: v for k, v in result.buffers.items()}
-        dense_state = {**self.global_params, **self.global_buffers}
-        return ClientUpdate(cid, result.num_samples, {"indices": idx, "values": vals, **buffers},
-                            bytes_up=topk_bytes(self.k) + tensor_bytes(buffers), bytes_down=tensor_bytes(dense_state),
-                            train_loss=result.loss, samples_seen=result.samples_seen)
+            for (cid, _), r in zip(results, delta.scatter(1, idx, 0.0).unbind(0)):
+                self.residual[cid] = r
+        down = self.dense_bytes
+        return [ClientUpdate(cid, res.num_samples, {"indices": i.to(torch.int32), "values": v, **res.buffers},
+                             bytes_up=topk_bytes(self.k) + tensor_bytes(res.buffers), bytes_down=down,
+                             train_loss=res.loss, samples_seen=res.samples_seen)
+                for (cid, res), i, v in zip(results, idx.to(torch.int32).unbind(0), vals.unbind(0))]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         total = float(sum(u.num_samples for u in updates))
         step = torch.zeros(self.numel)
-        for u in updates:
-            step.index_add_(0, u.payload["indices"].long(), u.payload["values"] * (u.num_samples / total))
+        if updates:  # Σ_k n_k·sparse(Δ_k) / Σ_k n_k: one index_add over the clients' entries, client by client
+            w = torch.tensor([u.num_samples / total for u in updates])
+            vals = stack_rows([u.payload["values"] for u in updates]) * w[:, None]  # (K, k)
+            step.index_add_(0, stack_rows([u.payload["indices"] for u in updates]).long().flatten(), vals.flatten())
         flat = self._flat(self.global_params) + step
         out, at = {}, 0
         for n in self.names:
