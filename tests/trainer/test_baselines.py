@@ -79,10 +79,14 @@ def test_topk_uploads_exactly_k_values_and_k_indices():
     torch.testing.assert_close(torch.cat([algo.global_params[p].reshape(-1) for p in algo.names]), expect)
 
 
-@pytest.mark.parametrize("name", ["topk", "bnn_fedavg"])
+UPLOADS_TOGETHER = {"topk": "values", "bnn_fedavg": "scale:fc1.weight", "scaffold": "scaffold:dc:fc1.weight"}
+
+
+@pytest.mark.parametrize("name", list(UPLOADS_TOGETHER))
 def test_uploads_computed_together_are_each_clients_own(name):
-    # client_updates sparsifies / binarizes all clients' stacked updates at once; client_update does one client.
-    # Two equal instances, fed the same trained results for two rounds (Top-k's residuals carry over).
+    # client_updates sparsifies / binarizes / updates the control variates of all clients' stacked tensors at
+    # once; client_update does one client. Two equal instances, fed the same trained results for two rounds
+    # (Top-k's residuals and SCAFFOLD's c_i carry over).
     from trainer.simulation import train_clients
 
     together_algo, alone_algo = make(name, clients=4, batched=True), make(name, clients=4, batched=True)
@@ -97,10 +101,13 @@ def test_uploads_computed_together_are_each_clients_own(name):
             assert all(torch.equal(t.payload[k], a.payload[k]) for k in a.payload), (rnd, t.client_id)
             if name == "topk":
                 assert torch.equal(together_algo.residual[t.client_id], alone_algo.residual[a.client_id])
+            if name == "scaffold":
+                assert all(torch.equal(v, alone_algo.c_i[a.client_id][k])
+                           for k, v in together_algo.c_i[t.client_id].items())
         together_algo.aggregate(rnd, together)
         alone_algo.aggregate(rnd, alone)
         assert all(torch.equal(v, alone_algo.global_params[k]) for k, v in together_algo.global_params.items())
-    own = "values" if name == "topk" else "scale:fc1.weight"  # differs between clients: rows are not mixed up
+    own = UPLOADS_TOGETHER[name]  # differs between clients: their rows are not mixed up
     assert not torch.equal(together[0].payload[own], together[1].payload[own])
 
 

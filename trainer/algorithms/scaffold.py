@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import tensor_bytes
+from trainer.aggregation import stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
 from trainer.algorithms.fednova import local_steps, momentum_norm
 
@@ -55,7 +56,14 @@ def client_control_update(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y
     """Option II: c_i⁺ = c_i − c + (x − y_i)/(K η_l), ``steps`` = K (or ‖a‖₁ with momentum); no step: c_i."""
     if steps <= 0:
         return c_i.clone()
-    return c_i - c + (x - y) / (steps * lr)
+    return control_step(c_i, c, x, y, steps * lr)
+
+
+def control_step(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                 rate: float | torch.Tensor) -> torch.Tensor:
+    """c_i − c + (x − y)/rate with rate = K η_l: a number, or float32 per client broadcast over stacked rows (the
+    same bits as dividing each client's rows by its own number)."""
+    return c_i - c + (x - y) / rate
 
 
 def server_step(x: dict[str, torch.Tensor], c: dict[str, torch.Tensor], dys: list[dict[str, torch.Tensor]],
@@ -92,19 +100,40 @@ class Scaffold(Algorithm):
                              t.momentum)
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        x, y, steps, lr = self.global_params, result.trained, self.local_steps(cid), self.cfg.training.lr
-        c_new = {k: client_control_update(self.c_i[cid][k], self.c[k], x[k], y[k], lr, steps) for k in x}
-        dc = {DC_PREFIX + k: c_new[k] - self.c_i[cid][k] for k in x}  # Δc_i = c_i⁺ − c_i
-        self.c_i[cid] = c_new  # c_i ← c_i⁺ (client-side state)
-        payload = {**y, **dc, **result.buffers}
-        return ClientUpdate(cid, result.num_samples, payload,
-                            bytes_up=tensor_bytes(payload),  # y_i, Δc_i and the batch-norm buffers
-                            bytes_down=tensor_bytes(x) + tensor_bytes(self.c) + tensor_bytes(self.global_buffers),
-                            train_loss=result.loss, samples_seen=result.samples_seen)
+        return self.client_updates(rnd, [(cid, result)])[0]
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """Every client's upload at once: option II's c_i⁺ (:func:`client_control_update`) on the clients' stacked
+        y_i and c_i, one op per parameter, each client with its own K."""
+        if not results:
+            return []
+        x, lr = self.global_params, self.cfg.training.lr
+        steps = [self.local_steps(cid) for cid, _ in results]
+        idle = [i for i, k in enumerate(steps) if k <= 0]  # no step: c_i⁺ = c_i
+        rate = torch.tensor([k * lr if k > 0 else 1.0 for k in steps])  # K η_l per client
+        c_new: dict[str, tuple[torch.Tensor, ...]] = {}
+        dc: dict[str, tuple[torch.Tensor, ...]] = {}
+        for k, xk in x.items():
+            y = stack_rows([res.trained[k] for _, res in results])  # (K, *shape)
+            ci = stack_rows([self.c_i[cid][k] for cid, _ in results])
+            new = control_step(ci, self.c[k], xk, y, rate.view(-1, *[1] * xk.dim()))
+            if idle:
+                new[idle] = ci[idle]
+            c_new[k], dc[k] = new.unbind(0), (new - ci).unbind(0)  # Δc_i = c_i⁺ − c_i
+        down = tensor_bytes(x) + tensor_bytes(self.c) + tensor_bytes(self.global_buffers)
+        out = []
+        for i, (cid, res) in enumerate(results):
+            self.c_i[cid] = {k: c_new[k][i] for k in x}  # c_i ← c_i⁺ (client-side state)
+            payload = {**res.trained, **{DC_PREFIX + k: dc[k][i] for k in x}, **res.buffers}
+            out.append(ClientUpdate(cid, res.num_samples, payload,
+                                    bytes_up=tensor_bytes(payload),  # y_i, Δc_i and the batch-norm buffers
+                                    bytes_down=down, train_loss=res.loss, samples_seen=res.samples_seen))
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         x = self.global_params
-        dys = [{k: u.payload[k] - x[k] for k in x} for u in updates]  # Δy_i = y_i − x
+        diff = {k: (stack_rows([u.payload[k] for u in updates]) - v).unbind(0) if updates else () for k, v in x.items()}
+        dys = [{k: diff[k][i] for k in x} for i in range(len(updates))]  # Δy_i = y_i − x
         dcs = [{k: u.payload[DC_PREFIX + k] for k in x} for u in updates]
         self.global_params, self.c = server_step(x, self.c, dys, dcs, len(self.client_ids), self.args.server_lr)
         self.average_buffers(updates)
