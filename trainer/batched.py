@@ -49,7 +49,7 @@ from torch.nn.utils.rnn import pad_sequence
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import EvalModel, LocalResult, LocalTask
 from trainer.batched_ops import BatchedLayers
-from trainer.local_training import draw_noise, evaluate, local_train, noise_generator, step_plan
+from trainer.local_training import cross_entropy, draw_noise, evaluate, local_train, noise_generator, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
@@ -231,7 +231,7 @@ def _client_loss(task: LocalTask) -> Callable:
             data = own(p, c, x, y, b)
         else:
             logits = fwd(p, c, x, b)  # (B, classes)
-            data = (F.cross_entropy(logits, y, reduction="none") * w).sum() / n  # mean over real samples
+            data = (cross_entropy(logits, y, reduction="none") * w).sum() / n  # mean over real samples
         return data, (reg(p, c) if reg is not None else torch.zeros((), device=data.device))
 
     return loss

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
 from trainer.algorithms.fedprox import with_proximal
+from trainer.local_training import cross_entropy
 from trainer.models.masking import MaskSite
 from trainer.models.registry import head_names
 
@@ -226,7 +226,7 @@ class FedPeWS(Algorithm):
             def procedure_one(sd: Tensors, bufs: Tensors):
                 bufs = {k: v.clone() for k, v in bufs.items()}  # its forward's batch-norm updates come back as aux
                 a = {n: bernoulli_ste(torch.sigmoid(sd[n]), c[f"u1:{n}"]) for n in names}
-                l_s = F.cross_entropy(self.call(self.masked_params(frozen, a), bufs, x), y)
+                l_s = cross_entropy(self.call(self.masked_params(frozen, a), bufs, x), y)
                 div = sum((torch.sigmoid(sd[n]) - c[f"theta:{n}"]).pow(2).sum() for n in names)
                 return l_s - lam * div, bufs
 
@@ -240,7 +240,7 @@ class FedPeWS(Algorithm):
             # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
             a2 = {n: (c[f"u2:{n}"] < torch.sigmoid(si.detach() - eta_s * g)).float()
                   for n, si, g in zip(names, s, grads)}
-            l_x = F.cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
+            l_x = cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
             return l_x + surrogate
 
         return LocalTask(trainable, forward, constants=constants,

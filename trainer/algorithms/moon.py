@@ -29,6 +29,7 @@ from torch.func import functional_call
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.local_training import cross_entropy
 
 GLOBAL, PREV = "moon:glob:", "moon:prev:"  # the constants' prefixes: w^t and w_i^{t−1} (parameters and buffers)
 
@@ -92,7 +93,7 @@ class Moon(Algorithm):
                     z_prev = representation_call(model, head, prev, x)[0]
             finally:
                 model.train(was_training)
-            return F.cross_entropy(logits, y) + mu * contrastive_loss(z, z_glob, z_prev, tau)  # Eq. 4
+            return cross_entropy(logits, y) + mu * contrastive_loss(z, z_glob, z_prev, tau)  # Eq. 4
 
         return loss
 

@@ -27,9 +27,9 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from trainer.algorithms.base import ALGORITHMS, Algorithm, EvalModel, LocalTask
+from trainer.local_training import cross_entropy
 from trainer.run_dir import ClientState
 
 
@@ -43,7 +43,7 @@ def fo_maml_loss(call: Callable, alpha: float) -> Callable:
     D for the inner step, D' for the outer (a task with ``batches_per_step = 2``)."""
     def inner(q, b, x_d, y_d):  # f(w; D), and the buffers its forward updated (batch norm)
         b = {k: v.clone() for k, v in b.items()}
-        return F.cross_entropy(call(q, b, x_d), y_d), b
+        return cross_entropy(call(q, b, x_d), y_d), b
 
     def loss(p, c, x, y, b):
         (x_d, x_d2), (y_d, y_d2) = x, y
@@ -53,7 +53,7 @@ def fo_maml_loss(call: Callable, alpha: float) -> Callable:
         for k, v in new_b.items():
             b[k].copy_(v)
         adapted = {k: v - alpha * grads[k] for k, v in p.items()}
-        return F.cross_entropy(call(adapted, b, x_d2), y_d2)
+        return cross_entropy(call(adapted, b, x_d2), y_d2)
     return loss
 
 
@@ -62,7 +62,7 @@ def adapt(call: Callable, params: dict[str, torch.Tensor], buffers: dict[str, to
     """One gradient step of size α on (x, y): the personalized model."""
     with torch.enable_grad():
         p = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-        grads = torch.autograd.grad(F.cross_entropy(call(p, buffers, x), y), list(p.values()), allow_unused=True)
+        grads = torch.autograd.grad(cross_entropy(call(p, buffers, x), y), list(p.values()), allow_unused=True)
     return {k: (v - alpha * g if g is not None else v).detach() for (k, v), g in zip(p.items(), grads)}
 
 
