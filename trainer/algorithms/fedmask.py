@@ -25,6 +25,7 @@ running statistics are local to each client. Bytes up and down: every mask eleme
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,8 +148,26 @@ class FedMask(Algorithm):
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
         grad_keep = dict(keep)
-        masked = list(start)
-        structured = [w for w in masked if w in keep]  # names only: the closures capture nothing per client
+        forward, reg = self._functions(tuple(start), tuple(w for w in start if w in keep), regularize)
+        # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
+        # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
+        constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
+        return LocalTask(trainable, forward, reg, constants=constants, buffers=self.buffers[cid],
+                         epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
+
+    @functools.cached_property
+    def _task_functions(self) -> dict[tuple, tuple]:
+        return {}
+
+    def _functions(self, masked: tuple[str, ...], structured: tuple[str, ...], regularize: bool) -> tuple:
+        """The task's forward and group-lasso regularizer (Eqs. 6 and 10) over the named masks, ``structured``
+        those with a pruning structure in the constants. They capture names only, never a client's tensor, and
+        are built once per set of names: every client's task holds the same function objects, so the batched
+        loop recognizes them as one kind of task at once (instead of comparing a fresh closure per client)."""
+        key = (masked, structured, regularize)
+        cache = self._task_functions
+        if key in cache:
+            return cache[key]
 
         def soft_masks(tr, c):  # Eq. 6, pruned elements stay 0
             return {w: torch.sigmoid(tr[w]) * c[w] if w in structured else torch.sigmoid(tr[w]) for w in masked}
@@ -164,11 +183,8 @@ class FedMask(Algorithm):
                 soft = soft_masks(tr, keep)
                 return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
 
-        # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
-        # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
-        constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
-        return LocalTask(trainable, forward, reg, constants=constants, buffers=self.buffers[cid],
-                         epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
+        cache[key] = (forward, reg)
+        return forward, reg
 
     def _hidden(self, w: str) -> int:
         return next(s.hidden for s in self.sites if w in s.weights)
