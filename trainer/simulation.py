@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -13,7 +14,7 @@ import torch
 from trainer.accounting import dense_reference, forward_flops_many, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
-from trainer.batched import evaluate_many, local_train_batched
+from trainer.batched import evaluate_many, local_train_batched, resolve_device
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
@@ -65,6 +66,10 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     """
     t0 = time.perf_counter()
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
+    asked = cfg.training.device
+    if cfg.training.batched and resolve_device(asked).type != torch.device(asked).type:
+        warnings.warn(f"training.device {asked!r}: this torch ({torch.__version__}) sees no CUDA device, so the "
+                      f"clients train and evaluate on the CPU", RuntimeWarning, stacklevel=2)
     algo = build_algorithm(cfg)
     ds = algo.dataset
     schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)

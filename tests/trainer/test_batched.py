@@ -349,6 +349,18 @@ def test_device_is_cuda_only_when_present():
         resolve_device("tpu")
 
 
+def test_asking_for_cuda_without_one_says_the_run_is_on_the_cpu():
+    cfg = _config("fedavg", True)
+    cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=0, device="cuda"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        simulate(cfg)
+    said = [str(w.message) for w in caught if "training.device" in str(w.message)]
+    assert said == ([] if torch.cuda.is_available() else
+                    [f"training.device 'cuda': this torch ({torch.__version__}) sees no CUDA device, so the clients "
+                     f"train and evaluate on the CPU"])
+
+
 def test_per_step_noise_is_each_clients_own_stream_in_both_loops():
     # a loss that uses the step's uniforms: batched must draw exactly what each client draws alone
     torch.manual_seed(0)
