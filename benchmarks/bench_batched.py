@@ -71,7 +71,7 @@ class OurLoop:
         results = train_clients(self.algo, self.cids, rnd)
         t_train = time.perf_counter() - t
         first = dict(results[0][1].trained)
-        self.algo.aggregate(rnd, [self.algo.client_update(cid, rnd, r) for cid, r in results])
+        self.algo.aggregate(rnd, self.algo.client_updates(rnd, results))  # as simulate() does
         return t_train, time.perf_counter() - t, first
 
 
