@@ -224,7 +224,8 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
     seen = {cid: r.samples_seen for cid, r in results.items()}
     pending, phase = list(cids), 1
     while pending:  # the clients that go on to another phase, together again
-        nxt = [(cid, task) for cid in pending if (task := algo.next_phase(cid, rnd, phase, results[cid])) is not None]
+        asked = algo.next_phases(rnd, phase, [(cid, results[cid]) for cid in pending])
+        nxt = [(cid, task) for cid, task in zip(pending, asked) if task is not None]
         for (cid, _), res in zip(nxt, run(nxt, phase) if nxt else []):
             results[cid] = res
             seen[cid] += res.samples_seen

@@ -17,7 +17,8 @@ Optional hooks (defaults keep the behaviour above):
 
 * ``next_phase(cid, rnd, phase, result)`` — another local-training phase in the same round, started after the
   previous one (GradLTN's pruning iterations, LocalAlt, FedRep's head-then-body, Ditto's personal model);
-  ``None`` ends the client's round and the last result goes to ``client_update``;
+  ``None`` ends the client's round and the last result goes to ``client_update`` (``next_phases(rnd, phase,
+  results)`` asks for a phase's clients together; by default one by one);
 * ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
 * ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
@@ -312,6 +313,11 @@ class Algorithm:
         result; ``None`` (the default) ends the round for this client."""
         return None
 
+
+    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
+        """:meth:`next_phase` of each ``(client, result)``, in order; the batched loop asks for the clients of a
+        phase together, and an algorithm may compute them at once (FedSelect's GradLTN pruning)."""
+        return [self.next_phase(cid, rnd, phase, res) for cid, res in results]
     def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
         return lambda x: self.call(self.global_params, self.global_buffers, x)

@@ -32,6 +32,7 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
+from trainer.aggregation import stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.run_dir import ClientState
 
@@ -50,19 +51,30 @@ class FedSelectArgs:
 def top_candidates(gamma: Tensors, candidates: Tensors, keep: float) -> Tensors:
     """The largest ``keep`` fraction (rounded, at least 1) of ``gamma`` among the candidate elements (mask 1),
     over all tensors together. Returns boolean masks."""
+    stacked = top_candidates_many({n: g.unsqueeze(0) for n, g in gamma.items()},
+                                  {n: c.unsqueeze(0) for n, c in candidates.items()}, keep)
+    return {n: m[0] for n, m in stacked.items()}
+
+
+def top_candidates_many(gamma: Tensors, candidates: Tensors, keep: float) -> Tensors:
+    """:func:`top_candidates` of K clients at once, on their stacked ``(K, *shape)`` tensors: one top-k over each
+    client's row of all its tensors (its own selection, as alone), one op for clients with as many candidates."""
     names = list(gamma)
-    flat_g = torch.cat([gamma[n].reshape(-1) for n in names])
-    flat_c = torch.cat([candidates[n].reshape(-1).bool() for n in names])
-    n_keep = max(1, int(round(keep * int(flat_c.sum()))))
+    K = gamma[names[0]].shape[0]
+    flat_g = torch.cat([gamma[n].reshape(K, -1) for n in names], dim=1)
+    flat_c = torch.cat([candidates[n].reshape(K, -1).bool() for n in names], dim=1)
     score = torch.where(flat_c, flat_g.float(), torch.full_like(flat_g, -1.0, dtype=torch.float32))
-    idx = torch.topk(score, n_keep).indices
+    n_keep = [max(1, int(round(keep * c))) for c in flat_c.sum(1).tolist()]
     out = torch.zeros_like(flat_c)
-    out[idx] = True
+    for k in sorted(set(n_keep)):  # clients with as many candidates: one top-k over their rows
+        rows = [i for i, n in enumerate(n_keep) if n == k]
+        sel = torch.tensor(rows)
+        out[sel[:, None], torch.topk(score[sel], k, dim=1).indices] = True
     res, off = {}, 0
     for n in names:
-        k = gamma[n].numel()
-        res[n] = out[off: off + k].reshape(gamma[n].shape)
-        off += k
+        size = gamma[n][0].numel()
+        res[n] = out[:, off: off + size].reshape(gamma[n].shape)
+        off += size
     return res
 
 
@@ -146,18 +158,31 @@ class FedSelect(Algorithm):
         return self._task(theta0, buf0, ones, self.args.E)  # GradLTN iteration 0, m_0 = 1
 
     def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
-        st, L = self.round_state[cid], self.args.L
-        if phase <= L:  # GradLTN: prune after iteration phase − 1, reset to θ_0
-            theta0, m = st["theta0"], st["mask"]
-            gamma = {k: (result.trained[k] - theta0[k]).abs() for k in theta0}
-            st["mask"] = top_candidates(gamma, m, self.args.p)
-            if phase < L:
-                return self._task(theta0, st["buf0"], st["mask"], self.args.E)
-            return self._task(theta0, st["buf0"], st["mask"], self.args.localalt_epochs)  # LocalAlt: v_k
+        return self.next_phases(rnd, phase, [(cid, result)])[0]
+
+    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
+        """GradLTN's pruning after iteration ``phase`` − 1 (Alg. 1: γ = |θ_trained − θ_0| ⊙ m_i, keep the largest p
+        of the candidates, reset to θ_0) for the phase's clients at once, on their stacked tensors (read in place
+        from the batched loop's results); then LocalAlt's two passes."""
+        L = self.args.L
+        if phase <= L:  # GradLTN
+            states = [self.round_state[cid] for cid, _ in results]
+            if not states:
+                return []
+            gamma = {k: (stack_rows([res.trained[k] for _, res in results])
+                         - stack_rows([st["theta0"][k] for st in states])).abs() for k in states[0]["theta0"]}
+            masks = top_candidates_many(gamma, {k: stack_rows([st["mask"][k] for st in states]) for k in gamma},
+                                        self.args.p)
+            epochs = self.args.E if phase < L else self.args.localalt_epochs  # the last: LocalAlt on v_k
+            out = []
+            for i, st in enumerate(states):
+                st["mask"] = {k: m[i] for k, m in masks.items()}
+                out.append(self._task(st["theta0"], st["buf0"], st["mask"], epochs))
+            return out
         if phase == L + 1:  # LocalAlt: u, from the v_k pass
-            shared = {k: ~m for k, m in st["mask"].items()}
-            return self._task(result.trained, result.buffers, shared, self.args.localalt_epochs)
-        return None
+            return [self._task(res.trained, res.buffers, {k: ~m for k, m in self.round_state[cid]["mask"].items()},
+                               self.args.localalt_epochs) for cid, res in results]
+        return [None] * len(results)
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         m = self.round_state.pop(cid)["mask"]

@@ -108,6 +108,23 @@ def test_gradltn_keeps_exactly_the_largest_fraction_of_candidates():
     assert sum(int(v.sum()) for v in keep.values()) == 3
 
 
+def test_gradltn_of_many_clients_at_once_is_each_clients_own():
+    from trainer.algorithms.fedselect import top_candidates_many
+
+    torch.manual_seed(0)
+    K = 5
+    gamma = {"a": torch.rand(K, 6, 4), "b": torch.rand(K, 9)}
+    gamma["a"][:, :2] = 0.0  # exact ties (parameters that did not move)
+    cand = {"a": torch.rand(K, 6, 4) < 0.7, "b": torch.rand(K, 9) < 0.7}  # unequal candidate counts per client
+    together = top_candidates_many(gamma, cand, 0.5)
+    for i in range(K):
+        alone = top_candidates({n: g[i] for n, g in gamma.items()}, {n: c[i] for n, c in cand.items()}, 0.5)
+        assert all(torch.equal(together[n][i], alone[n]) for n in gamma), i
+        n_cand = sum(int(c[i].sum()) for c in cand.values())
+        assert sum(int(together[n][i].sum()) for n in gamma) == max(1, round(0.5 * n_cand))
+        assert all(not (together[n][i] & ~cand[n][i]).any() for n in gamma)  # only candidates are kept
+
+
 # -- FedProx ----------------------------------------------------------------------------------------------
 def test_fedprox_gradient_includes_mu_times_distance():
     w = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
