@@ -69,7 +69,8 @@ def top_candidates_many(gamma: Tensors, candidates: Tensors, keep: float) -> Ten
     for k in sorted(set(n_keep)):  # clients with as many candidates: one top-k over their rows
         rows = [i for i, n in enumerate(n_keep) if n == k]
         sel = torch.tensor(rows)
-        out[sel[:, None], torch.topk(score[sel], k, dim=1).indices] = True
+        # a set, not a ranking: unsorted (PyTorch selects the same k either way, then sorts them on request)
+        out[sel[:, None], torch.topk(score[sel], k, dim=1, sorted=False).indices] = True
     res, off = {}, 0
     for n in names:
         size = gamma[n][0].numel()

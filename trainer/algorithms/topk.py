@@ -29,9 +29,10 @@ class TopKArgs:
 
 
 def top_k_sparsify(delta: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int32 indices, float32 values) of the k largest |delta| entries of a flat vector."""
-    idx = torch.topk(delta.abs(), k).indices
-    return idx.to(torch.int32), delta[idx].float()
+    """(int32 indices, float32 values) of the k largest |delta| entries of a flat vector, or of each row of a
+    ``(K, n)`` stack of them; the entries come as a set, in no particular order."""
+    idx = torch.topk(delta.abs(), k, dim=-1, sorted=False).indices  # PyTorch selects the same k sorted or not
+    return idx.to(torch.int32), delta.gather(-1, idx).float()
 
 
 @ALGORITHMS.register("topk")
@@ -63,16 +64,15 @@ class TopK(Algorithm):
         delta = trained - self._flat(self.global_params)  # (K, numel)
         if self.args.error_feedback:
             delta = delta + stack_rows([self.residual[cid] for cid, _ in results])
-        idx = torch.topk(delta.abs(), self.k, dim=1).indices  # (K, k)
-        vals = delta.gather(1, idx).float()
+        idx, vals = top_k_sparsify(delta, self.k)  # (K, k) each
         if self.args.error_feedback:
-            for (cid, _), r in zip(results, delta.scatter(1, idx, 0.0).unbind(0)):
+            for (cid, _), r in zip(results, delta.scatter(1, idx.long(), 0.0).unbind(0)):
                 self.residual[cid] = r
         down = self.dense_bytes
         return [ClientUpdate(cid, res.num_samples, {"indices": i.to(torch.int32), "values": v, **res.buffers},
                              bytes_up=topk_bytes(self.k) + tensor_bytes(res.buffers), bytes_down=down,
                              train_loss=res.loss, samples_seen=res.samples_seen)
-                for (cid, res), i, v in zip(results, idx.to(torch.int32).unbind(0), vals.unbind(0))]
+                for (cid, res), i, v in zip(results, idx.unbind(0), vals.unbind(0))]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         total = float(sum(u.num_samples for u in updates))
