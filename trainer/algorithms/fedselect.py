@@ -146,9 +146,8 @@ class FedSelect(Algorithm):
         return self.models.get(cid, self.global_params)
 
     def _task(self, start: Tensors, buffers: Tensors, keep: Tensors, epochs: int) -> LocalTask:
-        return LocalTask(trainable={k: v.clone() for k, v in start.items()},
-                         forward=lambda p, c, x, b: self.call(p, b, x),
-                         buffers={k: v.clone() for k, v in buffers.items()}, epochs=epochs,
+        return LocalTask(trainable=dict(start),  # the loops train copies: θ_0 itself stays as it is
+                         forward=self.forward_of_params, buffers=dict(buffers), epochs=epochs,
                          lr=self.cfg.training.lr, grad_keep={k: m.float() for k, m in keep.items()})
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
