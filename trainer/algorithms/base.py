@@ -39,7 +39,6 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from edgemask.errors import ConfigError
 from edgemask.registry import Registry
@@ -48,6 +47,7 @@ from trainer.config import TrainConfig
 from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
 from trainer.models.masking import effective_params
+from trainer.models.stateless import stateless_call
 from trainer.run_dir import ClientState
 
 Tensors = dict[str, torch.Tensor]
@@ -185,7 +185,7 @@ class Algorithm:
         return self.dataset.client(cid)
 
     def call(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, {**params, **buffers}, (x,))
+        return stateless_call(self.model, {**params, **buffers}, (x,))
 
     def forward_of_params(self, params: dict[str, torch.Tensor], constants: dict[str, torch.Tensor],
                           x: torch.Tensor, buffers: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -12,10 +12,10 @@ with the global model.
 Choices the paper leaves to its architecture: MOON's networks end in base encoder → projection head → output
 layer and take z after the projection head; our registered models have no projection head, so z is the input
 of the model's classifier head (the ``head`` the personalization baselines split off, FedPer/FedRep), taken
-with a forward pre-hook during a ``functional_call`` — any registered model works, under ``vmap`` too. As in the
-authors' code the global and previous models are frozen and run in eval mode (batch norm uses their running
-statistics and does not update them). ℓ_con is averaged over the minibatch like the cross-entropy; the history's
-``train_loss`` is the whole objective ℓ.
+with a forward pre-hook during a stateless call of the model (``trainer.models.stateless``) — any registered model
+works, under ``vmap`` too. As in the authors' code the global and previous models are frozen and run in eval
+mode (batch norm uses their running statistics and does not update them). ℓ_con is averaged over the minibatch
+like the cross-entropy; the history's ``train_loss`` is the whole objective ℓ.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
 from trainer.local_training import cross_entropy
+from trainer.models.stateless import stateless_call
 
 GLOBAL, PREV = "moon:glob:", "moon:prev:"  # the constants' prefixes: w^t and w_i^{t−1} (parameters and buffers)
 
@@ -56,7 +56,7 @@ def representation_call(model: nn.Module, head: str, tensors: dict[str, torch.Te
     seen: list[torch.Tensor] = []
     handle = model.get_submodule(head).register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
     try:
-        logits = functional_call(model, tensors, (x,))
+        logits = stateless_call(model, tensors, (x,))
     finally:
         handle.remove()
     return seen[0].flatten(1), logits

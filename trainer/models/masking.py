@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.func import functional_call
+
+from trainer.models.stateless import stateless_call
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def masked_forward(model: nn.Module, masks: dict[str, torch.Tensor], sites: tupl
     base = dict(model.named_parameters())
     if params:
         base.update(params)
-    return functional_call(model, effective_params(base, masks, sites), args)
+    return stateless_call(model, effective_params(base, masks, sites), args)
 
 
 def bake(model: nn.Module, masks: dict[str, torch.Tensor], sites: tuple[MaskSite, ...]) -> nn.Module:
