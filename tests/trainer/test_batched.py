@@ -287,19 +287,24 @@ def test_batched_round_loop_matches_sequential(algorithm, model, monkeypatch):
     assert {k: bat.summary[k] for k in keys} == pytest.approx({k: seq.summary[k] for k in keys}, rel=1e-6)
 
 
+def _built(algorithm: str, model: str):
+    """The algorithm built and set up for the small batched run, or the test skipped where it does not fit it."""
+    from trainer.simulation import build_algorithm
+
+    try:
+        return build_algorithm(_config(algorithm, True, model))
+    except EdgemaskError as e:
+        pytest.skip(f"{algorithm} does not run on digits/{model}: {e}")
+
+
 @pytest.mark.parametrize(("algorithm", "model"), CASES)
 def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
     # On a CUDA device a task that captured a CPU tensor in its closures would fall back to the sequential loop.
     # The "meta" device mixes with the CPU tensors exactly as CUDA would, so the probe (one vmapped step on the
     # device) catches such a task here without a GPU: every phase of every algorithm must pass it.
     from trainer.batched import _probe
-    from trainer.simulation import build_algorithm
 
-    cfg = _config(algorithm, True, model)
-    try:
-        algo = build_algorithm(cfg)
-    except EdgemaskError as e:
-        pytest.skip(f"{algorithm} does not run on digits/{model}: {e}")
+    algo = _built(algorithm, model)
     algo.setup()
     cid = algo.client_ids[0]
     data = algo.client_data(cid)
@@ -321,13 +326,9 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
     from torch.func import vmap
 
     from trainer.batched import _evaluate_stacked, eval_groups
-    from trainer.simulation import build_algorithm, train_clients
+    from trainer.simulation import train_clients
 
-    cfg = _config(algorithm, True, model)
-    try:
-        algo = build_algorithm(cfg)
-    except EdgemaskError as e:
-        pytest.skip(f"{algorithm} does not run on digits/{model}: {e}")
+    algo = _built(algorithm, model)
     trained = train_clients(algo, algo.client_ids, 0)  # one round: personal state where the algorithm keeps one
     algo.aggregate(0, algo.client_updates(0, trained))
     assert algo.evaluates_batched()
