@@ -313,11 +313,11 @@ class Algorithm:
         result; ``None`` (the default) ends the round for this client."""
         return None
 
-
     def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
         """:meth:`next_phase` of each ``(client, result)``, in order; the batched loop asks for the clients of a
         phase together, and an algorithm may compute them at once (FedSelect's GradLTN pruning)."""
         return [self.next_phase(cid, rnd, phase, res) for cid, res in results]
+
     def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
         return lambda x: self.call(self.global_params, self.global_buffers, x)

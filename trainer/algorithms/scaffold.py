@@ -51,18 +51,11 @@ def control_variate_term(trainable: dict[str, torch.Tensor], constants: dict[str
     return total
 
 
-def client_control_update(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float,
-                          steps: float) -> torch.Tensor:
-    """Option II: c_i⁺ = c_i − c + (x − y_i)/(K η_l), ``steps`` = K (or ‖a‖₁ with momentum); no step: c_i."""
-    if steps <= 0:
-        return c_i.clone()
-    return control_step(c_i, c, x, y, steps * lr)
-
-
-def control_step(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                 rate: float | torch.Tensor) -> torch.Tensor:
-    """c_i − c + (x − y)/rate with rate = K η_l: a number, or float32 per client broadcast over stacked rows (the
-    same bits as dividing each client's rows by its own number)."""
+def client_control_update(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                          rate: float | torch.Tensor) -> torch.Tensor:
+    """Option II: c_i⁺ = c_i − c + (x − y_i)/(K η_l), ``rate`` = K η_l (K = ‖a‖₁ with momentum): a number, or one
+    float32 per client broadcast over their stacked rows (the same bits as dividing each client's rows by its own
+    number). A client that took no step keeps c_i (its caller's case)."""
     return c_i - c + (x - y) / rate
 
 
@@ -116,7 +109,7 @@ class Scaffold(Algorithm):
         for k, xk in x.items():
             y = stack_rows([res.trained[k] for _, res in results])  # (K, *shape)
             ci = stack_rows([self.c_i[cid][k] for cid, _ in results])
-            new = control_step(ci, self.c[k], xk, y, rate.view(-1, *[1] * xk.dim()))
+            new = client_control_update(ci, self.c[k], xk, y, rate.view(-1, *[1] * xk.dim()))
             if idle:
                 new[idle] = ci[idle]
             c_new[k], dc[k] = new.unbind(0), (new - ci).unbind(0)  # Δc_i = c_i⁺ − c_i

@@ -123,10 +123,10 @@ def test_scaffold_option_two_recovers_the_gradient_under_momentum():
             opt.zero_grad()
             ((y * gvec).sum() + (y * (c - ci)).sum()).backward()  # f(y) = ⟨g, y⟩ plus SCAFFOLD's term
             opt.step()
-        c_plus = client_control_update(ci, c, torch.zeros(2), y.detach(), 0.1, momentum_norm(K, rho))
+        c_plus = client_control_update(ci, c, torch.zeros(2), y.detach(), 0.1 * momentum_norm(K, rho))
         torch.testing.assert_close(c_plus, gvec)
         if rho:  # the paper's K (plain SGD) would not
-            by_k = client_control_update(ci, c, torch.zeros(2), y.detach(), 0.1, K)
+            by_k = client_control_update(ci, c, torch.zeros(2), y.detach(), 0.1 * K)
             assert momentum_norm(K, rho) > K and not torch.allclose(by_k, gvec, rtol=0.1)
 
 
