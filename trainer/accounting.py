@@ -15,8 +15,10 @@ import math
 import torch
 from torch import nn
 
+from trainer.aggregation import stack_rows
 from trainer.masks import packed_nbytes
 from trainer.models.masking import MaskSite, any_nonzero, effective_params
+from trainer.models.stateless import stateless_call
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 4
@@ -106,7 +108,7 @@ def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str,
     was_training = model.training
     try:
         with torch.no_grad():
-            torch.func.functional_call(model.eval(), probe, (x,))
+            stateless_call(model.eval(), probe, (x,))
     finally:
         for h in hooks:
             h.remove()
@@ -202,7 +204,7 @@ def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: lis
         chunk = max(1, memory_budget // (3 * (per_client + mask_bytes_)))  # masks, effective params, probe
         for s in range(0, len(idx), chunk):
             part = idx[s: s + chunk]
-            stacked = {k: torch.stack([masks[i][k].detach() for i in part]) for k, _ in spec}
+            stacked = {k: stack_rows([masks[i][k].detach() for i in part]) for k, _ in spec}  # rows: no copy
             try:
                 flops = count(stacked).tolist()
             except RuntimeError:  # an op without a batching rule (an LSTM): one client after another
