@@ -82,7 +82,8 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
     ``local_train(tasks[i], x, y, orders[i], batch_size, momentum, weight_decay)`` within float rounding.
 
     ``max_clients_per_chunk`` caps how many clients are stacked at once (default: as many as fit
-    ``memory_budget`` bytes, by default half the free CUDA memory or :data:`CPU_MEMORY_BUDGET`).
+    ``memory_budget`` bytes, by default half the free CUDA memory or :data:`CPU_MEMORY_BUDGET`); a chunk that
+    runs out of memory all the same is trained again in halves, with a warning.
     Results come back on the CPU, in the order of ``tasks``.
     """
     if not (len(tasks) == len(data) == len(orders)):
@@ -113,12 +114,26 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
                                if _held_by_all([tasks[i].constants for i in group], k))
             chunk = clients_per_chunk(tasks[first], max(data[i][1].shape[0] for i in group), data[first][0],
                                       activation_bytes, dev, memory_budget, shared)
-        for s in range(0, len(group), chunk):
+        s = 0
+        while s < len(group):
             part = group[s: s + chunk]
-            out = _train_stacked([tasks[i] for i in part], [data[i] for i in part], [orders[i] for i in part],
-                                 batch_size, momentum, weight_decay, dev, layers)
+            try:
+                out = _train_stacked([tasks[i] for i in part], [data[i] for i in part], [orders[i] for i in part],
+                                     batch_size, momentum, weight_decay, dev, layers)
+            except torch.OutOfMemoryError:
+                if len(part) == 1:
+                    raise
+                # The estimate was too high for this device (or something else took the memory): the chunk is
+                # trained again in halves. Safe, since a chunk trains copies and draws from seeds of its own.
+                chunk = max(1, len(part) // 2)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                warnings.warn(f"batched training ran out of {dev.type} memory: {chunk} client(s) at a time from here",
+                              RuntimeWarning, stacklevel=2)
+                continue
             for i, r in zip(part, out):
                 results[i] = r
+            s += len(part)
     return results  # type: ignore[return-value]
 
 

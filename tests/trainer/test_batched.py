@@ -196,6 +196,40 @@ def test_chunks_and_groups_give_the_same_result():
         assert _max_diff(a.trained, b.trained) <= 1e-6
 
 
+def test_a_chunk_that_runs_out_of_memory_is_trained_again_in_halves(monkeypatch):
+    # A device whose memory holds 2 clients' stacked training (the estimate said all 7 fit): a unit test of the
+    # retry, so the allocator's failure is a stand-in raised by the stacked loop itself.
+    from trainer import batched
+
+    torch.manual_seed(4)
+    model = nn.Linear(6, 3)
+    tasks = [_model_task(model) for _ in range(7)]  # one kind of task: one group of 7
+    for i, t in enumerate(tasks):
+        t.trainable["weight"] += 0.1 * i
+    sizes = [11, 4, 17, 8, 9, 2, 14]
+    data = _clients(sizes)
+    orders = [batch_order(n, 1, 0, 0, i) for i, n in enumerate(sizes)]
+    whole = local_train_batched(tasks, data, orders, 4, 0.9, 0.01)
+    real, sizes_tried = batched._train_stacked, []
+
+    def small_device(tasks_, *args):
+        sizes_tried.append(len(tasks_))
+        if len(tasks_) > 2:
+            raise torch.OutOfMemoryError("stand-in: CUDA out of memory")
+        return real(tasks_, *args)
+
+    monkeypatch.setattr(batched, "_train_stacked", small_device)
+    with pytest.warns(RuntimeWarning, match="ran out of cpu memory: 3 client"):
+        halves = local_train_batched(tasks, data, orders, 4, 0.9, 0.01)
+    assert sizes_tried == [7, 3, 1, 1, 1, 1, 1, 1, 1]  # 7 fails, 3 fails, then one client at a time
+    for a, b in zip(whole, halves):
+        assert _max_diff(a.trained, b.trained) <= 1e-6 and a.loss == pytest.approx(b.loss, rel=1e-6)
+    monkeypatch.setattr(batched, "_train_stacked", lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    with pytest.raises(torch.OutOfMemoryError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        local_train_batched(tasks[:1], data[:1], orders[:1], 4)  # one client that does not fit: the error stands
+
+
 def test_tasks_group_by_what_their_closures_compute():
     class Owner:
         def forward(self, p, c, x, b):
