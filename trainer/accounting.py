@@ -214,6 +214,22 @@ def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: lis
     return out  # type: ignore[return-value]
 
 
+def kept_counts(masks: list[dict[str, torch.Tensor]]) -> list[float]:
+    """``sum(float(m.sum()) for m in masks[i].values())`` for every client (the elements its binary masks
+    keep), each name's masks summed on the clients' stacked rows in one reduction per group of clients whose
+    masks have the same names and shapes (rows of one tensor, as FedMask's are, are not copied)."""
+    out: list[float] = [0.0] * len(masks)
+    groups: dict[tuple, list[int]] = {}
+    for i, m in enumerate(masks):
+        groups.setdefault(tuple((k, v.shape) for k, v in m.items()), []).append(i)
+    for spec, idx in groups.items():
+        sums = [stack_rows([masks[i][k].detach() for i in idx]).reshape(len(idx), -1).sum(1).tolist()
+                for k, _ in spec]
+        for j, i in enumerate(idx):
+            out[i] = sum(col[j] for col in sums)  # name by name, in order: as the one-client sum adds them
+    return out
+
+
 def dense_reference(model: nn.Module, sites: tuple[MaskSite, ...], positions: dict[str, int]) -> dict[str, int]:
     """What FedAvg pays on the same model, per client and round: ``bytes`` up (= down: every parameter and
     buffer in float32) and ``flops_fwd`` per sample (dense) — the denominators of the ratios to FedAvg."""

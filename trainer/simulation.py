@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainer.accounting import dense_reference, forward_flops_many, layer_positions
+from trainer.accounting import dense_reference, forward_flops_many, kept_counts, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
 from trainer.batched import evaluate_many, local_train_batched, resolve_device
@@ -113,6 +113,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         masks_of = [algo.eval_masks(cid) for cid, _ in trained]
         # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
         masked = iter(forward_flops_many(algo.model, algo.sites, [m for m in masks_of if m], positions))
+        kept = iter(kept_counts([m for m in masks_of if m]))
         for (cid, res), upd, masks in zip(trained, updates, masks_of):
             fwd = next(masked) if masks else ref["flops_fwd"]
             fwd_train = fwd * res.samples_seen
@@ -122,8 +123,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             record(rnd, cid, "train_loss", upd.train_loss)
             record(rnd, cid, "flops_fwd", fwd_train)
             record(rnd, cid, "flops_bwd", bwd_train)
-            record(rnd, cid, "params_kept", sum(float(m.sum()) for m in masks.values()) if masks else
-                   sum(v.numel() for v in algo.global_params.values()))
+            record(rnd, cid, "params_kept",
+                   next(kept) if masks else sum(v.numel() for v in algo.global_params.values()))
             totals["bytes_up"] += upd.bytes_up
             totals["bytes_down"] += upd.bytes_down
             totals["flops_train"] += fwd_train + bwd_train

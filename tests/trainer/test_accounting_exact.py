@@ -6,7 +6,7 @@ import torch
 
 import pytest
 
-from trainer.accounting import dense_reference, forward_flops, forward_flops_many, layer_positions
+from trainer.accounting import dense_reference, forward_flops, forward_flops_many, kept_counts, layer_positions
 from trainer.models import build_model, model_sites
 from trainer.models.masking import all_ones_masks
 
@@ -96,3 +96,12 @@ def test_measuring_positions_leaves_the_model_in_its_mode_so_round_0_trains_in_t
     bufs = simulate(cfg).algorithm.global_buffers
     means = [v for k, v in bufs.items() if k.endswith("running_mean")]
     assert means and all(v.abs().sum() > 0 for v in means)  # initialized to 0: moved only in training mode
+
+
+def test_kept_counts_of_many_clients_by_hand():
+    rows = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # three clients' masks: rows of one
+    masks = [{"a": rows[i], "b": torch.ones(2, 2) * (i % 2)} for i in range(3)]
+    masks.append({"a": torch.ones(5)})  # another layout: a group of its own
+    assert kept_counts(masks) == [2.0, 1.0 + 4.0, 3.0, 5.0]
+    assert kept_counts(masks) == [sum(float(m.sum()) for m in ms.values()) for ms in masks]
+    assert kept_counts([]) == []
