@@ -188,13 +188,10 @@ def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: lis
     the same names and shapes, in chunks of at most ``memory_budget`` bytes of stacked masks and effective
     parameters. A round of FedMask's 100 MLP clients took ~100 ms one by one, the same as its training."""
     out: list[int | None] = [None] * len(masks)
-    groups: dict[tuple, list[int]] = {}
-    for i, m in enumerate(masks):
-        groups.setdefault(tuple((k, v.shape) for k, v in m.items()), []).append(i)
     params = {k: v.detach() for k, v in model.named_parameters()}
     per_client = sum(v.numel() * v.element_size() for v in params.values())
     count = torch.vmap(lambda m: _masked_flops(model, sites, params, m, positions))
-    for spec, idx in groups.items():
+    for spec, idx in _by_layout(masks).items():
         if not spec:  # no masks: the dense model, the same for all
             dense = forward_flops(model, sites, {}, positions)
             for i in idx:
@@ -214,15 +211,20 @@ def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: lis
     return out  # type: ignore[return-value]
 
 
+def _by_layout(masks: list[dict[str, torch.Tensor]]) -> dict[tuple, list[int]]:
+    """The clients' indices grouped by the names and shapes of their masks (those that stack together)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, m in enumerate(masks):
+        groups.setdefault(tuple((k, v.shape) for k, v in m.items()), []).append(i)
+    return groups
+
+
 def kept_counts(masks: list[dict[str, torch.Tensor]]) -> list[float]:
     """``sum(float(m.sum()) for m in masks[i].values())`` for every client (the elements its binary masks
     keep), each name's masks summed on the clients' stacked rows in one reduction per group of clients whose
     masks have the same names and shapes (rows of one tensor, as FedMask's are, are not copied)."""
     out: list[float] = [0.0] * len(masks)
-    groups: dict[tuple, list[int]] = {}
-    for i, m in enumerate(masks):
-        groups.setdefault(tuple((k, v.shape) for k, v in m.items()), []).append(i)
-    for spec, idx in groups.items():
+    for spec, idx in _by_layout(masks).items():
         sums = [stack_rows([masks[i][k].detach() for i in idx]).reshape(len(idx), -1).sum(1).tolist()
                 for k, _ in spec]
         for j, i in enumerate(idx):

@@ -281,8 +281,8 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     args = (p, c, b, xb, yb, torch.ones(1, k * batch_size, device=dev), torch.full((1,), float(k * batch_size),
                                                                                  device=dev))
     def step_loss() -> None:
-        if task.loss is None and not task.buffers:  # as the padded loop computes it: the cross-entropy outside
-            # vmap (under vmap it runs a decomposition whose first call imports sympy: ~0.8 s of start-up)
+        if task.loss is None and not task.buffers:  # as the padded loop computes it: the forward and the
+            # regularizer vmapped apart, the cross-entropy outside vmap over the flattened batch
             F.cross_entropy(vmap(task.forward)(p, c, xb, b).flatten(0, 1), yb.flatten())
             if task.regularizer is not None:
                 vmap(task.regularizer)(p, c)

@@ -112,8 +112,9 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         updates = algo.client_updates(rnd, trained)
         masks_of = [algo.eval_masks(cid) for cid, _ in trained]
         # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
-        masked = iter(forward_flops_many(algo.model, algo.sites, [m for m in masks_of if m], positions))
-        kept = iter(kept_counts([m for m in masks_of if m]))
+        with_masks = [m for m in masks_of if m]
+        masked = iter(forward_flops_many(algo.model, algo.sites, with_masks, positions))
+        kept = iter(kept_counts(with_masks))
         for (cid, res), upd, masks in zip(trained, updates, masks_of):
             fwd = next(masked) if masks else ref["flops_fwd"]
             fwd_train = fwd * res.samples_seen

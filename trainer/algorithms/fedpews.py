@@ -29,7 +29,6 @@ both use the same minibatch and x's gradient is taken at the updated s, as in Al
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import numpy as np
