@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import tensor_bytes, topk_bytes
-from trainer.aggregation import average_state, stack_rows
+from trainer.aggregation import stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
 
 
@@ -46,8 +46,10 @@ class TopK(Algorithm):
         self.k = max(1, int(round(self.args.fraction * self.numel)))
         self.residual = {cid: torch.zeros(self.numel) for cid in self.client_ids}
 
-    def _flat(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([params[n].reshape(-1).float() for n in self.names])
+    def _flat(self, params: dict[str, torch.Tensor], rows: int | None = None) -> torch.Tensor:
+        """All parameters as one float32 vector ``(numel,)``, or ``rows`` clients' stacked ``(rows, numel)``."""
+        shape = (-1,) if rows is None else (rows, -1)
+        return torch.cat([params[n].reshape(shape).float() for n in self.names], dim=-1)
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         return self.client_updates(rnd, [(cid, result)])[0]
@@ -58,9 +60,8 @@ class TopK(Algorithm):
         alone), and the residuals r_k ← Δ_k − sparse(Δ_k) in one scatter."""
         if not results:
             return []
-        K = len(results)
-        trained = torch.cat([stack_rows([res.trained[n] for _, res in results]).reshape(K, -1).float()
-                             for n in self.names], dim=1)
+        trained = self._flat({n: stack_rows([res.trained[n] for _, res in results]) for n in self.names},
+                             len(results))
         delta = trained - self._flat(self.global_params)  # (K, numel)
         if self.args.error_feedback:
             delta = delta + stack_rows([self.residual[cid] for cid, _ in results])
@@ -69,7 +70,7 @@ class TopK(Algorithm):
             for (cid, _), r in zip(results, delta.scatter(1, idx.long(), 0.0).unbind(0)):
                 self.residual[cid] = r
         down = self.dense_bytes
-        return [ClientUpdate(cid, res.num_samples, {"indices": i.to(torch.int32), "values": v, **res.buffers},
+        return [ClientUpdate(cid, res.num_samples, {"indices": i, "values": v, **res.buffers},
                              bytes_up=topk_bytes(self.k) + tensor_bytes(res.buffers), bytes_down=down,
                              train_loss=res.loss, samples_seen=res.samples_seen)
                 for (cid, res), i, v in zip(results, idx.unbind(0), vals.unbind(0))]
@@ -88,7 +89,4 @@ class TopK(Algorithm):
             out[n] = flat[at: at + v.numel()].reshape(v.shape)
             at += v.numel()
         self.global_params = out
-        if self.global_buffers:
-            avg = average_state([u.payload for u in updates], [u.num_samples for u in updates],
-                                list(self.global_buffers))
-            self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
+        self.average_buffers(updates)  # densely, by sample count
