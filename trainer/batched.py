@@ -12,9 +12,9 @@ computation:
   ``w (C, B)``: 1 for a real sample, 0 for padding (a client's last partial batch, or no batch at all once the
   client has run out of steps);
 * loss: client c's loss is the mean cross-entropy over its real samples (+ its regularizer), the total loss
-  the *sum* over active clients, so each client's gradient is exactly its own; the forward is
-  ``vmap`` over the task's ``functional_call``-based forward, the cross-entropy one op over the flattened
-  ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
+  the *sum* over active clients, so each client's gradient is exactly its own; the forward is ``vmap``
+  (:func:`~trainer.batched_ops.vmap_clients`) over the task's forward, the cross-entropy one op over the
+  flattened ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
 * SGD with momentum and weight decay written on the stacked tensors, equal to ``torch.optim.SGD`` per client
   (``d = g ⊙ keep + wd·p``; ``buf = d`` on the first step, ``buf = μ·buf + d`` after; ``p -= lr·buf``); a
   client with no real batch at step ``s`` takes no step at all (no decay, no momentum).
@@ -43,12 +43,11 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import EvalModel, LocalResult, LocalTask
-from trainer.batched_ops import BatchedLayers
+from trainer.batched_ops import BatchedLayers, vmap_clients
 from trainer.local_training import cross_entropy, draw_noise, evaluate, local_train, noise_generator, step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
@@ -283,11 +282,11 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     def step_loss() -> None:
         if task.loss is None and not task.buffers:  # as the padded loop computes it: the forward and the
             # regularizer vmapped apart, the cross-entropy outside vmap over the flattened batch
-            F.cross_entropy(vmap(task.forward)(p, c, xb, b).flatten(0, 1), yb.flatten())
+            F.cross_entropy(vmap_clients(task.forward)(p, c, xb, b).flatten(0, 1), yb.flatten())
             if task.regularizer is not None:
-                vmap(task.regularizer)(p, c)
+                vmap_clients(task.regularizer)(p, c)
         else:
-            vmap(_client_loss(task))(*args)
+            vmap_clients(_client_loss(task))(*args)
 
     try:
         try:
@@ -301,14 +300,14 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
             # twice (the inner and the outer pass).
             saved = 0
             with layers:
-                vmap(_client_loss(task))(*args)
+                vmap_clients(_client_loss(task))(*args)
             xs = torch.cat(xb, 1) if k > 1 else xb
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), layers:
-                vmap(task.forward)(p, c, xs, {n: v.clone() for n, v in b.items()})
+                vmap_clients(task.forward)(p, c, xs, {n: v.clone() for n, v in b.items()})
             saved *= 2
         if task.project is not None:
             with torch.no_grad():
-                vmap(task.project)({n: v.detach() for n, v in p.items()})
+                vmap_clients(task.project)({n: v.detach() for n, v in p.items()})
     except RuntimeError as e:  # random ops under vmap, tensors captured on another device, in-place on shared
         return str(e).splitlines()[0]
     return saved, layers.routed > 0
@@ -346,6 +345,9 @@ def step_indices(orders: list[np.ndarray], epochs: int, max_steps: int | None, b
     return step_plan(orders, epochs, max_steps, batch_size)[:, 0]
 
 
+_NO_SAMPLES = np.zeros(0, dtype=np.int64)
+
+
 def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: list[int | None],
                batch_size: int) -> np.ndarray:
     """All clients' minibatches at once: ``(S, C, batch_size)`` sample indices, -1 padding (a client's partial
@@ -354,16 +356,16 @@ def step_plans(orders: list[list[np.ndarray]], epochs: list[int], max_steps: lis
     over the clients' steps or the epochs."""
     C, B = len(orders), batch_size
     E = max(epochs, default=0)
-    lens = np.array([[len(o[e % len(o)]) if e < n else 0 for o, n in zip(orders, epochs)] for e in range(E)],
-                    dtype=np.int64).reshape(E, C)  # (E, C) samples per epoch; 0 past a client's epochs
+    # every (epoch, client) order, epoch-major; an empty one past a client's epochs
+    segs = [o[e % len(o)] if e < n else _NO_SAMPLES for e in range(E) for o, n in zip(orders, epochs)]
+    lens = np.fromiter(map(len, segs), np.int64, E * C).reshape(E, C)  # (E, C) samples per epoch
     nb = -(-lens // B)  # (E, C) minibatches per epoch
     first = np.cumsum(nb, 0) - nb  # (E, C) the step of each epoch's first minibatch
     no_cap = np.iinfo(np.int64).max
     cap = np.array([no_cap if m is None else m for m in max_steps], dtype=np.int64)
     steps = np.minimum(nb.sum(0), cap)  # (C,)
     out = np.full((int(steps.max(initial=0)), C, B), -1, dtype=np.int64)
-    segs = [o[e % len(o)] for e in range(E) for o, n in zip(orders, epochs) if e < n]  # epoch-major, as lens
-    if not segs:
+    if not out.size:
         return out
     flat = np.concatenate(segs).astype(np.int64, copy=False)
     L = lens.reshape(-1)  # (E·C,) samples of each (epoch, client) segment
@@ -401,10 +403,10 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     if per_step > 1 and t0.loss is None:
         raise ValueError(f"batches_per_step = {per_step} needs the task's own loss (it receives the minibatches)")
     padded = not Bf and t0.loss is None  # else split by batch size: batch norm statistics, own losses
-    loss_fn = vmap(_client_loss(t0))
-    forward = vmap(t0.forward)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
-    regularizer = vmap(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
-    project = vmap(t0.project) if t0.project is not None else None
+    loss_fn = vmap_clients(_client_loss(t0))
+    forward = vmap_clients(t0.forward)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
+    regularizer = vmap_clients(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
+    project = vmap_clients(t0.project) if t0.project is not None else None
     mode = BatchedLayers if layers else contextlib.nullcontext
 
     # Minibatch plan: idx (S, C, k, B) into each client's samples (k minibatches per step), w real-sample weights.
@@ -492,12 +494,13 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         P[k] = P[k].clone()
     seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
-    trained = zip(*[v.detach().cpu().unbind(0) for v in P.values()])  # per client, its tensors in keys' order
-    if Bf:
-        bkeys = list(Bf)
-        buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
-    else:
-        buffers = [{} for _ in range(C)]
+    with torch.no_grad():  # per client, its tensors in keys' order: views without autograd's bookkeeping
+        trained = list(zip(*[v.detach().cpu().unbind(0) for v in P.values()]))
+        if Bf:
+            bkeys = list(Bf)
+            buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
+        else:
+            buffers = [{} for _ in range(C)]
     return [LocalResult(dict(zip(keys, tr)), bu, loss / (n or 1), n, y.shape[0])
             for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
 
@@ -578,7 +581,7 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
         block = max(1, min(batch_size, n_max))
         own = sum(v.numel() * v.element_size() for d in (first.params, first.buffers) for v in d.values())
         chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, EVAL_MEMORY_BUDGET // max(own, 1)))
-        forward = vmap(first.forward)
+        forward = vmap_clients(first.forward)
         for s in range(0, len(idx), chunk):
             part = idx[s: s + chunk]
             try:

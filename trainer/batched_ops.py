@@ -31,11 +31,73 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch._C._functorch import (TransformType, _add_batch_dim, _unwrap_batched, is_batchedtensor,
+from torch._C._functorch import (TransformType, _add_batch_dim, _remove_batch_dim, _unwrap_batched,
+                                 _vmap_decrement_nesting, _vmap_increment_nesting, is_batchedtensor,
                                  maybe_current_level, peek_interpreter_stack)
+from torch._functorch.vmap import lazy_load_decompositions
 from torch.overrides import TorchFunctionMode
 
 from edgemask.registry import Registry
+
+def vmap_clients(fn: Callable) -> Callable:
+    """``torch.func.vmap(fn)`` for the batched loop's calls, whose every tensor argument (alone, or in dicts,
+    tuples and lists, nested) is stacked along its first dimension, the clients', as every output is.
+
+    The same transform (one ``vmap`` level over the C clients, randomness ``"error"``, each tensor wrapped as a
+    batched tensor at dimension 0 and each output unwrapped to dimension 0, an output that does not depend on
+    the clients broadcast), without ``torch.func.vmap``'s per-call generality: its pytree flattening of the
+    arguments and ``in_dims``, and its wrappers' checks for tracing, took ~0.15 ms of Python a call, about a
+    tenth of a 100-client MLP step's forward. Arguments whose tensors disagree on C (or hold none) raise
+    ``ValueError``, as ``vmap`` does."""
+    lazy_load_decompositions()  # what vmap does on every call (its batching rules written in Python): once
+
+    def call(*args):
+        C = _clients(args)
+        if C < 0:
+            raise ValueError(f"vmap_clients({getattr(fn, '__name__', fn)}): no tensor argument to batch over")
+        level = _vmap_increment_nesting(C, "error")
+        try:
+            return _unwrap(fn(*_wrap(args, level, C)), level, C)
+        finally:
+            _vmap_decrement_nesting()
+
+    return call
+
+
+def _clients(x) -> int:
+    """The first dimension of the first tensor in ``x`` (a tensor, or dicts, tuples and lists of them)."""
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    for v in (x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ()):
+        c = _clients(v)
+        if c >= 0:
+            return c
+    return -1
+
+
+def _wrap(x, level: int, C: int):
+    if isinstance(x, torch.Tensor):
+        if x.shape[0] != C:
+            raise ValueError(f"vmap_clients: every tensor argument must stack {C} clients along its first "
+                             f"dimension, got one of shape {tuple(x.shape)}")
+        return _add_batch_dim(x, 0, level)
+    if isinstance(x, dict):
+        return {k: _wrap(v, level, C) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)([_wrap(v, level, C) for v in x])
+    return x
+
+
+def _unwrap(x, level: int, C: int):
+    if isinstance(x, torch.Tensor):
+        return _remove_batch_dim(x, level, C, 0)
+    if isinstance(x, dict):
+        return {k: _unwrap(v, level, C) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)([_unwrap(v, level, C) for v in x])
+    raise ValueError(f"a function run under vmap_clients must return tensors (alone, or in dicts, tuples and "
+                     f"lists), got {type(x).__name__}")
+
 
 #: op name -> (the torch functions that call it, the route: their arguments -> output or NotImplemented)
 BATCHED_OPS: Registry[tuple[tuple[Callable, ...], Callable]] = Registry("batched op")
