@@ -494,13 +494,12 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         P[k] = P[k].clone()
     seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
-    with torch.no_grad():  # per client, its tensors in keys' order: views without autograd's bookkeeping
-        trained = list(zip(*[v.detach().cpu().unbind(0) for v in P.values()]))
-        if Bf:
-            bkeys = list(Bf)
-            buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
-        else:
-            buffers = [{} for _ in range(C)]
+    trained = zip(*[v.detach().cpu().unbind(0) for v in P.values()])  # per client, its tensors in keys' order
+    if Bf:
+        bkeys = list(Bf)
+        buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
+    else:
+        buffers = [{} for _ in range(C)]
     return [LocalResult(dict(zip(keys, tr)), bu, loss / (n or 1), n, y.shape[0])
             for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
 
