@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import types
 import warnings
+from itertools import repeat
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -109,8 +111,7 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
         if max_clients_per_chunk:
             chunk = max_clients_per_chunk
         else:
-            shared = frozenset(k for k in tasks[first].constants
-                               if _held_by_all([tasks[i].constants for i in group], k))
+            shared = frozenset(_held_keys([tasks[i].constants for i in group]))
             chunk = clients_per_chunk(tasks[first], max(data[i][1].shape[0] for i in group), data[first][0],
                                       activation_bytes, dev, memory_budget, shared)
         s = 0
@@ -217,13 +218,17 @@ def _value_key(v: Any) -> Hashable:
 
 
 # -- probe and memory --------------------------------------------------------------------------------------
-def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device, copy: bool = True) -> dict[str, torch.Tensor]:
+def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device, copy: bool = True,
+           held: set[str] | None = None) -> dict[str, torch.Tensor]:
     """``{k: (C, *shape)}`` from C clients' tensors, one op per key. A tensor all clients share (the same
     object, e.g. the global weights of FedAvg's tasks) is broadcast instead: copied once per client when
-    ``copy`` (state that is trained), else a stride-0 view (read-only constants and keep masks)."""
+    ``copy`` (state that is trained), else a stride-0 view (read-only constants and keep masks). ``held``: those
+    keys, when the caller has them already (:func:`_held_keys`)."""
+    if held is None:
+        held = _held_keys(ds)
     out = {}
     for k, v in ds[0].items():
-        if _held_by_all(ds, k):
+        if k in held:
             v = v.to(dev).unsqueeze(0).expand(len(ds), *v.shape)
             out[k] = v.clone(memory_format=torch.contiguous_format) if copy else v
         else:
@@ -231,9 +236,10 @@ def _stack(ds: list[dict[str, torch.Tensor]], dev: torch.device, copy: bool = Tr
     return out
 
 
-def _held_by_all(ds: list[dict[str, torch.Tensor]], k: str) -> bool:
-    """Every client's ``k`` is the very same tensor (e.g. the global weights FedAvg's tasks hold)."""
-    return all(d[k] is ds[0][k] for d in ds)
+def _held_keys(ds: list[dict[str, torch.Tensor]]) -> set[str]:
+    """The keys whose tensor every client holds as the very same object (e.g. the global weights FedAvg's tasks
+    hold); the comparisons run in C (itemgetter, is_): 100 clients × the model's tensors, every round."""
+    return {k for k, v in ds[0].items() if all(map(operator.is_, map(operator.itemgetter(k), ds), repeat(v)))}
 
 
 def _client_loss(task: LocalTask) -> Callable:
@@ -387,8 +393,9 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     # times: the first update writes each client's own copy out of place (one pass over the memory, not two).
     # A projection writes the tensors in place from the first step, so then every client gets its copy up front.
     copy = t0.project is not None
-    P = {k: v.detach().requires_grad_(True) for k, v in _stack(T, dev, copy=copy).items()}
-    fresh = set() if copy else {k for k in P if _held_by_all(T, k)}  # the keys stacked as broadcast views
+    held = _held_keys(T)
+    P = {k: v.detach().requires_grad_(True) for k, v in _stack(T, dev, copy, held).items()}
+    fresh = set() if copy else held  # the keys stacked as broadcast views
     K = _stack([t.constants for t in tasks], dev, copy=False) if t0.constants else {}
     gens = [noise_generator(t) for t in tasks] if t0.noise else None  # each client's own stream (LocalTask.noise)
     Bf = _stack([t.buffers for t in tasks], dev) if t0.buffers else {}  # stack copies: the tasks' stay as given
