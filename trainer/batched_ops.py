@@ -54,7 +54,8 @@ def vmap_clients(fn: Callable) -> Callable:
     def call(*args):
         C = _clients(args)
         if C < 0:
-            raise ValueError(f"vmap_clients({getattr(fn, '__name__', fn)}): no tensor argument to batch over")
+            raise ValueError(f"vmap_clients({getattr(fn, '__name__', fn)}): no tensor argument with a first "
+                             "dimension (the clients') to batch over")
         level = _vmap_increment_nesting(C, "error")
         try:
             return _unwrap(fn(*_wrap(args, level, C)), level, C)
@@ -67,7 +68,7 @@ def vmap_clients(fn: Callable) -> Callable:
 def _clients(x) -> int:
     """The first dimension of the first tensor in ``x`` (a tensor, or dicts, tuples and lists of them)."""
     if isinstance(x, torch.Tensor):
-        return x.shape[0]
+        return x.shape[0] if x.dim() else -1
     for v in (x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ()):
         c = _clients(v)
         if c >= 0:
@@ -77,7 +78,7 @@ def _clients(x) -> int:
 
 def _wrap(x, level: int, C: int):
     if isinstance(x, torch.Tensor):
-        if x.shape[0] != C:
+        if x.dim() == 0 or x.shape[0] != C:
             raise ValueError(f"vmap_clients: every tensor argument must stack {C} clients along its first "
                              f"dimension, got one of shape {tuple(x.shape)}")
         return _add_batch_dim(x, 0, level)

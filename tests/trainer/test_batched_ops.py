@@ -160,6 +160,10 @@ def test_vmap_clients_rejects_what_vmap_rejects_and_leaves_its_level():
         vmap_clients(lambda a, b: a + b)(torch.ones(C, 5), torch.ones(2, 5))
     with pytest.raises(ValueError, match="no tensor"):
         vmap_clients(lambda a: a)({"a": 1})
+    with pytest.raises(ValueError, match="no tensor"):
+        vmap_clients(lambda a: a)(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"shape \(\)"):
+        vmap_clients(lambda a, b: a * b)(torch.ones(C), torch.tensor(2.0))
     with pytest.raises(ValueError, match="must return tensors"):
         vmap_clients(lambda a: 1.0)(torch.ones(C))
     with pytest.raises(RuntimeError, match="random"):  # randomness "error", as vmap's default
