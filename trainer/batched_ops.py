@@ -52,52 +52,53 @@ def vmap_clients(fn: Callable) -> Callable:
     lazy_load_decompositions()  # what vmap does on every call (its batching rules written in Python): once
 
     def call(*args):
-        C = _clients(args)
+        C = next((t.shape[0] for t in _tensors(args) if t.dim()), -1)
         if C < 0:
             raise ValueError(f"vmap_clients({getattr(fn, '__name__', fn)}): no tensor argument with a first "
                              "dimension (the clients') to batch over")
         level = _vmap_increment_nesting(C, "error")
+
+        def batched(x):
+            if not isinstance(x, torch.Tensor):
+                return x
+            if x.dim() == 0 or x.shape[0] != C:
+                raise ValueError(f"vmap_clients: every tensor argument must stack {C} clients along its first "
+                                 f"dimension, got one of shape {tuple(x.shape)}")
+            return _add_batch_dim(x, 0, level)
+
+        def unbatched(x):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"a function run under vmap_clients must return tensors (alone, or in dicts, "
+                                 f"tuples and lists), got {type(x).__name__}")
+            return _remove_batch_dim(x, level, C, 0)
+
         try:
-            return _unwrap(fn(*_wrap(args, level, C)), level, C)
+            return _map(fn(*_map(args, batched)), unbatched)
         finally:
             _vmap_decrement_nesting()
 
     return call
 
 
-def _clients(x) -> int:
-    """The first dimension of the first tensor in ``x`` (a tensor, or dicts, tuples and lists of them)."""
-    if isinstance(x, torch.Tensor):
-        return x.shape[0] if x.dim() else -1
-    for v in (x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ()):
-        c = _clients(v)
-        if c >= 0:
-            return c
-    return -1
-
-
-def _wrap(x, level: int, C: int):
-    if isinstance(x, torch.Tensor):
-        if x.dim() == 0 or x.shape[0] != C:
-            raise ValueError(f"vmap_clients: every tensor argument must stack {C} clients along its first "
-                             f"dimension, got one of shape {tuple(x.shape)}")
-        return _add_batch_dim(x, 0, level)
+def _map(x, leaf: Callable):
+    """``x`` (dicts, tuples and lists, nested) with ``leaf`` applied to everything else in it."""
     if isinstance(x, dict):
-        return {k: _wrap(v, level, C) for k, v in x.items()}
+        return {k: _map(v, leaf) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
-        return type(x)([_wrap(v, level, C) for v in x])
-    return x
+        return type(x)([_map(v, leaf) for v in x])
+    return leaf(x)
 
 
-def _unwrap(x, level: int, C: int):
+def _tensors(x):
+    """The tensors in ``x`` (dicts, tuples and lists, nested), in order."""
     if isinstance(x, torch.Tensor):
-        return _remove_batch_dim(x, level, C, 0)
-    if isinstance(x, dict):
-        return {k: _unwrap(v, level, C) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)([_unwrap(v, level, C) for v in x])
-    raise ValueError(f"a function run under vmap_clients must return tensors (alone, or in dicts, tuples and "
-                     f"lists), got {type(x).__name__}")
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _tensors(v)
 
 
 #: op name -> (the torch functions that call it, the route: their arguments -> output or NotImplemented)
