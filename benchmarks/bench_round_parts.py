@@ -65,15 +65,14 @@ def round_parts(ours: OurLoop, ref: Reference, rnd: int, clock: Clock) -> None:
 def step_parts(ours: OurLoop, ref: Reference, x: torch.Tensor, y: torch.Tensor, clock: Clock) -> None:
     algo = ours.algo
     C = x.shape[0]
-    forward = vmap_clients(algo.forward_of_params)
+    forward = vmap_clients(algo.forward_of_params, BatchedLayers())  # the mode inside vmap, as the loop runs it
     for name in ("ours", "reference"):
         clock.start()
         P = {k: v.unsqueeze(0).expand(C, *v.shape).clone().requires_grad_(True)
              for k, v in algo.global_params.items()}
         clock.lap(f"step, {name}: stack")
         if name == "ours":
-            with BatchedLayers():
-                logits = forward(P, {}, x, {})
+            logits = forward(P, {}, x, {})
         else:
             logits = ref.forward(P, x)
         clock.lap(f"step, {name}: forward")

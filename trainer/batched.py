@@ -34,7 +34,6 @@ warning naming the reason. Memory is bounded by chunking clients (:func:`clients
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import types
@@ -288,15 +287,15 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     def step_loss() -> None:
         if task.loss is None and not task.buffers:  # as the padded loop computes it: the forward and the
             # regularizer vmapped apart, the cross-entropy outside vmap over the flattened batch
-            F.cross_entropy(vmap_clients(task.forward)(p, c, xb, b).flatten(0, 1), yb.flatten())
+            F.cross_entropy(vmap_clients(task.forward, layers)(p, c, xb, b).flatten(0, 1), yb.flatten())
             if task.regularizer is not None:
                 vmap_clients(task.regularizer)(p, c)
         else:
-            vmap_clients(_client_loss(task))(*args)
+            vmap_clients(_client_loss(task), layers)(*args)
 
     try:
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), layers:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 step_loss()
         except RuntimeError as e:
             if "saved tensor hooks" not in str(e):
@@ -305,11 +304,10 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
             # under the hooks: run it unmeasured, and count the forward's saved tensors on the step's samples
             # twice (the inner and the outer pass).
             saved = 0
-            with layers:
-                vmap_clients(_client_loss(task))(*args)
+            vmap_clients(_client_loss(task), layers)(*args)
             xs = torch.cat(xb, 1) if k > 1 else xb
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), layers:
-                vmap_clients(task.forward)(p, c, xs, {n: v.clone() for n, v in b.items()})
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                vmap_clients(task.forward, layers)(p, c, xs, {n: v.clone() for n, v in b.items()})
             saved *= 2
         if task.project is not None:
             with torch.no_grad():
@@ -410,11 +408,11 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     if per_step > 1 and t0.loss is None:
         raise ValueError(f"batches_per_step = {per_step} needs the task's own loss (it receives the minibatches)")
     padded = not Bf and t0.loss is None  # else split by batch size: batch norm statistics, own losses
-    loss_fn = vmap_clients(_client_loss(t0))
-    forward = vmap_clients(t0.forward)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
+    mode = BatchedLayers() if layers else None  # layout-keeping rules for linear, convolution, pooling layers
+    loss_fn = vmap_clients(_client_loss(t0), mode)
+    forward = vmap_clients(t0.forward, mode)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
     regularizer = vmap_clients(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
     project = vmap_clients(t0.project) if t0.project is not None else None
-    mode = BatchedLayers if layers else contextlib.nullcontext
 
     # Minibatch plan: idx (S, C, k, B) into each client's samples (k minibatches per step), w real-sample weights.
     if per_step == 1:  # one minibatch a step: all clients' plans at once
@@ -454,8 +452,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         if padded:
             # One padded call: inactive clients have all-zero weights and are left out of the sum.
             xb, yb = X[rows, idx[s, :, 0]], Y[rows, idx[s, :, 0]]  # (C, B, *input), (C, B)
-            with mode():  # layout-keeping rules for linear, convolution and pooling layers (trainer.batched_ops)
-                logits = forward(P, K, xb, Bf)  # (C, B, classes)
+            logits = forward(P, K, xb, Bf)  # (C, B, classes)
             # all clients' cross-entropies in one op over the flattened batch (C·B,), then each client's mean
             ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none")
             data_loss = (ce.view(C, -1) * mean_w[s]).sum(1)  # (C,)
@@ -464,7 +461,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
             grads = torch.autograd.grad(total, [P[k] for k in keys], allow_unused=True)
             loss_sum += data_loss.detach().double() * counts[s]
         else:
-            grads = _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx[s], parts_np[s], keys, loss_sum, dev, mode)
+            grads = _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx[s], parts_np[s], keys, loss_sum, dev)
         with torch.no_grad():
             for k, g in zip(keys, grads):
                 if g is None:  # the parameter took no part in the loss: torch.optim.SGD skips it
@@ -532,7 +529,7 @@ def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
     return X, Y
 
 
-def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum, dev, mode):
+def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum, dev):
     """One step for clients with buffers (batch norm) or their own loss: no padding may enter a batch's
     statistics or a loss we cannot weight per sample, so the clients are split by their real batch size (by the
     sizes of the step's minibatches when it has several: ``idx_s (C, k, B)``, ``parts_s (C, k)``); each split runs
@@ -551,9 +548,8 @@ def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum
         xb, yb = (xs, ys) if per_step > 1 else (xs[0], ys[0])
         b = sum(sizes)
         ones = torch.ones(len(sel_np), b, device=dev)
-        with mode():
-            data_loss, reg = loss_fn(pick(P), pick(K), bsub, xb, yb, ones, torch.full((len(sel_np),), float(b),
-                                                                                         device=dev))
+        data_loss, reg = loss_fn(pick(P), pick(K), bsub, xb, yb, ones, torch.full((len(sel_np),), float(b),
+                                                                                     device=dev))
         if not whole:
             for k, v in bsub.items():
                 Bf[k][sel] = v
@@ -587,7 +583,7 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
         block = max(1, min(batch_size, n_max))
         own = sum(v.numel() * v.element_size() for d in (first.params, first.buffers) for v in d.values())
         chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, EVAL_MEMORY_BUDGET // max(own, 1)))
-        forward = vmap_clients(first.forward)
+        forward = vmap_clients(first.forward, BatchedLayers())
         for s in range(0, len(idx), chunk):
             part = idx[s: s + chunk]
             try:
@@ -625,8 +621,7 @@ def _evaluate_stacked(forward: Callable, models: list[EvalModel], data: list[tup
     loss = torch.zeros(C, dtype=torch.float64, device=dev)
     for s in range(0, int(max(len(y) for _, y in data)), block):
         xb, yb = X[:, s: s + block], Y[:, s: s + block]
-        with BatchedLayers():
-            logits = forward(P, B, xb)  # (C, b, classes)
+        logits = forward(P, B, xb)  # (C, b, classes)
         real = torch.arange(s, s + yb.shape[1], device=dev)[None, :] < n[:, None]  # (C, b): not padding
         ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(C, -1)
         loss += (ce * real).sum(1, dtype=torch.float64)

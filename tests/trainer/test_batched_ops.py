@@ -155,6 +155,41 @@ def test_vmap_clients_equals_torch_func_vmap_on_nested_arguments_and_outputs():
     assert maybe_current_level() is None  # the level is left, as after vmap
 
 
+class _Seen(BatchedLayers):
+    """BatchedLayers that records the name of every call it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_vmap_clients_enters_the_mode_around_the_function_alone():
+    """With ``mode``, the rules run inside vmap (the linear rule takes the call, the output equals vmap's with
+    the mode around it, bit for bit), and the mode sees only the function's own calls, not the wrapping's
+    ``dim()`` and ``shape`` of every argument; it is left on exit, also when the function raises."""
+    torch.manual_seed(0)
+    p = {"w": torch.randn(C, 4, 2), "b": torch.randn(C, 4)}
+    x = torch.randn(C, N, 2)
+
+    def fn(p, x):
+        return torch.relu(F.linear(x, p["w"], p["b"]))
+
+    mode = _Seen()
+    ours = vmap_clients(fn, mode)(p, x)
+    with BatchedLayers() as outside:
+        theirs = vmap(fn)(p, x)
+    assert mode.routed == outside.routed == 1 and torch.equal(ours, theirs)
+    assert mode.seen == ["linear", "relu"]
+    with pytest.raises(ZeroDivisionError):
+        vmap_clients(lambda a: 1 / 0, mode)(x)
+    torch.relu(x)
+    assert mode.seen == ["linear", "relu"] and maybe_current_level() is None
+
+
 def test_vmap_clients_rejects_what_vmap_rejects_and_leaves_its_level():
     with pytest.raises(ValueError, match=r"stack 3 clients.*shape \(2, 5\)"):
         vmap_clients(lambda a, b: a + b)(torch.ones(C, 5), torch.ones(2, 5))
