@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 
 
@@ -38,22 +40,27 @@ def _as_stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """``torch.stack(tensors)`` without the copy when the tensors already lie one after another in one storage,
     equally laid out (the rows of the batched loop's stacked parameters); else ``None``. The first tensor's
     storage must hold all the rows; a tensor whose data starts inside it, live, is a view of it (or of the same
-    memory), so comparing data pointers is enough: one call per tensor, not one per attribute."""
+    memory), so comparing data pointers is enough. Each check is one C-level ``map`` over the tensors (an
+    aggregate reads 100 clients × the model's tensors every round): the data pointers, then contiguity, shape,
+    dtype and device (contiguous tensors of one shape address their elements alike)."""
     t0 = tensors[0]
     n = len(tensors)
     if n < 2 or not t0.is_contiguous():
         return None
-    size, stride, dtype, dev = t0.shape, t0.stride(), t0.dtype, t0.device
-    row = t0.numel() * t0.element_size()
+    row = t0.nbytes
     base, storage = t0.data_ptr(), t0.untyped_storage()
     if row == 0 or base + n * row > storage.data_ptr() + storage.nbytes():
         return None
-    ptrs = [t.data_ptr() for t in tensors]
-    if ptrs != list(range(base, base + n * row, row)):
+    if list(map(torch.Tensor.data_ptr, tensors)) != list(range(base, base + n * row, row)):
         return None
-    if not all(t.shape == size and t.stride() == stride and t.dtype == dtype and t.device == dev for t in tensors):
+    if not (all(map(torch.Tensor.is_contiguous, tensors)) and list(map(_SHAPE, tensors)).count(t0.shape) == n
+            and list(map(_DTYPE, tensors)).count(t0.dtype) == n
+            and list(map(torch.Tensor.get_device, tensors)).count(t0.get_device()) == n):
         return None
-    return t0.as_strided((n, *size), (t0.numel(), *stride), t0.storage_offset())
+    return t0.as_strided((n, *t0.shape), (t0.numel(), *t0.stride()), t0.storage_offset())
+
+
+_SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
 
 
 def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],

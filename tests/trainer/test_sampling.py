@@ -85,4 +85,6 @@ def test_weighted_average_of_rows_of_one_stacked_tensor_reads_them_in_place():
     assert _as_stacked([rows[0], stacked.view(4, 2, 3)[1].t(), *rows[2:]]) is None  # (3, 2), strides (1, 3)
     assert _as_stacked([rows[0], flat[1], *rows[2:]]) is None
     assert _as_stacked([stacked[3], torch.zeros(3, 2)]) is None
+    as_int = stacked.view(torch.int32)  # the same memory read as another dtype
+    assert _as_stacked([rows[0], as_int[1], *rows[2:]]) is None
     assert torch.equal(_as_stacked(rows[1:3]), stacked[1:3])
