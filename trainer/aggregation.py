@@ -10,21 +10,27 @@ import torch
 STACK_ELEMENTS = 1 << 24  # clients' tensors stacked at once by weighted_average (64 MiB of float32)
 
 
-def weighted_average(tensors: list[torch.Tensor], weights: list[float] | torch.Tensor) -> torch.Tensor:
+def weighted_average(tensors: list[torch.Tensor] | torch.Tensor,
+                     weights: list[float] | torch.Tensor) -> torch.Tensor:
     """FedAvg: Σ_k w_k x_k / Σ_k w_k (weights are usually local sample counts). The clients' tensors are
-    stacked and contracted with the weights, a chunk of clients at a time (at most :data:`STACK_ELEMENTS`).
-    ``weights`` may come already normalized as a float32 tensor (:func:`average_state` does it once)."""
-    w = weights if isinstance(weights, torch.Tensor) else _normalized(weights)
+    stacked and contracted with the weights, a chunk of clients at a time (at most :data:`STACK_ELEMENTS`);
+    they may come stacked already, ``(K, *shape)``. ``weights`` may come already normalized as a float32 tensor
+    (:func:`normalized`; :func:`average_state` does it once)."""
+    w = weights if isinstance(weights, torch.Tensor) else normalized(weights)
     step = max(1, STACK_ELEMENTS // max(tensors[0].numel(), 1))
+    if len(tensors) <= step:  # one chunk (the usual case): no slicing
+        part = (tensors if isinstance(tensors, torch.Tensor) else stack_rows(tensors)).float()
+        return torch.tensordot(w.to(part.device), part, dims=1)
     out = None
     for s in range(0, len(tensors), step):
-        part = stack_rows(tensors[s: s + step]).float()
+        part = (tensors[s: s + step] if isinstance(tensors, torch.Tensor) else stack_rows(tensors[s: s + step])).float()
         term = torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
         out = term if out is None else out.add_(term)
     return out
 
 
-def _normalized(weights: list[float]) -> torch.Tensor:
+def normalized(weights: list[float]) -> torch.Tensor:
+    """``weights / Σ weights`` as float32: the coefficients of :func:`weighted_average`."""
     total = float(sum(weights))
     return torch.tensor([x / total for x in weights], dtype=torch.float32)
 
@@ -66,7 +72,7 @@ _SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
 def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],
                   keys: list[str] | None = None) -> dict[str, torch.Tensor]:
     keys = keys if keys is not None else list(states[0])
-    w = _normalized(weights)
+    w = normalized(weights)
     return {k: weighted_average([s[k] for s in states], w) for k in keys}
 
 

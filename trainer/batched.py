@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import EvalModel, LocalResult, LocalTask, Row, StackedRows
 from trainer.batched_ops import BatchedLayers, vmap_clients
 from trainer.local_training import cross_entropy, draw_noise, evaluate, local_train, noise_generator, step_plan
 
@@ -498,14 +498,16 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         P[k] = P[k].clone()
     seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
-    trained = zip(*[v.detach().cpu().unbind(0) for v in P.values()])  # per client, its tensors in keys' order
+    # each client's trained tensors: a row of the stack, made into views when asked for (FedAvg's aggregate
+    # reads the stack itself)
+    stack = StackedRows({k: v.detach().cpu() for k, v in P.items()}, C)
     if Bf:
         bkeys = list(Bf)
         buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
     else:
         buffers = [{} for _ in range(C)]
-    return [LocalResult(dict(zip(keys, tr)), bu, loss / (n or 1), n, y.shape[0])
-            for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
+    return [LocalResult(Row(stack, i), bu, loss / (n or 1), n, y.shape[0])
+            for i, (bu, loss, n, (_, y)) in enumerate(zip(buffers, losses, seen, data))]
 
 
 def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],

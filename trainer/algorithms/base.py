@@ -119,27 +119,104 @@ class EvalModel:
         return self.forward(self.params, self.buffers, x)
 
 
-@dataclass
+class StackedRows:
+    """One batched chunk's trained tensors, ``{name: (C, *shape)}`` (detached, on the CPU), for its C clients'
+    :class:`LocalResult` and :class:`ClientUpdate` to hold a :class:`Row` of until their dict is asked for. The
+    per-client views are made together, once, on the first request for one (C × the tensors, ~1 µs each: for
+    100 MLP clients 0.6 ms of a 10 ms round); FedAvg's aggregate asks for none and reads the stack itself
+    (:meth:`Algorithm.average_params`)."""
+
+    __slots__ = ("tensors", "count", "row_bytes", "_views")
+
+    def __init__(self, tensors: dict[str, torch.Tensor], count: int) -> None:
+        self.tensors, self.count = tensors, count
+        self.row_bytes = sum(v.nbytes for v in tensors.values()) // max(count, 1)  # one client's, on the wire
+        self._views: list[tuple[torch.Tensor, ...]] | None = None
+
+    def row(self, i: int) -> dict[str, torch.Tensor]:
+        """Client ``i``'s tensors: views of its rows (a new dict each call, the same tensors)."""
+        if self._views is None:
+            self._views = list(zip(*[v.unbind(0) for v in self.tensors.values()])) if self.tensors else \
+                [()] * self.count
+        return dict(zip(self.tensors, self._views[i]))
+
+
+class Row:
+    """A dict not made yet: row ``index`` of ``stack``'s tensors, then ``rest`` (a result's ``trained``; an
+    upload's ``payload``, the weights then the buffers)."""
+
+    __slots__ = ("stack", "index", "rest")
+
+    def __init__(self, stack: StackedRows, index: int, rest: dict[str, torch.Tensor] | None = None) -> None:
+        self.stack, self.index, self.rest = stack, index, rest or {}
+
+    def made(self) -> dict[str, torch.Tensor]:
+        return {**self.stack.row(self.index), **self.rest} if self.rest else self.stack.row(self.index)
+
+
 class LocalResult:
-    trained: dict[str, torch.Tensor]
-    buffers: dict[str, torch.Tensor]
-    loss: float
-    samples_seen: int
-    num_samples: int
+    """What one client's local training gave: its ``trained`` tensors and ``buffers``, its mean training loss,
+    the samples it saw, and the samples it holds. The batched loop hands ``trained`` over as a :class:`Row` of
+    its stack, made into the dict on first access; :meth:`row` is that row while the dict is not made."""
+
+    __slots__ = ("_trained", "buffers", "loss", "samples_seen", "num_samples")
+
+    def __init__(self, trained: dict[str, torch.Tensor] | Row, buffers: dict[str, torch.Tensor], loss: float,
+                 samples_seen: int, num_samples: int) -> None:
+        self._trained = trained
+        self.buffers, self.loss, self.samples_seen, self.num_samples = buffers, loss, samples_seen, num_samples
+
+    @property
+    def trained(self) -> dict[str, torch.Tensor]:
+        if type(self._trained) is Row:
+            self._trained = self._trained.made()
+        return self._trained
+
+    @trained.setter
+    def trained(self, value: dict[str, torch.Tensor]) -> None:
+        self._trained = value
+
+    def row(self) -> Row | None:
+        """The unmade :class:`Row` ``trained`` is, else ``None`` (a dict: made, replaced, or never a row)."""
+        return self._trained if type(self._trained) is Row else None
+
+    def __repr__(self) -> str:
+        return (f"LocalResult(trained={list(self.row().stack.tensors) if self.row() else self.trained}, "
+                f"loss={self.loss}, samples_seen={self.samples_seen}, num_samples={self.num_samples})")
 
 
-@dataclass
 class ClientUpdate:
-    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size."""
+    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size. FedAvg's
+    upload of a batched result is a :class:`Row` of the stack until ``payload`` is read (:meth:`row`)."""
 
-    client_id: str
-    num_samples: int
-    payload: dict[str, torch.Tensor]
-    bytes_up: int
-    bytes_down: int
-    train_loss: float
-    samples_seen: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("client_id", "num_samples", "_payload", "bytes_up", "bytes_down", "train_loss", "samples_seen",
+                 "extra")
+
+    def __init__(self, client_id: str, num_samples: int, payload: dict[str, torch.Tensor] | Row, bytes_up: int,
+                 bytes_down: int, train_loss: float, samples_seen: int = 0,
+                 extra: dict[str, Any] | None = None) -> None:
+        self.client_id, self.num_samples, self._payload = client_id, num_samples, payload
+        self.bytes_up, self.bytes_down, self.train_loss, self.samples_seen = (bytes_up, bytes_down, train_loss,
+                                                                               samples_seen)
+        self.extra = extra if extra is not None else {}
+
+    @property
+    def payload(self) -> dict[str, torch.Tensor]:
+        if type(self._payload) is Row:
+            self._payload = self._payload.made()
+        return self._payload
+
+    @payload.setter
+    def payload(self, value: dict[str, torch.Tensor]) -> None:
+        self._payload = value
+
+    def row(self) -> Row | None:
+        """The unmade :class:`Row` ``payload`` is, else ``None``."""
+        return self._payload if type(self._payload) is Row else None
+
+    def __repr__(self) -> str:
+        return (f"ClientUpdate({self.client_id!r}, num_samples={self.num_samples}, bytes_up={self.bytes_up}, "
+                f"bytes_down={self.bytes_down}, train_loss={self.train_loss}, samples_seen={self.samples_seen})")
 
 
 @dataclass(frozen=True)
@@ -217,9 +294,15 @@ class Algorithm:
         )
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        payload = {**result.trained, **result.buffers}
         # the batch-norm running statistics travel with the weights, so they are costed too
-        return ClientUpdate(cid, result.num_samples, payload, bytes_up=tensor_bytes(payload),
+        row = result.row()
+        if row is not None:  # the batched loop's row: uploaded as a row too, its size the stack's per client
+            payload, size = Row(row.stack, row.index, result.buffers), row.stack.row_bytes + tensor_bytes(
+                result.buffers)
+        else:
+            payload = {**result.trained, **result.buffers}
+            size = tensor_bytes(payload)
+        return ClientUpdate(cid, result.num_samples, payload, bytes_up=size,
                             bytes_down=self.dense_bytes,
                             train_loss=result.loss,
                             samples_seen=result.samples_seen)
@@ -243,10 +326,16 @@ class Algorithm:
 
     def average_params(self, updates: list[ClientUpdate], keys: list[str]) -> None:
         """FedAvg's sample-weighted average of the uploaded ``keys`` into the global parameters."""
-        from trainer.aggregation import average_state
+        from trainer.aggregation import average_state, normalized, weighted_average
 
-        self.global_params = {**self.global_params,
-                              **average_state([u.payload for u in updates], [u.num_samples for u in updates], keys)}
+        weights = [u.num_samples for u in updates]
+        stack = stacked_uploads(updates)
+        if stack is not None and all(k in stack.tensors for k in keys):  # the batched loop's stack, as it is
+            w = normalized(weights)
+            avg = {k: weighted_average(stack.tensors[k], w) for k in keys}
+        else:
+            avg = average_state([u.payload for u in updates], weights, keys)
+        self.global_params = {**self.global_params, **avg}
 
     def average_buffers(self, updates: list[ClientUpdate], weights: list[float] | None = None) -> None:
         """Average the batch-norm buffers the updates carry (sample-weighted unless ``weights``); integer
@@ -350,3 +439,18 @@ def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
             raise ConfigError(f"algorithm {algo!r}: argument {k!r} must be {type(d).__name__}, got {v!r}")
         kw[k] = v
     return typ(**kw)
+
+
+def stacked_uploads(updates: list[ClientUpdate]) -> StackedRows | None:
+    """The stack whose rows 0, 1, …, in order, the updates' unread payloads are, with nothing after the rows
+    (the batched loop's one chunk of FedAvg uploads), else ``None``: the server may read its tensors for the
+    uploads' (a payload once read may have been changed)."""
+    first = updates[0].row() if updates else None
+    if first is None or first.stack.count != len(updates):
+        return None
+    stack = first.stack
+    for i, u in enumerate(updates):
+        row = u.row()
+        if row is None or row.stack is not stack or row.index != i or row.rest:
+            return None
+    return stack
