@@ -198,11 +198,30 @@ def _linear(input, weight, bias=None):
     return _add_batch_dim(yt.transpose(1, 2), 0, level)  # (C, B, O) seen per client as (B, O)
 
 
+#: Largest input (elements) whose max-pooling :func:`_max_pool2d` picks in channels-last layout on the CPU.
+MAX_POOL_GATHER_ELEMENTS = 8 << 20
+
+
 def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max-pooling of the folded ``(N, C·ch, H, W)``. On the CPU, PyTorch's kernel for this layout runs plane by
+    plane, slow for the many small planes of stacked clients (16 × 1600 planes of 8 × 8: 6.2 ms), while its
+    channels-last kernel vectorizes across the channels (0.3 ms, 2.6 ms with the layout changes and indices).
+    So the window maxima are found there, as indices, without a graph, and the output is gathered from ``x`` at
+    them: the same values, and, as ``gather``'s gradient scatters each output's gradient onto its index, the
+    same gradient as ``max_pool2d``'s (whose backward scatters onto the same indices; both kernels keep the first
+    maximum of a window). Measured fwd+bwd, 2 threads: 1.3-1.8× faster for inputs up to 6.5 M elements, 0.76×
+    for 21 M (32 × 640 planes of 32 × 32), hence :data:`MAX_POOL_GATHER_ELEMENTS`; elsewhere, and on other
+    devices, ``max_pool2d`` itself."""
     if return_indices:  # indices into the folded planes: PyTorch's rule
         return NotImplemented
     # torch.max_pool2d's stride=[] means "the kernel size", as F.max_pool2d's None
-    return F.max_pool2d(x, kernel_size, stride if stride not in (None, []) else None, padding, dilation, ceil_mode)
+    stride = stride if stride not in (None, []) else None
+    if x.device.type != "cpu" or x.numel() > MAX_POOL_GATHER_ELEMENTS:
+        return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
+    with torch.no_grad():
+        where = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation,
+                             ceil_mode, return_indices=True)[1].contiguous()  # (N, C·ch, H', W') into each H×W
+    return x.flatten(2).gather(2, where.flatten(2)).view(where.shape)
 
 
 BATCHED_OPS.add("linear", ((F.linear,), _linear))

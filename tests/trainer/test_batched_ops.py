@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch._C._functorch import _unwrap_batched, is_batchedtensor, maybe_current_level
 from torch.func import grad, vmap
 
+from trainer import batched_ops
 from trainer.batched_ops import BATCHED_OPS, BatchedLayers, vmap_clients
 
 C, N = 3, 5  # clients, samples per client
@@ -64,6 +65,25 @@ def test_pools_equal_pytorch_rule(op):
     x = torch.randn(C, N, 4, 7, 6)
     (y0, g0, _), (y1, g1, routed) = _both(op, x)
     assert routed == 1 and torch.allclose(y0, y1) and _close(g0, g1)
+
+
+@pytest.mark.parametrize("gather", [True, False])
+@pytest.mark.parametrize("op", [
+    lambda x: torch.max_pool2d(x, 2),
+    lambda x: F.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True),  # overlapping windows, padding, ceil
+    lambda x: F.max_pool2d(x, 2, stride=1, dilation=2),
+])
+def test_max_pool_from_channels_last_indices_is_max_pool_bit_for_bit(op, gather, monkeypatch):
+    """The max-pooling rule finds the maxima in channels-last layout and gathers them (or, above
+    MAX_POOL_GATHER_ELEMENTS, runs max_pool2d itself): values and gradients bit-equal to PyTorch's rule, with
+    ties everywhere (integers, and the zeros of a ReLU) and a NaN, where the first maximum of a window must win."""
+    monkeypatch.setattr(batched_ops, "MAX_POOL_GATHER_ELEMENTS", 1 << 30 if gather else 0)
+    torch.manual_seed(4)
+    x = torch.randint(-3, 4, (C, N, 4, 9, 8)).float()
+    x[0, 1, 2, 3, 3] = float("nan")
+    (y0, g0, _), (y1, g1, routed) = _both(lambda x: op(torch.relu(x)), x)
+    assert routed == 1 and torch.equal(y0.nan_to_num(-1), y1.nan_to_num(-1))
+    assert torch.equal(g0[0].nan_to_num(-1), g1[0].nan_to_num(-1))
 
 
 def test_conv_pool_conv_keeps_clients_beside_channels():
