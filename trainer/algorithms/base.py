@@ -154,6 +154,30 @@ class Row:
         return {**self.stack.row(self.index), **self.rest} if self.rest else self.stack.row(self.index)
 
 
+class MadeOnRead:
+    """A dict attribute that may hold an unmade :class:`Row` (kept in the slot ``_<name>``): made on first
+    read, the dict from then on; :meth:`row` of the owner gives the Row while it is not made."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = getattr(obj, self.slot)
+        if type(value) is Row:
+            value = value.made()
+            setattr(obj, self.slot, value)
+        return value
+
+    def __set__(self, obj: Any, value: dict[str, torch.Tensor]) -> None:
+        setattr(obj, self.slot, value)
+
+    def unmade(self, obj: Any) -> Row | None:
+        value = getattr(obj, self.slot)
+        return value if type(value) is Row else None
+
+
 class LocalResult:
     """What one client's local training gave: its ``trained`` tensors and ``buffers``, its mean training loss,
     the samples it saw, and the samples it holds. The batched loop hands ``trained`` over as a :class:`Row` of
@@ -166,19 +190,11 @@ class LocalResult:
         self._trained = trained
         self.buffers, self.loss, self.samples_seen, self.num_samples = buffers, loss, samples_seen, num_samples
 
-    @property
-    def trained(self) -> dict[str, torch.Tensor]:
-        if type(self._trained) is Row:
-            self._trained = self._trained.made()
-        return self._trained
-
-    @trained.setter
-    def trained(self, value: dict[str, torch.Tensor]) -> None:
-        self._trained = value
+    trained = MadeOnRead()
 
     def row(self) -> Row | None:
         """The unmade :class:`Row` ``trained`` is, else ``None`` (a dict: made, replaced, or never a row)."""
-        return self._trained if type(self._trained) is Row else None
+        return LocalResult.trained.unmade(self)
 
     def __repr__(self) -> str:
         return (f"LocalResult(trained={list(self.row().stack.tensors) if self.row() else self.trained}, "
@@ -200,19 +216,11 @@ class ClientUpdate:
                                                                                samples_seen)
         self.extra = extra if extra is not None else {}
 
-    @property
-    def payload(self) -> dict[str, torch.Tensor]:
-        if type(self._payload) is Row:
-            self._payload = self._payload.made()
-        return self._payload
-
-    @payload.setter
-    def payload(self, value: dict[str, torch.Tensor]) -> None:
-        self._payload = value
+    payload = MadeOnRead()
 
     def row(self) -> Row | None:
         """The unmade :class:`Row` ``payload`` is, else ``None``."""
-        return self._payload if type(self._payload) is Row else None
+        return ClientUpdate.payload.unmade(self)
 
     def __repr__(self) -> str:
         return (f"ClientUpdate({self.client_id!r}, num_samples={self.num_samples}, bytes_up={self.bytes_up}, "
