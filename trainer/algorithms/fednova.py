@@ -22,18 +22,23 @@ than FedAvg); the server's rate is 1 (no server momentum).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from trainer.accounting import tensor_bytes
+from trainer.aggregation import stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
 from trainer.local_training import step_plan
 
 NORM_KEY = "fednova:a_norm"  # the upload's ‖a_i‖₁ (a float32 scalar)
 
 
+@functools.lru_cache(maxsize=4096)
 def local_steps(num_train: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
-    """τ: how many optimizer steps the local-training loop takes on ``num_train`` samples (its own plan)."""
+    """τ: how many optimizer steps the local-training loop takes on ``num_train`` samples (its own plan; asked
+    for every client every round, so remembered)."""
     return len(step_plan([np.arange(num_train)], epochs, max_steps, batch_size))
 
 
@@ -49,15 +54,15 @@ def normalized_average(x: dict[str, torch.Tensor], ys: list[dict[str, torch.Tens
                        num_samples: list[int]) -> dict[str, torch.Tensor]:
     """FedNova's server step: x − τ_eff Σ p_i (x − y_i)/‖a_i‖₁ with p_i = n_i/Σn and τ_eff = Σ p_i ‖a_i‖₁. A client
     that took no step (‖a_i‖₁ = 0) has d_i = 0."""
+    if not ys:  # no client: nothing moves
+        return dict(x)
     total = float(sum(num_samples))
     p = [n / total for n in num_samples]
     tau_eff = sum(pi * a for pi, a in zip(p, norms))
+    c = torch.tensor([pi / a if a > 0 else 0.0 for pi, a in zip(p, norms)])  # (K,) p_i / ‖a_i‖₁
     out = {}
-    for k, xk in x.items():
-        d = torch.zeros_like(xk)  # Σ p_i d_i
-        for pi, a, y in zip(p, norms, ys):
-            if a > 0:
-                d += (pi / a) * (xk - y[k])
+    for k, xk in x.items():  # Σ p_i d_i = Σ c_i (x − y_i): the clients' tensors stacked, one contraction
+        d = torch.tensordot(c.to(xk.device, xk.dtype), xk - stack_rows([y[k] for y in ys]), dims=1)
         out[k] = xk - tau_eff * d
     return out
 

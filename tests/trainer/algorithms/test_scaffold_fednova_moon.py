@@ -145,6 +145,15 @@ def test_fednova_momentum_norm_is_the_displacement_of_torch_sgd(tau, rho):
     assert momentum_norm(2, 0.5) == 2.5 and momentum_norm(4, 0.5) == 6.125
 
 
+def test_fednova_client_without_a_step_moves_nothing_and_no_client_keeps_x():
+    """p = (1/2, 1/2), ‖a‖₁ = (2, 0): τ_eff = 1 and only client 1 moves x: x − (1/2)(x − y_1)/2 = (3x + y_1)/4;
+    with no client at all the model stays."""
+    x = {"w": torch.tensor([1.0, 2.0])}
+    ys = [{"w": torch.tensor([0.0, 0.0])}, {"w": torch.tensor([5.0, 5.0])}]
+    assert torch.equal(normalized_average(x, ys, [2.0, 0.0], [1, 1])["w"], torch.tensor([0.75, 1.5]))
+    assert torch.equal(normalized_average(x, [], [], [])["w"], x["w"])
+
+
 def test_fednova_aggregate_by_hand_with_unequal_steps_and_momentum():
     """x = 1; client 1: n = 1, τ = 2, y = 0; client 2: n = 3, τ = 4, y = −2; ρ = 0.5, so ‖a‖₁ = 2.5 and 6.125.
     d = (1/2.5, 3/6.125), p = (1/4, 3/4), τ_eff = 2.5/4 + 3·6.125/4; FedAvg would give −1.5."""
