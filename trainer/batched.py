@@ -542,16 +542,19 @@ def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum
         sel_np = np.nonzero((parts_s == np.asarray(sizes)).all(1))[0]
         whole = len(sel_np) == C
         sel = torch.from_numpy(sel_np).to(dev)
+        n = len(sel_np)
         pick = (lambda d: d) if whole else (lambda d: {k: v[sel] for k, v in d.items()})
+        # a constant every client holds (MOON's global model) is one row broadcast: its first n rows, a view
+        pick_const = (lambda d: d) if whole else (lambda d: {k: v[:n] if v.stride(0) == 0 else v[sel]
+                                                             for k, v in d.items()})
         bsub = pick(Bf) if whole else {k: v[sel].clone() for k, v in Bf.items()}
         r = sel[:, None]
         xs = tuple(X[r, idx_s[sel, j, :b]] for j, b in enumerate(sizes))  # (C', b_j): real samples only
         ys = tuple(Y[r, idx_s[sel, j, :b]] for j, b in enumerate(sizes))
         xb, yb = (xs, ys) if per_step > 1 else (xs[0], ys[0])
         b = sum(sizes)
-        ones = torch.ones(len(sel_np), b, device=dev)
-        data_loss, reg = loss_fn(pick(P), pick(K), bsub, xb, yb, ones, torch.full((len(sel_np),), float(b),
-                                                                                     device=dev))
+        ones = torch.ones(n, b, device=dev)
+        data_loss, reg = loss_fn(pick(P), pick_const(K), bsub, xb, yb, ones, torch.full((n,), float(b), device=dev))
         if not whole:
             for k, v in bsub.items():
                 Bf[k][sel] = v
