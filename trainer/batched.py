@@ -584,7 +584,7 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
     out: list[tuple[float, float] | None] = [None] * len(models)
     for idx in eval_groups(models):
         first = models[idx[0]]
-        n_max = max(len(data[i][1]) for i in idx)
+        n_max = max(data[i][1].shape[0] for i in idx)  # shape, not len(): Tensor.__len__ is Python
         block = max(1, min(batch_size, n_max))
         own = sum(v.numel() * v.element_size() for d in (first.params, first.buffers) for v in d.values())
         chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, EVAL_MEMORY_BUDGET // max(own, 1)))
@@ -621,10 +621,11 @@ def _evaluate_stacked(forward: Callable, models: list[EvalModel], data: list[tup
     P = _stack([m.params for m in models], dev, copy=False)  # read only: shared tensors stay broadcast views
     B = _stack([m.buffers for m in models], dev, copy=False)
     X, Y = _padded_data(data, dev)  # (C, N, *input), (C, N)
-    n = torch.tensor([len(y) for _, y in data], device=dev)
+    sizes = [y.shape[0] for _, y in data]
+    n = torch.tensor(sizes, device=dev)
     correct = torch.zeros(C, dtype=torch.int64, device=dev)
     loss = torch.zeros(C, dtype=torch.float64, device=dev)
-    for s in range(0, int(max(len(y) for _, y in data)), block):
+    for s in range(0, max(sizes), block):
         xb, yb = X[:, s: s + block], Y[:, s: s + block]
         logits = forward(P, B, xb)  # (C, b, classes)
         real = torch.arange(s, s + yb.shape[1], device=dev)[None, :] < n[:, None]  # (C, b): not padding
