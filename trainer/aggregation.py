@@ -17,14 +17,13 @@ def weighted_average(tensors: list[torch.Tensor] | torch.Tensor,
     they may come stacked already, ``(K, *shape)``. ``weights`` may come already normalized as a float32 tensor
     (:func:`normalized`; :func:`average_state` does it once)."""
     w = weights if isinstance(weights, torch.Tensor) else normalized(weights)
+    n = len(tensors)
     step = max(1, STACK_ELEMENTS // max(tensors[0].numel(), 1))
-    if len(tensors) <= step:  # one chunk (the usual case): no slicing
-        part = (tensors if isinstance(tensors, torch.Tensor) else stack_rows(tensors)).float()
-        return torch.tensordot(w.to(part.device), part, dims=1)
     out = None
-    for s in range(0, len(tensors), step):
-        part = (tensors[s: s + step] if isinstance(tensors, torch.Tensor) else stack_rows(tensors[s: s + step])).float()
-        term = torch.tensordot(w[s: s + step].to(part.device), part, dims=1)
+    for s in range(0, n, step):
+        rows, ws = (tensors, w) if step >= n else (tensors[s: s + step], w[s: s + step])  # one chunk: no slicing
+        part = (rows if isinstance(rows, torch.Tensor) else stack_rows(rows)).float()
+        term = torch.tensordot(ws.to(part.device), part, dims=1)
         out = term if out is None else out.add_(term)
     return out
 

@@ -41,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from edgemask.registry import Registry
 
+
 def vmap_clients(fn: Callable, mode: TorchFunctionMode | None = None) -> Callable:
     """``torch.func.vmap(fn)`` for the batched loop's calls, whose every tensor argument (alone, or in dicts,
     tuples and lists, nested) is stacked along its first dimension, the clients', as every output is.
