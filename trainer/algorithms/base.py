@@ -130,7 +130,7 @@ class StackedRows:
 
     def __init__(self, tensors: dict[str, torch.Tensor], count: int) -> None:
         self.tensors, self.count = tensors, count
-        self.row_bytes = sum(v.nbytes for v in tensors.values()) // max(count, 1)  # one client's, on the wire
+        self.row_bytes = tensor_bytes(tensors) // max(count, 1)  # one client's, on the wire
         self._views: list[tuple[torch.Tensor, ...]] | None = None
 
     def row(self, i: int) -> dict[str, torch.Tensor]:
@@ -305,8 +305,8 @@ class Algorithm:
         # the batch-norm running statistics travel with the weights, so they are costed too
         row = result.row()
         if row is not None:  # the batched loop's row: uploaded as a row too, its size the stack's per client
-            payload, size = Row(row.stack, row.index, result.buffers), row.stack.row_bytes + tensor_bytes(
-                result.buffers)
+            payload = Row(row.stack, row.index, result.buffers)
+            size = row.stack.row_bytes + tensor_bytes(result.buffers)
         else:
             payload = {**result.trained, **result.buffers}
             size = tensor_bytes(payload)
@@ -353,7 +353,12 @@ class Algorithm:
         if not self.global_buffers:
             return
         weights = weights if weights is not None else [u.num_samples for u in updates]
-        avg = average_state([u.payload for u in updates], weights, list(self.global_buffers))
+        keys = list(self.global_buffers)
+        if stacked_uploads(updates) is not None and all(k in updates[0].row().rest for k in keys):
+            states = [u.row().rest for u in updates]  # the buffers after the rows: no payload made
+        else:
+            states = [u.payload for u in updates]
+        avg = average_state(states, weights, keys)
         self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
 
     def eval_model(self, cid: str) -> EvalModel:
@@ -450,15 +455,15 @@ def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
 
 
 def stacked_uploads(updates: list[ClientUpdate]) -> StackedRows | None:
-    """The stack whose rows 0, 1, …, in order, the updates' unread payloads are, with nothing after the rows
-    (the batched loop's one chunk of FedAvg uploads), else ``None``: the server may read its tensors for the
-    uploads' (a payload once read may have been changed)."""
+    """The stack whose rows 0, 1, …, in order, the updates' unread payloads are (the batched loop's one chunk of
+    FedAvg uploads; the buffers after the rows, under other names), else ``None``: the server may read its
+    tensors for the uploads' (a payload once read may have been changed)."""
     first = updates[0].row() if updates else None
     if first is None or first.stack.count != len(updates):
         return None
     stack = first.stack
     for i, u in enumerate(updates):
         row = u.row()
-        if row is None or row.stack is not stack or row.index != i or row.rest:
+        if row is None or row.stack is not stack or row.index != i or not stack.tensors.keys().isdisjoint(row.rest):
             return None
     return stack

@@ -60,6 +60,25 @@ def test_fedavg_averages_the_stack_itself_by_hand():
         assert torch.allclose(v, torch.full_like(v, 3.0)), k
 
 
+def test_buffers_after_the_rows_are_averaged_without_making_a_payload():
+    """Batch-norm style buffers travel after the rows: clients hold n = 0, 10, 20, 30 with 10, 20, 30, 40
+    samples, so the buffer's mean is (0·10 + 10·20 + 20·30 + 30·40) / 100 = 20; the weights' mean is 3 as above,
+    read from the stack, and no upload is made into a dict. Each upload costs its weights and its buffer."""
+    algo = _fedavg()
+    algo.global_buffers = {"n": torch.zeros(2)}
+    results = [(cid, LocalResult(Row(r.row().stack, r.row().index), {"n": torch.full((2,), 10.0 * i)}, 0.0, n, n))
+               for i, (cid, r), n in zip(range(4), _rows(algo, [10, 20, 30, 40]), [10, 20, 30, 40])]
+    updates = algo.client_updates(0, results)
+    dense = sum(v.nbytes for v in algo.global_params.values())
+    assert [u.bytes_up for u in updates] == [dense + 8] * 4
+    assert stacked_uploads(updates) is results[0][1].row().stack
+    algo.aggregate(0, updates)
+    assert all(u.row() is not None for u in updates)  # nothing was made: the server read the stack and the rests
+    assert torch.equal(algo.global_buffers["n"], torch.full((2,), 20.0))
+    for k, v in algo.global_params.items():
+        assert torch.allclose(v, torch.full_like(v, 3.0)), k
+
+
 def test_a_read_and_changed_upload_is_averaged_as_changed():
     """Reading a payload makes it a dict the algorithm may change (FedNova adds to it); the server then averages
     the dicts, with the change, bit for bit what the stack gives when nothing changed."""
