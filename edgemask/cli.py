@@ -148,6 +148,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# commands whose libraries bind logging handlers to stderr at import (torch): imported under the log
+_PRELOAD = {"train": ("torch",), "export": ("torch",), "demo": ("torch",)}
+
+
+def _quietly(args: argparse.Namespace) -> int:
+    """Run the command with third-party output going to <workspace>/logs (edgemask/terminal.py); then say where
+    it went, if anywhere."""
+    from edgemask.terminal import quiet_terminal
+
+    log = None
+    try:
+        with quiet_terminal(_ws(args).root / "logs", args.command, args.verbose,
+                            _PRELOAD.get(args.command, ())) as log:
+            return args.fn(args)
+    finally:
+        if log is not None and log.path is not None:
+            print(f"other libraries' messages: {log.path} (--verbose shows them here)", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgemask", description="Train personalized sparse models federatedly, "
                                 "compact and export them, and profile them on edge devices.")
@@ -157,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str, fn) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.add_argument("--workspace", default="workspace", help="workspace directory (default: ./workspace)")
+        sp.add_argument("--verbose", action="store_true", help="show third-party libraries' warnings and log "
+                        "lines (with --engine flower: Flower's and Ray's) on the terminal; by default they go to "
+                        "<workspace>/logs/<command>-<time>.log")
         sp.set_defaults(fn=fn)
         return sp
 
@@ -176,7 +198,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "simulation engine (Ray; needs `pip install -e .[flower]`)")
     t.add_argument("--flower-workers", type=int, default=None, help="with --engine flower: Ray CPUs, i.e. clients "
                    "training at a time, one torch thread each (default: this host's CPUs, at most the clients)")
-    t.add_argument("--verbose", action="store_true", help="with --engine flower: Flower's and Ray's logs")
 
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")
@@ -206,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        return _quietly(args)
     except EdgemaskError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"edgemask {args.command}: error: {msg}", file=sys.stderr)

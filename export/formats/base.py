@@ -90,11 +90,15 @@ FORMATS: Registry[Format] = Registry("export format")
 
 @contextlib.contextmanager
 def quiet_exporters():
-    """Silence the exporters' chatter (deprecation warnings, "torchvision is not installed" log lines) so a
-    user sees progress and results; real failures still raise."""
+    """Silence the exporters' and runtimes' chatter (deprecation warnings, "torchvision is not installed" log
+    lines, ExecuTorch's cpuinfo lines and litert-torch's progress printed to stdout: to stderr, which
+    ``edgemask.terminal.quiet_terminal`` sends to the log) so a user sees progress and results; real failures
+    still raise."""
+    from edgemask.terminal import stdout_to_stderr
+
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch._export", "torch.export", "executorch")]
     levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), stdout_to_stderr():
         warnings.simplefilter("ignore")
         for lg in loggers:
             lg.setLevel(logging.ERROR)
@@ -103,3 +107,23 @@ def quiet_exporters():
         finally:
             for lg, lv in zip(loggers, levels):
                 lg.setLevel(lv)
+
+
+def pt2e_quantized(model: nn.Module, ctx: FormatContext, quantizer: Any, where: str,
+                   fold_quantize: bool = True) -> nn.Module:
+    """Post-training static int8 by PT2E: export ``model``, insert ``quantizer``'s observers, run the client's
+    calibration samples through it one at a time (batch 1, as deployed), convert to quantize/dequantize ops.
+
+    ``ctx.calibration``: (N, *input_shape) from the client's train split. Returns the converted graph module,
+    which the format then lowers (XNNPACK for ``.pte``, LiteRT for ``.tflite``); ``where`` (the file's name)
+    starts the error message when there are no calibration samples."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    if ctx.calibration is None:
+        raise ExportFormatError(f"{where}: int8 needs calibration samples")
+    gm = torch.export.export(model.eval(), (ctx.example,)).module()
+    prepared = prepare_pt2e(gm, quantizer)
+    with torch.no_grad():
+        for x in ctx.calibration:
+            prepared(x[None])
+    return convert_pt2e(prepared, fold_quantize=fold_quantize)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from edgemask.fileio import write_bytes_atomic
-from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, quiet_exporters
+from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, pt2e_quantized, quiet_exporters
 
 
 def _lower(program_module: nn.Module, example: torch.Tensor) -> bytes:
@@ -50,19 +50,13 @@ class Pte(Format):
         if variant == "fp32":
             buf = _lower(model, ctx.example)
         elif variant == "int8":
-            if ctx.calibration is None:
-                raise ExportFormatError(f"{path.name}: int8 needs calibration samples")
             from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
                 XNNPACKQuantizer, get_symmetric_quantization_config)
-            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-            gm = torch.export.export(model, (ctx.example,)).module()
             q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
-            prepared = prepare_pt2e(gm, q)
-            with torch.no_grad():
-                for x in ctx.calibration:
-                    prepared(x[None])
-            buf = _lower(convert_pt2e(prepared), ctx.example)
+            with quiet_exporters():
+                quantized = pt2e_quantized(model, ctx, q, path.name)
+            buf = _lower(quantized, ctx.example)
         else:
             raise ExportFormatError(f"pte: unknown variant {variant!r}; valid: {', '.join(self.variants)}")
         write_bytes_atomic(path, buf)
@@ -71,8 +65,9 @@ class Pte(Format):
     def run(self, path: Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
         from executorch.runtime import Runtime
 
-        method = Runtime.get().load_program(Path(path)).load_method("forward")
-        outs = [method.execute([torch.from_numpy(np.ascontiguousarray(x[None]))])[0] for x in inputs]
+        with quiet_exporters():  # the runtime's first use prints cpuinfo lines to stdout
+            method = Runtime.get().load_program(Path(path)).load_method("forward")
+            outs = [method.execute([torch.from_numpy(np.ascontiguousarray(x[None]))])[0] for x in inputs]
         return torch.cat(outs).numpy().astype(np.float32)
 
 
