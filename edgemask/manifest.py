@@ -50,9 +50,11 @@ class ArtifactFile:
     runtime: str  # onnxruntime | executorch | tflite
     opset: int | None = None
     backend: str | None = None
-    max_abs_diff: float | None = None  # vs the compacted torch model (fp32 variants)
-    accuracy: float | None = None  # on the sample_io labels, run in its runtime
-    accuracy_change: float | None = None  # int8 variants: vs the fp32 torch model on the client's test split
+    max_abs_diff: float | None = None  # vs the compacted torch model on the sample_io inputs (fp32 variants)
+    accuracy: float | None = None  # this file run in its runtime, on accuracy_set's first accuracy_samples samples
+    accuracy_change: float | None = None  # int8 variants: accuracy minus the same format's fp32 file's, same samples
+    accuracy_set: str | None = None  # "<client>/test": whose test split (the dense baseline: the first client's)
+    accuracy_samples: int | None = None  # how many of that split's samples (its first ones)
 
 
 class SampleIOInfo(TypedDict):

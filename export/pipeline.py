@@ -3,6 +3,11 @@
 Per client: rebuild the masked model, compact it, verify it on the client's real test samples, write each format
 and check it in its real runtime, then write ``sample_io.npz`` and ``manifest.json``. The directory is assembled
 under a temporary name and renamed into place; an unchanged client (same input hash) is skipped.
+
+Accuracies compare like with like: every file's accuracy is measured in its runtime on the same samples (the
+first ``VERIFY_SAMPLES`` of the client's test split; the dense baseline uses the first client's), and the manifest
+names that set and its size (``accuracy_set``, ``accuracy_samples``). An int8 file's ``accuracy_change`` is its
+accuracy minus the fp32 file's of the same format on those samples.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatCon
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
-VERIFY_SAMPLES = 256  # compaction check and int8 accuracy: up to this many test samples
+VERIFY_SAMPLES = 256  # compaction check and every file's accuracy: up to this many test samples
+ACCURACY_METHOD = 2  # in the input hash: artifacts whose accuracies were measured otherwise are re-exported
 CALIBRATION = 64  # int8 calibration samples from the client's train split
 DENSE = "dense"
 
@@ -38,7 +44,8 @@ def input_hash(run, client_id: str | None, formats: Sequence[str], settings: Exp
     h.update(sha256_file(run.path / "config.toml").encode())
     if client_id is not None:
         h.update(sha256_file(run.path / "clients" / f"{client_id}.safetensors").encode())
-    h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": SCHEMA},
+    h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": SCHEMA,
+                         "accuracy_method": ACCURACY_METHOD},
                         sort_keys=True).encode())
     return h.hexdigest()
 
@@ -64,7 +71,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     fmts = [FORMATS.get(f) for f in formats]
     for f in fmts:
         f.check_available()
-    data = ds.client(client_id if client_id is not None else run.client_ids[0])
+    data_client = client_id if client_id is not None else run.client_ids[0]
+    data = ds.client(data_client)
     masked = run.build_model(client_id)
     x_all, y_all = data.test_x[:VERIFY_SAMPLES], data.test_y[:VERIFY_SAMPLES]
     x, y = x_all[:SAMPLES], y_all[:SAMPLES]
@@ -74,7 +82,6 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     with torch.no_grad():
         ref_out = masked(x).float().numpy()
         cmp_out = model(x).float().numpy()
-        cmp_all = model(x_all).float().numpy()
 
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
     if tmp.exists():
@@ -82,28 +89,30 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     tmp.mkdir(parents=True)
     ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
     files, diffs = [], {"torch": torch_diff}
-    fp32_acc = _accuracy(cmp_all, y_all.numpy())
+    labels = y_all.numpy()
+    measured_on = {"accuracy_set": f"{data_client}/test", "accuracy_samples": int(len(labels))}
     for fmt in fmts:
         variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
-        for variant in variants:
+        fp32_acc = None
+        for variant in variants:  # fp32 first: an int8 file's change is against it
             name = fmt.filename(variant)
             path = tmp / name
             info = fmt.write(model, path, ctx, variant)
+            got = fmt.run(path, x_all.numpy())  # (len(labels), n_out), batch 1 in the runtime
+            acc = _accuracy(got, labels)
             if variant == "fp32":
-                got = fmt.run(path, x.numpy())
-                d = max_abs_diff(got, cmp_out)
+                d = max_abs_diff(got[:SAMPLES], cmp_out)  # on the sample_io inputs, as a device checks
                 if d > limit:
                     raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
                                             f"torch model by {d:.3g} (limit {limit:g})")
                 diffs[fmt.name] = d
-                extra = {"max_abs_diff": d, "accuracy": _accuracy(got, y.numpy())}
+                fp32_acc = acc
+                extra = {"max_abs_diff": d, "accuracy": acc}
             else:
-                got = fmt.run(path, x_all.numpy())
-                acc = _accuracy(got, y_all.numpy())
                 extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc}
             files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
                                       bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
-                                      backend=info.get("backend"), **extra))
+                                      backend=info.get("backend"), **extra, **measured_on))
 
     write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
     cfg = run.config

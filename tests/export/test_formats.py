@@ -67,8 +67,11 @@ def test_pte_lstm_matches(tmp_path):
     assert np.abs(got - want).max() <= 1e-5
 
 
+TFLITE = pytest.mark.skipif(importlib.util.find_spec("litert_torch") is None, reason="tflite extra not installed")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["onnx", "pte"])
+@pytest.mark.parametrize("fmt", ["onnx", "pte", pytest.param("tflite", marks=TFLITE)])
 def test_int8_variants_run_and_stay_close(fmt, tmp_path):
     model, _ = _compacted("cnn")
     x = torch.randn(32, 1, 8, 8)
@@ -76,6 +79,14 @@ def test_int8_variants_run_and_stay_close(fmt, tmp_path):
     assert got.shape == want.shape
     assert np.abs(got - want).max() < 0.5 * np.abs(want).max()  # quantized, not garbage
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.7
+    assert (tmp_path / FORMATS.get(fmt).filename("int8")).stat().st_size < _fp32_bytes(fmt, model, x, tmp_path)
+
+
+def _fp32_bytes(fmt, model, x, tmp_path):
+    path = tmp_path / "fp32" / FORMATS.get(fmt).filename("fp32")
+    path.parent.mkdir()
+    FORMATS.get(fmt).write(model, path, FormatContext(x[:1]), "fp32")
+    return path.stat().st_size
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import Manifest
 from export import export_run, load_manifest, load_sample_io
+from export.formats import FORMATS, ExportSettings
 from export_helpers import random_masks
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
 from trainer.data import DataConfig
@@ -76,6 +77,27 @@ def test_export_with_pte(run_dir, tmp_path):
     out = export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx", "pte"), progress=False)
     m = load_manifest(out[1])
     assert m.file_for("pte").backend == "xnnpack" and m.tolerance["max_abs_diff"]["pte"] <= 1e-5
+
+
+@pytest.mark.slow
+def test_every_accuracy_names_its_samples_and_int8_compares_like_with_like(run_dir, tmp_path):
+    # Before: fp32 files' accuracy on the 32 sample_io samples, int8's on up to 256 and its change against the
+    # torch model on those 256; nothing said which samples.
+    out = export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False,
+                     settings=ExportSettings(int8=True))
+    run = load_run(run_dir)
+    for d in out:
+        m = load_manifest(d)
+        cid = "client-000" if d.name == "dense" else d.name  # the dense baseline: the first client's test split
+        data = run.dataset.client(cid)
+        n = min(256, len(data.test_y))
+        assert n > 32  # more than sample_io's samples, so a 32-sample accuracy would differ in size
+        fp32, int8 = m.file_for("onnx", "fp32"), m.file_for("onnx", "int8")
+        for f in (fp32, int8):
+            assert (f.accuracy_set, f.accuracy_samples) == (f"{cid}/test", n)
+            got = FORMATS.get("onnx").run(d / f.file, data.test_x[:n].numpy())
+            assert f.accuracy == pytest.approx(float((got.argmax(1) == data.test_y[:n].numpy()).mean()))
+        assert int8.accuracy_change == pytest.approx(int8.accuracy - fp32.accuracy)
 
 
 def test_manifest_round_trip(run_dir, tmp_path):
