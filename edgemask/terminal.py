@@ -3,9 +3,10 @@ warnings; everything else goes to a log file in the workspace, ``logs/<command>-
 
 "Everything else" arrives by three roads, and each is closed separately:
 
-* C/C++ libraries write to file descriptor 2 directly (cpuinfo's "Failed to open midr file", XNNPACK, ONNX
-  Runtime's native logger): fd 2 is ``os.dup2``-ed onto the log for the whole command, so no Python-level
-  redirect is needed around each call, and subprocesses inherit it.
+* C/C++ libraries write to file descriptors 2 and 1 directly (ExecuTorch's cpuinfo prints "Failed to open midr
+  file" to stdout when it is imported or first run; XNNPACK, absl and ONNX Runtime's native logger write to
+  stderr): fds 1 and 2 are ``os.dup2``-ed onto the log for the whole command, so no redirect is needed around
+  each call, and subprocesses inherit them. C's stdio buffers are flushed before the fds come back.
 * Python loggers (torchao's "Failed to load … _C_mxfp8", onnxscript, matplotlib): a root handler writes them to
   the log. Handlers a library binds to ``sys.stderr`` when it is imported (torch's ``W1123 … _pytree`` lines come
   from one) hold the original ``sys.stderr`` object, whose fd 2 is the log: :func:`quiet_terminal` imports the
@@ -13,8 +14,12 @@ warnings; everything else goes to a log file in the workspace, ``logs/<command>-
 * ``warnings.warn``: a warning raised from edgemask's own packages is shown as ``edgemask: warning: …`` (no GPU,
   a fallback: things the user must know); any other goes to the log.
 
-``sys.stderr`` is then a stream on a duplicate of the terminal's fd 2: tqdm's bars and ``print(..., file=sys.stderr)``
-reach the user. The log is collected in a temporary file and moved into the workspace at the end, and only when
+``sys.stdout`` and ``sys.stderr`` are then streams on duplicates of the terminal's fds 1 and 2: ``print`` (the
+summary table), tqdm's bars and ``print(..., file=sys.stderr)`` reach the user. A library that prints to
+``sys.stdout`` or ``sys.stderr`` from Python (litert-torch's rich progress; ExecuTorch's C++ log, which its
+bindings redirect into ``sys.stderr``) is sent to the log by :func:`library_output` around its calls.
+
+The log is collected in a temporary file and moved into the workspace at the end, and only when
 something was written to it: a command that printed nothing foreign leaves no log and creates no directory.
 ``verbose=True`` changes nothing: every message goes where its library sends it.
 """
@@ -51,15 +56,15 @@ class QuietLog:
         self.path: Path | None = None
 
 
-def _terminal_stream(fd: int) -> io.TextIOBase:
-    """A line-buffered text stream on ``fd`` (the terminal), encoded like the original stderr."""
-    return open(fd, "w", buffering=1, encoding=getattr(sys.__stderr__, "encoding", None) or "utf-8",
-                errors="backslashreplace", closefd=True)
+def _terminal_stream(fd: int, like: io.TextIOBase) -> io.TextIOBase:
+    """A line-buffered text stream on ``fd`` (a duplicate of the terminal's), encoded like ``like``."""
+    return open(fd, "w", buffering=1, encoding=getattr(like, "encoding", None) or "utf-8",
+                errors=getattr(like, "errors", None) or "backslashreplace", closefd=True)
 
 
-def _stderr_is_fd2() -> bool:
+def _is_fd(stream: io.TextIOBase, fd: int) -> bool:
     try:
-        return sys.stderr.fileno() == 2
+        return stream.fileno() == fd
     except (AttributeError, OSError, ValueError):  # replaced by an in-memory stream (pytest's capsys)
         return False
 
@@ -80,40 +85,47 @@ def quiet_terminal(log_dir: Path, command: str, verbose: bool = False,
     log = tempfile.NamedTemporaryFile("w+", prefix=f"edgemask-{command}-", suffix=".log", delete=False,
                                       encoding="utf-8", errors="backslashreplace", buffering=1)
     started = time.strftime("%Y%m%d-%H%M%S")
-    saved_fd = os.dup(2)
-    old_stderr, old_showwarning = sys.stderr, warnings.showwarning
-    # under an in-memory sys.stderr (a test's capture) edgemask's own lines stay where the caller looks
-    console = _terminal_stream(saved_fd) if _stderr_is_fd2() else old_stderr
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    old = {"stdout": sys.stdout, "stderr": sys.stderr}
+    # the terminal for edgemask's own lines; under an in-memory stream (a test's capture) they stay where the
+    # caller looks
+    own = {name: _terminal_stream(saved[fd], stream) if _is_fd(stream, fd) else stream
+           for (name, stream), fd in zip(old.items(), (1, 2))}
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
+    old_showwarning = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         if is_ours(filename):
-            console.write(f"edgemask: warning: {message}\n")
+            own["stderr"].write(f"edgemask: warning: {message}\n")
         else:
             log.write(warnings.formatwarning(message, category, filename, lineno, line))
 
-    os.dup2(log.fileno(), 2)
+    for fd in (1, 2):
+        os.dup2(log.fileno(), fd)
     try:
         root.addHandler(handler)
         warnings.showwarning = showwarning
         for name in preload:
             importlib.import_module(name)
-        sys.stderr = console
+        sys.stdout, sys.stderr = own["stdout"], own["stderr"]
         yield result
     finally:
-        sys.stderr = old_stderr
+        sys.stdout, sys.stderr = old["stdout"], old["stderr"]
         warnings.showwarning = old_showwarning
         root.removeHandler(handler)
-        with contextlib.suppress(Exception):
-            old_stderr.flush()
+        for stream in (*own.values(), *old.values()):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        _flush_c_stdio()  # what C buffered for fd 1 goes to the log, not to the terminal at exit
         log.flush()
-        os.dup2(saved_fd, 2)
-        if console is not old_stderr:
-            console.close()  # closes saved_fd
-        else:
-            os.close(saved_fd)
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            os.dup2(saved[fd], fd)
+            if own[name] is not old[name]:
+                own[name].close()  # closes saved[fd]
+            else:
+                os.close(saved[fd])
         log.close()
         result.path = _keep(Path(log.name), Path(log_dir), f"{command}-{started}")
 
@@ -137,18 +149,21 @@ def _keep(tmp: Path, log_dir: Path, stem: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Within the block, what libraries print to stdout goes to stderr: under :func:`quiet_terminal` the log,
-    under ``--verbose`` the terminal's stderr. Stdout carries edgemask's results (the summary table); ExecuTorch's
-    cpuinfo prints "Failed to open midr file" to fd 1 from C, litert-torch prints its progress to
-    ``sys.stdout`` (rich). Both roads are taken: fd 1 is ``dup2``-ed onto fd 2 and ``sys.stdout`` is the original
-    ``sys.__stderr__`` (fd 2). C's stdio buffers are flushed before fd 1 comes back, so a line buffered in the
-    block is not written to the real stdout later."""
+def library_output() -> Iterator[None]:
+    """Around calls into chatty libraries: what they print goes where :func:`quiet_terminal` sends third-party
+    output (the log; under ``--verbose``, or outside a quiet terminal, the terminal's stderr), never to stdout,
+    where edgemask's results go.
+
+    ``sys.stdout`` and ``sys.stderr`` are the original ``sys.__stderr__`` (fd 2) in the block: litert-torch
+    prints its progress to ``sys.stdout``, ExecuTorch's bindings send the C++ log ("[cpuinfo_utils.cpp:87]
+    Failed to open midr file") to ``sys.stderr``. Fd 1 is ``dup2``-ed onto fd 2 too, for C code printing to
+    stdout outside a quiet terminal; C's stdio buffers are flushed before fd 1 comes back."""
     sys.stdout.flush()
+    sys.stderr.flush()
     saved = os.dup(1)
     try:
         os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.__stderr__):
+        with contextlib.redirect_stdout(sys.__stderr__), contextlib.redirect_stderr(sys.__stderr__):
             yield
     finally:
         _flush_c_stdio()

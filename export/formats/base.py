@@ -91,14 +91,13 @@ FORMATS: Registry[Format] = Registry("export format")
 @contextlib.contextmanager
 def quiet_exporters():
     """Silence the exporters' and runtimes' chatter (deprecation warnings, "torchvision is not installed" log
-    lines, ExecuTorch's cpuinfo lines and litert-torch's progress printed to stdout: to stderr, which
-    ``edgemask.terminal.quiet_terminal`` sends to the log) so a user sees progress and results; real failures
-    still raise."""
-    from edgemask.terminal import stdout_to_stderr
+    lines; ExecuTorch's cpuinfo lines and litert-torch's progress, printed to Python's streams: to the log of
+    ``edgemask.terminal.quiet_terminal``) so a user sees progress and results; real failures still raise."""
+    from edgemask.terminal import library_output
 
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch._export", "torch.export", "executorch")]
     levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings(), stdout_to_stderr():
+    with warnings.catch_warnings(), library_output():
         warnings.simplefilter("ignore")
         for lg in loggers:
             lg.setLevel(logging.ERROR)

@@ -18,10 +18,10 @@ from export.formats.base import FORMATS, ExportFormatError, Format, FormatContex
 
 
 def _lower(program_module: nn.Module, example: torch.Tensor) -> bytes:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
+    with quiet_exporters():  # importing ExecuTorch logs cpuinfo lines too
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
 
-    with quiet_exporters():
         ep = torch.export.export(program_module, (example,))
         _explicit_pool_stride(ep)
         return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
@@ -50,11 +50,11 @@ class Pte(Format):
         if variant == "fp32":
             buf = _lower(model, ctx.example)
         elif variant == "int8":
-            from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-                XNNPACKQuantizer, get_symmetric_quantization_config)
-
-            q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
             with quiet_exporters():
+                from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+                    XNNPACKQuantizer, get_symmetric_quantization_config)
+
+                q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
                 quantized = pt2e_quantized(model, ctx, q, path.name)
             buf = _lower(quantized, ctx.example)
         else:
@@ -63,9 +63,9 @@ class Pte(Format):
         return {"backend": "xnnpack", "runtime": self.runtime}
 
     def run(self, path: Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
-        from executorch.runtime import Runtime
+        with quiet_exporters():  # loading the runtime logs cpuinfo lines
+            from executorch.runtime import Runtime
 
-        with quiet_exporters():  # the runtime's first use prints cpuinfo lines to stdout
             method = Runtime.get().load_program(Path(path)).load_method("forward")
             outs = [method.execute([torch.from_numpy(np.ascontiguousarray(x[None]))])[0] for x in inputs]
         return torch.cat(outs).numpy().astype(np.float32)
