@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -17,6 +18,14 @@ def test_demo_end_to_end(tmp_path):
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "mean pers. acc" in p.stdout and "fedmask" in p.stdout and "fedavg" in p.stdout
+    # the terminal holds edgemask's lines only: stage headers, bars, what was written, the summary
+    assert not re.search(r"^W\d{4} |Failed to load|cpuinfo|midr|\[torch\.onnx\]|Please consider|LiteRT",
+                         p.stdout + p.stderr, re.M)
+    # FedMask's dense baseline is named for what it is, and every number is explained
+    assert "demo-fedmask/dense (frozen random weights, no mask)" in p.stdout
+    assert "What the numbers are:" in p.stdout
+    # the 64-3072-2048-10 MLP's clients lose about half their parameters: faster than the baseline, measured
+    assert re.search(r"8 of 8 compacted clients faster than their dense baseline", p.stdout), p.stdout[-3000:]
 
     for run in ("demo-fedavg", "demo-fedmask"):
         for f in ("config.toml", "model.safetensors", "history.parquet", "summary.json"):
@@ -50,4 +59,4 @@ def test_demo_end_to_end(tmp_path):
     assert df["ok"].all()
     # every artifact measured in both formats: 8 FedMask clients + 2 dense baselines
     assert len(df) == (8 + 2) * 2
-    assert all(len(x) >= 30 for x in df["latency_ms"])
+    assert all(len(x) >= 500 for x in df["latency_ms"])  # the demo campaign's min_runs
