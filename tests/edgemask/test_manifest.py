@@ -23,11 +23,13 @@ def a_manifest() -> Manifest:
         inputs=[TensorSpec("input", [1, 1, 8, 8], "float32")], outputs=[TensorSpec("output", [1, 10], "float32")],
         files=[
             ArtifactFile(format="onnx", variant="fp32", file="model.onnx", sha256="a" * 64, bytes=1234,
-                         runtime="onnxruntime", opset=18, max_abs_diff=3e-7, accuracy=0.9375),
+                         runtime="onnxruntime", opset=18, max_abs_diff=3e-7, accuracy=0.9375,
+                         accuracy_set="client-003/test", accuracy_samples=48),
             ArtifactFile(format="pte", variant="fp32", file="model.pte", sha256="b" * 64, bytes=5678,
                          runtime="executorch", backend="xnnpack"),
             ArtifactFile(format="onnx", variant="int8", file="model.int8.onnx", sha256="c" * 64, bytes=400,
-                         runtime="onnxruntime", opset=18, accuracy=0.875, accuracy_change=-0.0625),
+                         runtime="onnxruntime", opset=18, accuracy=0.875, accuracy_change=-0.0625,
+                         accuracy_set="client-003/test", accuracy_samples=48),
         ],
         sample_io={"file": SAMPLE_IO, "sha256": "d" * 64, "count": 32},
         params={"dense": 12345, "compacted": 4567}, flops={"dense": 123456, "compacted": 45678},
@@ -47,6 +49,7 @@ def test_write_then_load_gives_the_same_manifest(tmp_path):
     assert back == m and back.to_dict() == raw
     assert load_manifest(path) == m  # the manifest.json itself works as well as its directory
     assert back.file_for("onnx", "int8").bytes == 400 and back.find_file("tflite") is None
+    assert raw["files"][2]["accuracy_set"] == "client-003/test" and raw["files"][2]["accuracy_samples"] == 48
 
 
 def test_missing_format_names_the_place_and_what_it_has(tmp_path):
