@@ -6,10 +6,13 @@ A reader never sees a half-written file under the real name, whatever stops the 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -49,3 +52,38 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike[str], what: str, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block: one writer at a time.
+
+    A second process waits up to ``wait_s`` seconds, then raises a one-line EdgemaskError naming ``what`` (e.g.
+    ``"the artifacts of run demo-fedmask"``) and the lock file. The kernel drops the lock when the holder's process
+    dies, so a ``kill -9`` never leaves a stale lock behind; the file itself stays (removing it would race).
+    """
+    from edgemask.errors import EdgemaskError
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise EdgemaskError(
+                        f"{what} is in use by another edgemask process (lock {path}); "
+                        "wait for it to finish, then run again"
+                    ) from None
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
