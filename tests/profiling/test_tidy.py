@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,6 +16,7 @@ from profiling.campaign import parse_campaign, plan_jobs, read_manifest
 from profiling.report import write_report
 from profiling.store import ResultsStore
 
+CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 ID_COLUMNS = ["run_id", "client_id", "algorithm", "kind", "model", "dataset", "format", "variant", "device",
               "threads", "artifact"]
 
@@ -93,3 +96,15 @@ def test_results_parquet_has_one_row_per_setting_with_its_verdict(tmp_path):
     # CSV on request: the same rows
     assert len(pd.read_csv(results / "results.csv")) == len(table)
     assert len(pd.read_csv(results / "samples.csv")) == len(pd.read_parquet(results / "samples.parquet"))
+
+
+@pytest.mark.slow
+def test_every_column_is_documented(tmp_path):
+    ws, results = _campaign(tmp_path)
+    write_report(results, ws)
+    text = CONTRACTS.read_text()
+    tidy = text[text.index("## Tidy tables"):]
+    documented = set(re.findall(r"`([a-z0-9_]+)`", tidy))
+    for name in ("results.parquet", "samples.parquet"):
+        missing = set(pd.read_parquet(results / name).columns) - documented
+        assert not missing, f"{name}: columns not in docs/contracts.md: {sorted(missing)}"
