@@ -25,6 +25,7 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
 
 DENSE_COLOR, COMPACTED_COLOR, INVALID_COLOR = "#fdae6b", "#6baed6", "#d62728"
 SLOW_FACTOR = 2.0  # a latency sample above this × its setting's median is counted as a slow outlier
+LOG_SPAN = 3.0  # a panel's latencies spanning more than this factor are drawn on a log axis
 
 
 def _panel_grid(df: pd.DataFrame, ncols: int = 2, size: tuple[float, float] = (6.5, 3.6)) -> tuple[Figure, list]:
@@ -65,9 +66,10 @@ def _setting_order(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None) -> Figure | None:
-    """One box per setting on a log latency axis, one panel per device × format: the box spans p25–p75 with the
-    median, the whiskers p1 and p99; the samples slower than ``SLOW_FACTOR`` × the median are counted above
-    each box, not drawn (a few slow outliers among 10⁴ samples would otherwise draw a wall). With ``summary``
+    """One box per setting, one panel per device × format, on a log latency axis where the panel's p1..p99 span
+    more than ``LOG_SPAN``× (a linear one otherwise): the box spans p25–p75 with the median, the whiskers p1 and
+    p99; the samples slower than ``SLOW_FACTOR`` × the median are counted above each box, not drawn (a few slow
+    outliers among 10⁴ samples would otherwise draw a wall). With ``summary``
     (``profiling.stats.summarize``), an INVALID setting's box is hatched and red-edged."""
     ok = df[df["ok"].astype(bool) & df["latency_ms"].map(len).gt(0)]
     if ok.empty:
@@ -91,14 +93,20 @@ def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None)
             slow = int((r.samples > SLOW_FACTOR * median).sum())
             ax.annotate(f"{slow:,}", (i + 1, top), xytext=(0, 2), textcoords="offset points", ha="center",
                         va="bottom", fontsize=7, color=INVALID_COLOR if slow else "#555")
-        ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
-        ax.set_ylabel("latency per inference (ms, log)")
         ax.tick_params(axis="x", labelsize=7, rotation=45)
         ax.grid(axis="y", which="both", alpha=0.3)
-        ymin, ymax = ax.get_ylim()
-        ax.set_ylim(ymin, ymax * 1.25)  # room for the counts above the top whisker
-        _plain_log_ticks(ax.yaxis, ymin, ymax * 1.25)
+        lo = min(np.percentile(x, 1) for x in rows["samples"])
+        hi = max(np.percentile(x, 99) for x in rows["samples"])
+        if hi / lo > LOG_SPAN:  # settings apart by more than LOG_SPAN: a log axis shows each one's spread
+            ax.set_yscale("log")
+            top = hi * (hi / lo) ** 0.12  # room for the counts above the top whisker
+            ax.set_ylim(lo / (hi / lo) ** 0.05, top)
+            _plain_log_ticks(ax.yaxis, lo, top)
+            ax.set_ylabel("latency per inference (ms, log)")
+        else:
+            ax.set_ylim(max(0.0, lo - 0.05 * (hi - lo)), hi + 0.15 * (hi - lo))
+            ax.set_ylabel("latency per inference (ms)")
     handles = [Patch(facecolor=DENSE_COLOR, label="dense baseline"),
                Patch(facecolor=COMPACTED_COLOR, label="compacted client"),
                Patch(facecolor="white", edgecolor=INVALID_COLOR, hatch="///", label="INVALID setting")]
@@ -134,6 +142,7 @@ def speedup_per_client(summary: pd.DataFrame) -> Figure | None:
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
         ax.set_xticks(x, _tick_labels(g), fontsize=7, rotation=45)
+        ax.set_xlim(-0.6, len(g) - 0.4)
         ax.set_title(f"{title}  (clients sorted by FLOP bound)", fontsize=10)
         ax.set_ylabel("× over the dense baseline (log)")
         ax.grid(axis="y", which="both", alpha=0.3)

@@ -259,13 +259,13 @@ def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:
     lines = [headline(summary), f"A setting is VALID with {rules.describe()}."]
     if summary.empty:
         return lines
-    unchecked: dict[tuple[str, str], set[str]] = {}
+    unchecked: dict[tuple[str, str], set[str]] = {}  # (rule, why) -> devices
     for device, text in zip(summary["device"], summary["not_checked"]):
         for part in filter(None, str(text).split("; ")):
             rule, _, why = part.partition(": not checked: ")
-            unchecked.setdefault((rule, str(device)), set()).add(why)
-    for (rule, device), whys in sorted(unchecked.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][1])):
-        lines.append(f"{rule} not checked on {device}: {'; '.join(sorted(whys))}.")
+            unchecked.setdefault((rule, why), set()).add(str(device))
+    for (rule, why), devices in sorted(unchecked.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][1])):
+        lines.append(f"{rule} not checked on {', '.join(sorted(devices))}: {why}.")
     if not summary["comparison_valid"].all():
         lines.append(INVALID_LEGEND + ".")
     return lines

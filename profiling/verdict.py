@@ -173,7 +173,6 @@ def judge(rows: pd.DataFrame, cv: float, rules: VerdictRules = VerdictRules()) -
     of its pooled latency samples."""
     reasons: list[tuple[str, str]] = []
     not_checked: list[tuple[str, str]] = []
-    device = str(rows["device"].iloc[0]) if len(rows) else "?"
     ok = rows[rows["ok"].astype(bool)]
     bad = rows[~rows["ok"].astype(bool)]
 
@@ -206,7 +205,7 @@ def judge(rows: pd.DataFrame, cv: float, rules: VerdictRules = VerdictRules()) -
     states = [(_state(b), _state(a)) for b, a in zip(ok["state_before"], ok["state_after"])]
     flags = [throttled_during(b, a) for b, a in states]
     if all(f is None for f in flags):
-        not_checked.append(("throttled", f"{device} reports no throttling flags"))
+        not_checked.append(("throttled", "the board reports no throttling flags"))
     else:
         hit = sorted({name for f in flags if f for name in f})
         if hit:
@@ -220,7 +219,7 @@ def judge(rows: pd.DataFrame, cv: float, rules: VerdictRules = VerdictRules()) -
             if math.isnan(drift) or d > drift:
                 drift, where = d, f"{zone} {tb[zone]:.1f} -> {ta[zone]:.1f} °C"
     if math.isnan(drift):
-        not_checked.append(("temperature-drift", f"{device} reports no temperature (no thermal zone)"))
+        not_checked.append(("temperature-drift", "the board reports no temperature (no thermal zone)"))
     elif drift > rules.max_temp_drift_c:
         reasons.append(("temperature-drift", f"{where} (+{drift:.1f} > {rules.max_temp_drift_c:g} °C)"))
     return Verdict(tuple(reasons), tuple(not_checked), drift)

@@ -140,8 +140,8 @@ def test_a_board_without_sensors_is_not_checked_rather_than_failed(tmp_path):
     x86 = {"governors": {}, "cpu_khz": {}, "governor": None, "temps_c": {}, "loadavg_1m": 1.3}
     row = setting(tmp_path, runner_doc(state_before=x86, state_after=x86))
     assert row["verdict"] == VALID
-    assert row["not_checked"] == ("throttled: not checked: pi reports no throttling flags; temperature-drift: "
-                                  "not checked: pi reports no temperature (no thermal zone)")
+    assert row["not_checked"] == ("throttled: not checked: the board reports no throttling flags; "
+                                  "temperature-drift: not checked: the board reports no temperature (no thermal zone)")
 
 
 def test_thresholds_are_rules_not_constants(tmp_path):
