@@ -305,7 +305,9 @@ def _png(fig: Any) -> bytes | None:
 def _sections(runtime: pd.DataFrame, summary: pd.DataFrame, failures: pd.DataFrame,
               skipped: pd.DataFrame) -> list[tuple[int, str, pd.DataFrame | None]]:
     """(heading level, heading, formatted table or None) in page order."""
-    out: list[tuple[int, str, pd.DataFrame | None]] = [(2, "Runtime per application (FedMask-style)", None)]
+    out: list[tuple[int, str, pd.DataFrame | None]] = [
+        (2, "Runtime per application (FedMask-style; measured numbers averaged over VALID settings only, "
+            "— where none is)", None)]
     if runtime.empty:
         out.append((3, "No successful measurements yet.", None))
     for keys, g in runtime.groupby(["application", "device", "format", "variant", "threads"], sort=True):
