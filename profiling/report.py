@@ -284,8 +284,9 @@ _SUMMARY_COLUMNS = [
 def summary_table(results_dir: str | Path, *, rules: VerdictRules | None = None) -> str:
     """The campaign's settings as plain text for a terminal: the verdict lines first, then one row per setting
     (latency, CV, speedup over the dense baseline against its FLOP bound and parameter-byte ratio, verdict)."""
-    summary = summarize(_load(Path(results_dir))["df"], rules=rules or VerdictRules())
-    lines = verdict_lines(summary, rules or VerdictRules())
+    rules = rules or VerdictRules()
+    summary = summarize(_load(Path(results_dir))["df"], rules=rules)
+    lines = verdict_lines(summary, rules)
     if summary.empty:
         return "\n".join(lines)
     table = _formatted(summary, _SUMMARY_COLUMNS)
