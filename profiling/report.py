@@ -111,8 +111,8 @@ _DETAIL_COLUMNS = [
     ("energy_reduction", "energy saved", fmt_pct, "comparison_valid"),
     ("flop_bound", "FLOP bound", fmt_ratio), ("param_ratio", "param-byte ratio", fmt_ratio),
     ("speedup_vs_bound", "speedup ÷ bound", fmt_pct, "comparison_valid"), ("accuracy", "accuracy", fmt_pct),
-    ("reasons", "INVALID because", fmt_text), ("not_checked", "not checked", fmt_text),
-]
+    ("reasons", "INVALID because", fmt_text),
+]  # what went unchecked is said once per rule and device above the tables (verdict_lines)
 
 INVALID_MARK = "†"
 INVALID_LEGEND = (f"{INVALID_MARK} rests on an INVALID setting (this one or its dense baseline): shown, "
