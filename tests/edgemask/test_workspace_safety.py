@@ -61,3 +61,16 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     p.join(10)
     with exclusive_lock(lock, "the thing"):
         assert lock.exists()
+
+
+def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
+    import os
+
+    from edgemask.fileio import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "report.md", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "report.md").stat().st_mode & 0o777 == 0o644
