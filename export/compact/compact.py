@@ -113,8 +113,13 @@ _ZERO_PRESERVING = re.compile(
     r"Mul|Add|Max|MaxPool2DWithIndices|Lstm\w*|MkldnnRnn\w*|Unsafe\w*|Index)Backward\d*")
 
 
+def _op_name(node) -> str:
+    """The autograd node name of a Torch-Pruning op node (e.g. ``ReluBackward0``)."""
+    return type(node.grad_fn).__name__ if node.grad_fn is not None else ""
+
+
 def _zero_preserving(node) -> bool:
-    name = type(node.grad_fn).__name__ if node.grad_fn is not None else ""
+    name = _op_name(node)
     if not _ZERO_PRESERVING.fullmatch(name):
         return False
     if name.startswith("Add") and len(node.inputs) < 2:  # x + constant
@@ -137,7 +142,7 @@ _CHANNEL_LOCAL = re.compile(
 
 def _channel_local(node) -> bool:
     """Does this op node keep each channel (dim 1) to itself? A mean is channel-local only over dims ≥ 2."""
-    name = type(node.grad_fn).__name__ if node.grad_fn is not None else ""
+    name = _op_name(node)
     if name == "MeanBackward1":
         ndim = len(node.grad_fn._saved_self_sym_sizes)
         dims = {d % ndim for d in node.grad_fn._saved_dim}
