@@ -127,9 +127,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     res = run_campaign(cfg, ws.root, inventory=inventory, progress=True)
     print(f"wrote {res.store_path}  ({len(res.recorded)} measured, {res.already_done} already there, "
           f"{len(res.failed)} failed, {len(res.skipped)} skipped)")
+    for note in res.notes:
+        print(f"  {note}")
     for f in res.failed:
-        print(f"  failed: {f.job.job_id}: {f.reason}")
-    return 0 if not res.failed else 1
+        print(f"  {f.status}: {f.job.job_id}: {f.reason}")
+    for device, why in res.aborted.items():
+        print(f"  stopped: {device}: {why}")
+    return 0 if res.complete else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -7,6 +7,13 @@ and valid on Python 3.6 (Jetson TX2, JetPack 4.6). `vermin -t=3.6- devices/remot
 
     python3 runner.py --model FILE --format onnx|pte|tflite --sample-io FILE [settings] [--power-sensor NAME]
     python3 runner.py --probe
+    python3 runner.py --strays                     # kill runners of this workdir left by an earlier session
+    python3 runner.py --set-governors '{"*": "performance"}'   # or {"cpu0": "ondemand", ...} to restore
+    python3 runner.py --jetson-clocks store|apply|restore --state-file FILE
+
+With ``--watch-stdin`` the runner exits as soon as its stdin reaches end-of-file or its parent process changes:
+the host keeps stdin open for as long as it waits, so a runner whose session is gone (a timeout that closed the
+SSH channel, a host killed) never goes on timing beside the next job.
 
 Output on stdout is exactly one JSON object: {"ok": true, ...fields of devices.records.Measurement...} or
 {"ok": false, "error": "one-line reason"}. Anything a runtime prints is sent to stderr instead.
@@ -539,6 +546,230 @@ RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRunti
 
 
 # ------------------------------------------------------------------------------------------------
+# Dying with the session; stray runners
+# ------------------------------------------------------------------------------------------------
+
+WATCHDOG_EXIT = 75  # rc of a runner that left because its session went away
+
+
+def start_watchdog(period=0.5):
+    """Exit (the whole process, at once) when stdin reaches EOF or the parent process changes.
+
+    sshd closes the command's stdin when the channel closes (the host timed out, was killed or lost the
+    link); a local host's pipe closes when the host dies. Either way nobody waits for this result any more.
+    """
+    import select
+
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            try:
+                ready = select.select([0], [], [], period)[0]
+                if ready and not os.read(0, 4096):
+                    break
+            except (OSError, ValueError):
+                break
+            if os.getppid() != parent:
+                break
+        os._exit(WATCHDOG_EXIT)
+
+    t = threading.Thread(target=watch, name="session-watchdog")
+    t.daemon = True
+    t.start()
+
+
+def _proc_argv(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except (IOError, OSError):
+        return None
+
+
+def _proc_uid(pid):
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+
+
+def _proc_age_s(pid):
+    """Seconds since the process started (from /proc/PID/stat and /proc/uptime); None if unknown."""
+    stat = _read("/proc/%d/stat" % pid)
+    uptime = _read_number_first("/proc/uptime")
+    if stat is None or uptime is None:
+        return None
+    try:
+        start_ticks = float(stat.rsplit(")", 1)[1].split()[19])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 1)
+    except (IndexError, ValueError, OSError):
+        return None
+
+
+def _read_number_first(path):
+    text = _read(path)
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        return None
+
+
+def is_our_runner(argv, blobs_dir):
+    """True for `PYTHON <blobs_dir>/<sha>.py ... --model ...`: a benchmark run of a runner deployed here."""
+    if not argv or "--model" not in argv:
+        return False
+    for arg in argv[1:3]:  # the script comes right after the interpreter (or after one interpreter option)
+        if arg.endswith(".py") and os.path.dirname(os.path.realpath(arg)) == blobs_dir:
+            return True
+    return False
+
+
+def find_strays(blobs_dir=None, kill=True, grace_s=2.0):
+    """Benchmark runners of this workdir (same user, a runner deployed in ``blobs_dir``) other than this process
+    and its ancestors; killed with SIGTERM, then SIGKILL after ``grace_s``. Returns [{"pid", "age_s", "argv",
+    "killed"}]. Nothing else is touched: another user's process, another workdir's, a probe, a shell."""
+    import signal
+
+    blobs_dir = os.path.realpath(blobs_dir or os.path.dirname(os.path.abspath(__file__)))
+    mine = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        stat = _read("/proc/%d/stat" % pid)
+        try:
+            pid = int(stat.rsplit(")", 1)[1].split()[1]) if stat else 1
+        except (IndexError, ValueError):
+            break
+    uid = os.getuid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        pid = int(entry)
+        argv = _proc_argv(pid)
+        if argv is None or _proc_uid(pid) != uid or not is_our_runner(argv, blobs_dir):
+            continue
+        found.append({"pid": pid, "age_s": _proc_age_s(pid), "argv": " ".join(argv)[:300], "killed": False})
+    if kill:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+            alive = [p for p in found if not p["killed"]]
+            for p in alive:
+                try:
+                    os.kill(p["pid"], sig)
+                except OSError:
+                    p["killed"] = True  # gone already
+            deadline = time.monotonic() + wait
+            while alive and time.monotonic() < deadline:
+                for p in alive:
+                    if not os.path.exists("/proc/%d" % p["pid"]) or _proc_state(p["pid"]) == "Z":
+                        p["killed"] = True
+                alive = [p for p in alive if not p["killed"]]
+                if alive:
+                    time.sleep(0.05)
+    return found
+
+
+def _proc_state(pid):
+    stat = _read("/proc/%d/stat" % pid)
+    try:
+        return stat.rsplit(")", 1)[1].split()[0] if stat else None
+    except IndexError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Board settings: CPU governor and jetson_clocks (root, or `sudo -n` where allowed)
+# ------------------------------------------------------------------------------------------------
+
+GOVERNOR_SUDOERS = "/usr/bin/tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
+
+
+def _cpufreq_dirs(root):
+    return sorted(glob.glob(_p(root, "sys/devices/system/cpu/cpu[0-9]*/cpufreq")), key=_cpu_index)
+
+
+def read_governors(root=None):
+    """{"cpu0": "ondemand", ...} for every CPU with cpufreq."""
+    root = sysfs_root() if root is None else root
+    out = {}
+    for d in _cpufreq_dirs(root):
+        gov = _read(os.path.join(d, "scaling_governor"))
+        if gov is not None:
+            out["cpu%d" % _cpu_index(d)] = gov
+    return out
+
+
+def _sudo_write(path, text):
+    """Write ``text`` to ``path`` with `sudo -n tee`; None if done, else why not."""
+    if shutil.which("sudo") is None:
+        return "not root and no sudo on the device"
+    try:
+        p = subprocess.Popen(["sudo", "-n", "tee", path], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, universal_newlines=True)
+        _, err = p.communicate(text, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "sudo -n tee failed: %s" % e
+    return None if p.returncode == 0 else "sudo -n refused: %s" % " ".join(err.split())[:200]
+
+
+def set_governors(wanted, root=None):
+    """Set each CPU's governor: ``wanted`` maps "cpuN" (or "*" for every CPU) to a governor name.
+
+    Returns {"ok", "before", "after", "denied": [{"path", "why"}], "error"}; "after" is read back from sysfs,
+    so it is the state actually set, whatever was asked."""
+    root = sysfs_root() if root is None else root
+    before = read_governors(root)
+    denied = []
+    errors = []
+    for d in _cpufreq_dirs(root):
+        cpu = "cpu%d" % _cpu_index(d)
+        gov = wanted.get(cpu, wanted.get("*"))
+        if gov is None or before.get(cpu) == gov:
+            continue
+        available = (_read(os.path.join(d, "scaling_available_governors")) or "").split()
+        if available and gov not in available:
+            errors.append("%s has no governor %s (available: %s)" % (cpu, gov, " ".join(available)))
+            continue
+        path = os.path.join(d, "scaling_governor")
+        try:
+            with open(path, "w") as f:
+                f.write(gov + "\n")
+        except (IOError, OSError) as e:
+            why = str(e)
+            if os.geteuid() != 0:
+                why = _sudo_write(path, gov + "\n")
+            if why is not None:
+                denied.append({"path": path, "why": why})
+    after = read_governors(root)
+    out = {"ok": not denied and not errors, "before": before, "after": after, "denied": denied,
+           "sudoers": GOVERNOR_SUDOERS}
+    if errors or denied:
+        out["error"] = "; ".join(errors + ["cannot write %s (%s)" % (d["path"], d["why"]) for d in denied[:1]])
+    return out
+
+
+def jetson_clocks(action, state_file):
+    """`jetson_clocks --store FILE` / `jetson_clocks` / `jetson_clocks --restore FILE`, with `sudo -n` when not
+    root. Returns {"ok", "show": `jetson_clocks --show` afterwards (the state actually set), "error"}."""
+    if shutil.which("jetson_clocks") is None:
+        return {"ok": False, "error": "no jetson_clocks on this device (not a Jetson, or not on PATH)"}
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    args = {"store": ["--store", state_file], "apply": [], "restore": ["--restore", state_file]}[action]
+    try:
+        p = subprocess.Popen(prefix + ["jetson_clocks"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True)
+        out, err = p.communicate(timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"ok": False, "error": "jetson_clocks %s failed: %s" % (action, e)}
+    if p.returncode != 0:
+        return {"ok": False, "error": "%s exited with %d: %s" % (" ".join(prefix + ["jetson_clocks"] + args),
+                                                                   p.returncode, " ".join((err or out).split())[:300])}
+    show = _command(prefix + ["jetson_clocks", "--show"], timeout=30)
+    return {"ok": True, "show": show}
+
+
+# ------------------------------------------------------------------------------------------------
 # The benchmark
 # ------------------------------------------------------------------------------------------------
 
@@ -713,6 +944,11 @@ def build_parser():
     p.add_argument("--power-rate-hz", type=float, default=50.0)
     p.add_argument("--idle-seconds", type=float, default=0.5)
     p.add_argument("--power-sensor", default="auto")
+    p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes or the parent changes")
+    p.add_argument("--strays", action="store_true", help="kill benchmark runners of this workdir and exit")
+    p.add_argument("--set-governors", metavar="JSON", help='{"*": "performance"} or {"cpu0": "ondemand", ...}')
+    p.add_argument("--jetson-clocks", choices=("store", "apply", "restore"))
+    p.add_argument("--state-file", help="jetson_clocks --store/--restore file")
     return p
 
 
@@ -739,8 +975,18 @@ def main(argv=None):
         args = None
     if args is not None:
         try:
+            if args.watch_stdin:
+                start_watchdog()
             if args.probe:
                 result = probe()
+            elif args.strays:
+                result = {"ok": True, "found": find_strays()}
+            elif args.set_governors:
+                result = set_governors(json.loads(args.set_governors))
+            elif args.jetson_clocks:
+                if not args.state_file:
+                    raise RunFailed("--jetson-clocks needs --state-file")
+                result = jetson_clocks(args.jetson_clocks, args.state_file)
             else:
                 for name in ("model", "format", "sample_io"):
                     if getattr(args, name) is None:

@@ -36,6 +36,11 @@ def test_loads_every_field(tmp_path):
     (('clients = "all"', 'clients = "some"'), ["artifacts[0].clients"]),
     (('run = "run-a"\n', ''), ["artifacts[0].run", "missing"]),
     (('retries = 2', 'retries = true'), ["campaign.retries"]),
+    # a client id becomes artifacts/<run>/<client>: the old code accepted these and read outside the run
+    (('clients = "all"', 'clients = ["../other-run/client-000"]'), ["artifacts[0].clients", "not a plain name"]),
+    (('clients = "all"', 'clients = [".."]'), ["artifacts[0].clients", "'..'"]),
+    (('clients = "all"', 'clients = ["/etc"]'), ["artifacts[0].clients", "'/etc'"]),
+    (('name = "camp"', 'name = ".."'), ["campaign.name", "not a plain name"]),
 ])
 def test_errors_name_file_and_field(tmp_path, edit, words):
     text = pf.campaign_toml().replace(*edit)
