@@ -58,8 +58,12 @@ def _sudoers_hint(spec: DeviceSpec, command: str) -> str:
 
 
 def _set_governors(conn: Connection, spec: DeviceSpec, wanted: Mapping[str, str]) -> dict[str, Any]:
+    """Set them; when the board refuses any, put back the ones already changed and raise SettingsRefused."""
     doc = _runner(conn, spec, "--set-governors", json.dumps(dict(wanted)))
     if not doc.get("ok"):
+        changed = {cpu: gov for cpu, gov in doc.get("before", {}).items() if doc.get("after", {}).get(cpu) != gov}
+        if changed:
+            _runner(conn, spec, "--set-governors", json.dumps(changed))
         why = doc.get("error") or "the runner did not say why"
         hint = _sudoers_hint(spec, doc.get("sudoers", "")) if doc.get("denied") else "fix the inventory's governor"
         raise SettingsRefused(f"{spec.name}: cannot set the CPU governor ({why}); {hint}")

@@ -481,9 +481,10 @@ def _default_retry_on() -> tuple[type[BaseException], ...]:
 
 
 def _default_fatal_on() -> tuple[type[BaseException], ...]:
+    from devices.board import SettingsRefused
     from devices.errors import HostKeyError
 
-    return (HostKeyError,)
+    return (HostKeyError, SettingsRefused)
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float = 60.0, rng: random.Random | None = None) -> float:
@@ -513,6 +514,8 @@ class _DeviceWorker:
         self._stack: contextlib.ExitStack | None = None
         self._conn: Any = None
         self._cancel = threading.Event()  # set by interrupt(): the connection kills the command it runs
+        self._ready = False  # strays reaped and settings applied (before the first job's first attempt)
+        self._applied: Mapping[str, Any] | None = None  # what to restore at the end
 
     def _connection(self) -> Any:
         if self._stack is None:
@@ -553,22 +556,20 @@ class _DeviceWorker:
             return last[-1]["detail"]
         return None
 
+    def _prepare(self) -> None:
+        """Before the first job: no stray runner, the inventory's settings applied (and recorded)."""
+        self._reap_strays()
+        earlier = self._previous_settings()
+        applied = self.board.apply(self._connection(), self.spec)
+        if applied is not None:
+            if earlier is not None:  # restore what the board had before the killed run, not its leftovers
+                applied = {**applied, "before": earlier["before"]}
+            self._applied = applied
+            self._note("settings_applied", applied, f"set {_describe(applied['actual'])} for the campaign")
+        self._ready = True
+
     def run(self) -> None:
-        applied: Mapping[str, Any] | None = None
         try:
-            if not self.jobs:
-                return
-            try:
-                self._reap_strays()
-                earlier = self._previous_settings()
-                applied = self.board.apply(self._connection(), self.spec)
-                if applied is not None:
-                    if earlier is not None:  # restore what the board had before the killed run, not its leftovers
-                        applied = {**applied, "before": earlier["before"]}
-                    self._note("settings_applied", applied, f"set {_describe(applied['actual'])} for the campaign")
-            except self.retry_on as exc:  # unreachable, or its settings refused: none of its jobs is timed
-                self.aborted = f"{type(exc).__name__}: {exc}"
-                return
             for i, job in enumerate(self.jobs):
                 if self.stop.is_set() or self.aborted:
                     return
@@ -578,8 +579,8 @@ class _DeviceWorker:
                 self.bar.update(1)
         finally:
             try:
-                if applied is not None:
-                    self._restore(applied)
+                if self._applied is not None:
+                    self._restore(self._applied)
             finally:
                 self._drop_connection()
 
@@ -599,7 +600,9 @@ class _DeviceWorker:
         attempts = self.config.retries + 1
         for attempt in range(attempts):
             try:
-                if attempt:  # a timed-out or cut run may have left its runner behind: nothing else may run
+                if not self._ready:
+                    self._prepare()
+                elif attempt:  # a timed-out or cut run may have left its runner behind: nothing else may run
                     self._reap_strays()
                 measurement = self.benchmark(self._connection(), self.spec, artifact_dir, job.format,
                                              variant=job.variant, settings=settings,
@@ -678,7 +681,8 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     inject their own. ``board`` defaults to ``devices.board.BOARD`` when the benchmark is the real one, else to
     hooks that do nothing. A ``DeviceError`` (``retry_on``) is retried ``config.retries`` times with jittered
     backoff over a fresh connection; a job that still fails is recorded as failed and the campaign goes on.
-    A ``HostKeyError`` (``fatal_on``) is never retried: that device's worker records it and stops.
+    A ``HostKeyError`` or ``SettingsRefused`` (``fatal_on``) is never retried: that device's worker records it
+    and stops.
     Failed and interrupted jobs are run again by the next call, a job that failed in more than
     ``config.retries`` runs is given up (raise ``retries`` to try it again). One call at a time holds the
     campaign's lock (``results/<name>/campaign.lock``); a second waits ``lock_wait_s``, then raises a one-line

@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "devices"))
 from artifacts import make_artifact  # noqa: E402
+from processes import runner_pids, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -63,25 +64,7 @@ def _profile(ws: Path, toml: Path) -> subprocess.Popen:
 
 def _runners(ws: Path) -> list[int]:
     """pids of benchmark runners deployed in this workspace's local device."""
-    blobs = str(ws / "devices" / "local" / "blobs").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"--model" in argv and any(a.startswith(blobs) for a in argv[1:3]):
-                pids.append(int(entry))
-    return pids
-
-
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return runner_pids(ws / "devices" / "local" / "blobs")
 
 
 def _rows(db: Path, sql: str) -> list[tuple]:
@@ -96,7 +79,7 @@ def test_ctrl_c_mid_job_then_resume_measures_that_job(tmp_path):
     ws, toml = _workspace(tmp_path, "ctrl-c", seconds=3.0)
     proc = _profile(ws, toml)
     try:
-        _wait(lambda: _runners(ws) or proc.poll() is not None, 120, "the first runner to start")
+        wait_until(lambda: _runners(ws) or proc.poll() is not None, 120, "the first runner to start")
         time.sleep(1.0)  # mid-job: the timed window lasts 3 s
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
@@ -105,7 +88,7 @@ def test_ctrl_c_mid_job_then_resume_measures_that_job(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, (out, err)
     assert "interrupted" in err and "Traceback" not in err
-    _wait(lambda: not _runners(ws), 10, "no runner left")
+    wait_until(lambda: not _runners(ws), 10, "no runner left")
     db = ws / "results" / "ctrl-c" / "results.sqlite"
     job = "run-test/client-007|onnx|fp32|local|t1|r0"
     # the old code stored this job ok = 0 ("runner exited with rc=-2") and its resume said "already there"
@@ -139,7 +122,7 @@ def test_two_profiles_of_one_campaign_the_second_leaves_with_one_line(tmp_path):
     ws, toml = _workspace(tmp_path, "twice", seconds=1.5)
     first = _profile(ws, toml)
     try:
-        _wait(lambda: _runners(ws) or first.poll() is not None, 120, "the first campaign's runner")
+        wait_until(lambda: _runners(ws) or first.poll() is not None, 120, "the first campaign's runner")
         second = _profile(ws, toml)
         out2, err2 = second.communicate(timeout=120)
         out1, err1 = first.communicate(timeout=300)
