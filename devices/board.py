@@ -3,7 +3,8 @@
 - ``reap_strays``: benchmark runners of this device's workdir that outlived their session (an SSH timeout on an
   old runner without the watchdog, a host killed mid-job) time beside every later job; they are found by the
   runner's ``--strays`` mode (same user, a runner deployed in this workdir's ``blobs/``, a ``--model`` run)
-  and killed before timing.
+  and killed before timing. One campaign per board at a time: a second campaign's runner in the same workdir
+  would be taken for a stray (and would load the board anyway).
 - ``apply`` / ``restore``: the inventory's ``governor`` and ``jetson_clocks`` (see ``devices.inventory``), set
   by the runner on the device (sysfs, or ``sudo -n`` where the user is not root) and read back, so what is
   recorded is the state actually set; ``restore`` puts back the governors found before and the clocks stored

@@ -245,3 +245,30 @@ def test_a_refusal_puts_back_what_was_already_changed(tmp_path, cpufreq, fake_ro
     root = fake_root.root / "sys/devices/system/cpu"
     assert [(root / f"{c}/cpufreq/scaling_governor").read_text().strip() for c in ("cpu0", "cpu1")] == \
         ["ondemand", "ondemand"]
+
+
+def test_jetson_clocks_is_stored_applied_and_restored(tmp_path, monkeypatch):
+    # a stand-in for L4T's jetson_clocks: --store/--restore a state file, no argument = maximum clocks
+    clocks = tmp_path / "clocks"
+    clocks.write_text("emc 1600 MHz, cpu 1420 MHz\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "jetson_clocks"
+    fake.write_text(f"""#!/bin/sh
+case "$1" in
+  --store) cp {clocks} "$2" ;;
+  --restore) cp "$2" {clocks} ;;
+  --show) cat {clocks} ;;
+  "") echo "emc 1866 MHz, cpu 2000 MHz" > {clocks} ;;
+  *) exit 2 ;;
+esac
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    spec = local_device(tmp_path / "ws", jetson_clocks=True)  # the inventory allows it on a Jetson only
+    with open_connection(spec) as conn:
+        applied = BOARD.apply(conn, spec)
+        assert clocks.read_text() == "emc 1866 MHz, cpu 2000 MHz\n"
+        assert applied["actual"] == {"jetson_clocks": True, "jetson_clocks_show": "emc 1866 MHz, cpu 2000 MHz"}
+        assert BOARD.restore(conn, spec, applied) == {"jetson_clocks": False}
+    assert clocks.read_text() == "emc 1600 MHz, cpu 1420 MHz\n"
