@@ -660,6 +660,8 @@ def _describe(settings: Mapping[str, Any]) -> str:
     """{"governor": "performance", "jetson_clocks": true} -> "governor performance, jetson_clocks on"."""
     words = []
     for key, value in sorted(settings.items()):
+        if key.endswith("_show"):  # a tool's full report, kept in the store, too long for a line
+            continue
         if isinstance(value, bool):
             value = "on" if value else "off"
         elif isinstance(value, Mapping):
