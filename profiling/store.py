@@ -280,9 +280,10 @@ class ResultsStore:
                      reason, attempts, _now(), status, mjson))
 
     def failures(self, *, unresolved: bool = True) -> pd.DataFrame:
-        """Failed and interrupted outcomes; by default only of jobs that no later run measured."""
+        """Failed and interrupted outcomes; by default only of jobs with no row in ``measurements`` (neither
+        measured since nor answered by the runner: those are in the tables, as ``ok = false``)."""
         cols = [*_JOB_COLUMNS, "reason", "attempts", "recorded_at", "status"]
-        where = "WHERE job_id NOT IN (SELECT job_id FROM measurements WHERE status = 'measured')" if unresolved else ""
+        where = "WHERE job_id NOT IN (SELECT job_id FROM measurements)" if unresolved else ""
         return pd.DataFrame(self._read(f"SELECT {', '.join(cols)} FROM failures {where} ORDER BY id"), columns=cols)
 
     def superseded(self) -> list[tuple["Job", Measurement]]:
