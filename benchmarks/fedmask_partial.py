@@ -3,7 +3,7 @@ the clients' next starting masks disagree where two clients both keep an element
 selected client starts from the one global mask under its own structure, so these should agree).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/fedmask_partial.py configs/digits-fedmask.toml \
-        --participation 1.0 0.5 [--rounds 4]
+        --participation 1.0 0.5 [--rounds 4] [--seeds 0 1 2]
 
 The disagreement probe reads, after the last round, each client's next local task (``local_task``): its starting
 scores m^r on the elements its structure keeps; over every pair of clients, it counts the elements both keep
@@ -41,17 +41,18 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--participation", type=float, nargs="+", default=[1.0, 0.5])
     ap.add_argument("--rounds", type=int, default=None, help="override training.rounds")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override run.seed (one run each)")
     args = ap.parse_args()
     base = TrainConfig.load(args.config)
-    print("participation | rounds | mean accuracy | bytes up | bytes down | starts differ / both kept")
-    for part in args.participation:
+    print("seed | participation | rounds | mean accuracy | bytes up | bytes down | starts differ / both kept")
+    for seed, part in itertools.product(args.seeds or [base.run.seed], args.participation):
         t = dataclasses.replace(base.training, participation=part,
                                 **({"rounds": args.rounds} if args.rounds is not None else {}))
-        res = simulate(base.replace(training=t))
+        res = simulate(base.replace(run=dataclasses.replace(base.run, seed=seed), training=t))
         s = res.summary
         differ, both = disagreement(res.algorithm)
-        print(f"{part} | {t.rounds} | {s['mean_accuracy']:.4f} | {s['bytes_up']} | {s['bytes_down']} | "
-              f"{differ} / {both}")
+        print(f"{seed} | {part} | {t.rounds} | {s['mean_accuracy']:.4f} | {s['bytes_up']} | {s['bytes_down']} | "
+              f"{differ} / {both}", flush=True)
 
 
 if __name__ == "__main__":
