@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainer.accounting import dense_reference, forward_flops_many, kept_counts, layer_positions
+from trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
 from trainer.batched import evaluate_many, local_train_batched, resolve_device
@@ -59,9 +59,12 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     trains them, batched or one after another (``training.batched``).
 
     History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
-    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks), ``params_kept``,
-    ``bytes_up_vs_fedavg`` / ``bytes_down_vs_fedavg`` / ``flops_fwd_vs_fedavg`` (ratios to what FedAvg pays on the
-    same model: dense float32 parameters and buffers, dense forward FLOPs per sample);
+    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks, counting what element
+    sparsity would save: zero weights skipped), ``flops_fwd_structured`` / ``flops_bwd_structured`` (the same
+    training counting only what structured removal saves: whole dead units; the paper's "computation cost"),
+    ``params_kept``, ``bytes_up_vs_fedavg`` / ``bytes_down_vs_fedavg`` / ``flops_fwd_vs_fedavg`` /
+    ``flops_fwd_structured_vs_fedavg`` (ratios to what FedAvg pays on the same model: dense float32 parameters
+    and buffers, dense forward FLOPs per sample);
     per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
     """
     t0 = time.perf_counter()
@@ -78,7 +81,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     ref = dense_reference(algo.model, algo.sites, positions)  # FedAvg's cost on this model: the ratios' denominators
     result = SimulationResult(cfg, algo)
     hist = result.history
-    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0, "fedavg_bytes": 0, "fedavg_flops": 0}
+    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0, "flops_train_structured": 0, "fedavg_bytes": 0,
+              "fedavg_flops": 0}
 
     def record(rnd: int, client: str, metric: str, value: float) -> None:
         hist.append({"round": rnd, "client": client, "metric": metric, "value": float(value)})
@@ -113,25 +117,31 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         masks_of = [algo.eval_masks(cid) for cid, _ in trained]
         # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
         with_masks = [m for m in masks_of if m]
-        masked = iter(forward_flops_many(algo.model, algo.sites, with_masks, positions))
+        masked = iter(forward_flops_split_many(algo.model, algo.sites, with_masks, positions))
         kept = iter(kept_counts(with_masks))
         for (cid, res), upd, masks in zip(trained, updates, masks_of):
-            fwd = next(masked) if masks else ref["flops_fwd"]
-            fwd_train = fwd * res.samples_seen
+            fwd, fwd_s = next(masked) if masks else (ref["flops_fwd"], ref["flops_fwd"])
+            fwd_train, fwd_train_s = fwd * res.samples_seen, fwd_s * res.samples_seen
             bwd_train = algo.backward_flops(cid, fwd) * res.samples_seen
+            bwd_train_s = algo.backward_flops(cid, fwd_s) * res.samples_seen
             record(rnd, cid, "bytes_up", upd.bytes_up)
             record(rnd, cid, "bytes_down", upd.bytes_down)
             record(rnd, cid, "train_loss", upd.train_loss)
             record(rnd, cid, "flops_fwd", fwd_train)
             record(rnd, cid, "flops_bwd", bwd_train)
+            record(rnd, cid, "flops_fwd_structured", fwd_train_s)
+            record(rnd, cid, "flops_bwd_structured", bwd_train_s)
             record(rnd, cid, "params_kept",
                    next(kept) if masks else sum(v.numel() for v in algo.global_params.values()))
             totals["bytes_up"] += upd.bytes_up
             totals["bytes_down"] += upd.bytes_down
             totals["flops_train"] += fwd_train + bwd_train
+            totals["flops_train_structured"] += fwd_train_s + bwd_train_s
             record(rnd, cid, "bytes_up_vs_fedavg", upd.bytes_up / ref["bytes"])
             record(rnd, cid, "bytes_down_vs_fedavg", upd.bytes_down / ref["bytes"])
             record(rnd, cid, "flops_fwd_vs_fedavg", fwd / ref["flops_fwd"] if ref["flops_fwd"] else float("nan"))
+            record(rnd, cid, "flops_fwd_structured_vs_fedavg",
+                   fwd_s / ref["flops_fwd"] if ref["flops_fwd"] else float("nan"))
             totals["fedavg_bytes"] += ref["bytes"]
             totals["fedavg_flops"] += 3 * ref["flops_fwd"] * res.samples_seen
         algo.aggregate(rnd, updates)
@@ -156,11 +166,13 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         **global_summary(hist, cfg.training.target_accuracy),
         "mean_accuracy": float(np.nanmean(list(final.values()))),
         "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
-        "flops_train": totals["flops_train"],
+        "flops_train": totals["flops_train"],  # element sparsity: what skipping every zero weight would save
+        "flops_train_structured": totals["flops_train_structured"],  # whole dead units only: computation cost
         "vs_fedavg": {  # the same updates as FedAvg would have cost them (dense float32 model, dense FLOPs)
             "bytes_up": totals["bytes_up"] / max(totals["fedavg_bytes"], 1),
             "bytes_down": totals["bytes_down"] / max(totals["fedavg_bytes"], 1),
-            "flops_train": totals["flops_train"] / max(totals["fedavg_flops"], 1)},
+            "flops_train": totals["flops_train"] / max(totals["fedavg_flops"], 1),
+            "flops_train_structured": totals["flops_train_structured"] / max(totals["fedavg_flops"], 1)},
         "params_dense": sum(v.numel() for v in algo.global_params.values()),
         "wall_seconds": time.perf_counter() - t0,
         **algo.summary_extra(),
