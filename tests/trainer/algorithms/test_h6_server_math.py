@@ -59,6 +59,24 @@ def test_pmask_weighs_a_layer_by_its_parameter_count():
     assert pmask_objective(np.array([[1, 1, 0], [1, 1, 0]]), np.array([1.0, 1, 4]), np.array([4.0, 2])) == 6.0
 
 
+def test_pmask_past_its_time_limit_uses_the_incumbent_and_warns(monkeypatch):
+    # HiGHS at its time limit: status 1, success False, x = the best feasible point found. A fake of milp (the
+    # real one's answer relabelled) stands for a solve too large to run out the clock in a test.
+    import scipy.optimize
+
+    real = scipy.optimize.milp
+
+    def timed_out(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res.status, res.success, res.message, res.mip_gap = 1, False, "Time limit reached.", 0.25
+        return res
+
+    monkeypatch.setattr(scipy.optimize, "milp", timed_out)
+    with pytest.warns(RuntimeWarning, match="time limit .* gap of 25.0%"):
+        m, obj = solve_pmask([1, 1, 4], [4, 2], time_limit=5)
+    assert m.tolist() == [[0, 0, 1], [0, 0, 0]] and obj == pytest.approx(4.0)
+
+
 def test_pmask_objective_by_hand():
     # two devices, layers of 2 and 3 params; device 0 trains both, device 1 the second: k̃ = [[1, 1/2], [0, 1/2]]
     m = np.array([[1, 1], [0, 1]])
