@@ -79,8 +79,7 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
     """Solve P^mask (see the module docstring). ``sizes[j]`` = |π_j|, ``psi[n]`` = ψ_n.
     Returns the (N, J) binary masking vectors and their objective value: the optimum, or where the MILP runs
     past ``time_limit`` seconds the best feasible choice HiGHS has found, with a RuntimeWarning giving its
-    relative MIP gap (an exact solve grows fast with N·J: ResNet18's 40 layers for 10 devices do not finish in
-    a minute)."""
+    relative MIP gap (the exact solve grows fast with N·J)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import lil_matrix
 
