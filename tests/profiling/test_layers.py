@@ -1,0 +1,99 @@
+"""Attribution of operator times to layers and layers to masks: hand-computed values, then real exported ONNX
+files profiled in real onnxruntime."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from profiling.layers import OTHER, LayerRow, coverage, layer_ms, layer_of, layer_table, name_index, run_layer_us
+
+LAYERS = [  # manifest records as export writes them (dynamo exporter names)
+    {"name": "conv1", "kept": 2, "total": 16, "flops_dense": 18432, "flops_compacted": 2304,
+     "graph_names": {"model.onnx": ["node_conv2d", "conv2d", "node_relu", "relu"]}},
+    {"name": "conv2", "kept": 32, "total": 32, "flops_dense": 147456, "flops_compacted": 18432,
+     "graph_names": {"model.onnx": ["node_conv2d_1", "conv2d_1", "node_relu_1", "relu_1"]}},
+    {"name": "out", "kept": 10, "total": 10, "flops_dense": 640, "flops_compacted": 640,
+     "graph_names": {"model.onnx": ["node_linear", "output"]}},
+]
+
+
+def test_operator_names_map_to_layers():
+    idx = name_index(LAYERS, "model.onnx")
+    assert layer_of("relu_nchwc", idx) == "conv1"  # fused Conv+Relu, NCHWc kernel named after the relu tensor
+    assert layer_of("relu_1_nchwc", idx) == "conv2"  # the longest name wins: relu_1, not relu
+    assert layer_of("fused node_conv2d_1", idx) == "conv2"  # onnxruntime 1.10's Conv+activation fusion name
+    assert layer_of("node_conv2d_1_node_relu_1", idx) == "conv2"  # later fusion name: "<conv>_<activation>"
+    assert layer_of("node_linear", idx) == "out"
+    assert layer_of("node_relu_10", idx) == OTHER  # not "node_relu" followed by a separator
+    assert layer_of("ReorderOutput_token_4", idx) == OTHER
+    assert name_index(LAYERS, "model.int8.onnx") == {}
+
+
+def test_times_per_layer_median_and_coverage():
+    idx = name_index(LAYERS, "model.onnx")
+    runs = [
+        {"end_to_end_ms": 0.5, "ops": [["relu_nchwc", "Conv", 100.0], ["max_pool2d_nchwc", "MaxPool", 20.0],
+                                       ["relu_1_nchwc", "Conv", 300.0], ["node_linear", "Gemm", 10.0]]},
+        {"end_to_end_ms": 0.6, "ops": [["relu_nchwc", "Conv", 120.0], ["relu_1_nchwc", "Conv", 340.0],
+                                       ["node_linear", "Gemm", 12.0]]},
+        {"end_to_end_ms": 0.4, "ops": [["relu_nchwc", "Conv", 90.0], ["max_pool2d_nchwc", "MaxPool", 30.0],
+                                       ["relu_1_nchwc", "Conv", 260.0], ["node_linear", "Gemm", 11.0]]},
+    ]
+    assert run_layer_us(runs[0]["ops"], idx) == {"conv1": 100.0, OTHER: 20.0, "conv2": 300.0, "out": 10.0}
+    # medians: conv1 of (100, 120, 90), conv2 of (300, 340, 260), out of (10, 12, 11), other of (20, 0, 30)
+    assert layer_ms(runs, idx) == {"conv1": 0.1, "conv2": 0.3, "out": 0.011, OTHER: 0.02}
+    assert coverage(runs[0]) == pytest.approx(0.430 / 0.5)
+    assert math.isnan(coverage({"end_to_end_ms": None, "ops": []}))
+
+
+def test_layer_rows_bound_speedup_and_flag():
+    rows = layer_table(LAYERS, {"conv1": 0.4, "conv2": 1.6, "out": 0.01}, {"conv1": 0.1, "conv2": 0.8})
+    r1, r2, r3 = rows
+    assert (r1.flop_bound, r1.speedup, r1.realized, r1.flagged) == (8.0, 4.0, 0.5, False)  # exactly half: kept
+    assert (r2.flop_bound, r2.speedup, r2.realized, r2.flagged) == (8.0, 2.0, 0.25, True)
+    assert r3.flop_bound == 1.0 and math.isnan(r3.compacted_ms) and math.isnan(r3.speedup) and not r3.flagged
+    assert LayerRow("x", 1, 2, 10, 0, 1.0, 1.0).flop_bound != LayerRow("x", 1, 2, 10, 0, 1.0, 1.0).flop_bound  # NaN
+
+
+@pytest.mark.slow
+def test_real_onnx_profile_attributes_every_kernel(tmp_path):
+    """A conv net with conv1 keeping 4 of 64 filters, exported for real, profiled in onnxruntime via the runner."""
+    import torch
+
+    from devices.remote.runner import profile_runs
+    from export.compact import compact
+    from export.formats import FORMATS, ExportSettings, FormatContext
+    from export.layers import layer_records
+    from trainer.models import MaskedModel, build_model, model_sites
+    from trainer.models.masking import all_ones_masks
+
+    torch.manual_seed(0)
+    base = build_model("cnn", (3, 128, 128), 10, widths=(64, 128)).eval()
+    sites = model_sites(base)
+    masks = all_ones_masks(base, tuple(sites))
+    masks["conv1.weight"][4:] = 0
+    x = torch.randn(1, 3, 128, 128)
+    results = {"dense": compact(MaskedModel(base, sites, {}), x),
+               "compacted": compact(MaskedModel(base, sites, masks), x)}
+    recs, ms, covered = {}, {}, {}
+    for tag, res in results.items():
+        path = tmp_path / f"{tag}.onnx"
+        FORMATS.get("onnx").write(res.module, path, FormatContext(x, ExportSettings()))
+        recs[tag] = layer_records(base, res.module, (x,), res.layers, {path.name: path})
+        prof = profile_runs("onnx", str(path), [x.numpy()], 1, 3, 8)
+        idx = name_index(recs[tag], path.name)
+        for run in prof["runs"]:  # every Conv and Gemm kernel is claimed by a layer
+            assert all(layer_of(op[0], idx) != OTHER for op in run["ops"] if op[1] in ("Conv", "Gemm", "FusedConv"))
+        ms[tag] = layer_ms(prof["runs"], idx)
+        covered[tag] = sorted(coverage(r) for r in prof["runs"])[len(prof["runs"]) // 2]
+    # every compacted layer maps to its dense counterpart, both measured
+    assert [r["name"] for r in recs["compacted"]] == [r["name"] for r in recs["dense"]] == ["conv1", "conv2", "out"]
+    rows = {r.layer: r for r in layer_table(recs["compacted"], ms["dense"], ms["compacted"])}
+    assert all(r.dense_ms > 0 and r.compacted_ms > 0 for r in rows.values())
+    # hand-computed bounds: conv1 64 -> 4 filters (16×), conv2 reads 4 of 64 channels (16×), out unchanged
+    assert {k: r.flop_bound for k, r in rows.items()} == {"conv1": 16.0, "conv2": 16.0, "out": 1.0}
+    assert rows["conv2"].flops_dense == 2 * 128 * 64 * 64 * 64 * 9  # 128 filters at 64×64, 64 channels × 3×3
+    # the operator times cover at least 90 % of the profiled runs' end-to-end time
+    assert covered["dense"] >= 0.9 and covered["compacted"] >= 0.9, covered
