@@ -16,11 +16,14 @@ Operators no layer claims (pooling, reductions, layout reorders) are summed unde
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
 
 OTHER = "(other)"
 REALIZED_FLAG = 0.5  # flag layers realizing less than half their FLOP bound
@@ -125,3 +128,88 @@ def layer_table(layers: Sequence[Mapping], dense_ms: Mapping[str, float],
     return [LayerRow(lay["name"], lay["kept"], lay["total"], int(lay.get("flops_dense", 0)),
                      int(lay.get("flops_compacted", 0)), dense_ms.get(lay["name"], math.nan),
                      compacted_ms.get(lay["name"], math.nan)) for lay in layers]
+
+
+# -- from the campaign's store to per-layer tables ------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerBreakdown:
+    """Where one compacted artifact's time goes against its dense baseline, on one setting (device, format,
+    variant, threads): per-layer rows, what no layer claims, and what the breakdown covers (median over the
+    profiled runs of the summed operator times, beside the runs' end-to-end latency)."""
+
+    artifact: str
+    device: str
+    format: str
+    variant: str
+    threads: int
+    rows: tuple[LayerRow, ...]
+    other_dense_ms: float
+    other_compacted_ms: float
+    ops_dense_ms: float
+    e2e_dense_ms: float
+    ops_compacted_ms: float
+    e2e_compacted_ms: float
+
+
+_SETTING = ["format", "variant", "device", "threads"]
+
+
+def _runs(ops: pd.DataFrame, runs: pd.DataFrame) -> list[dict]:
+    """The store's rows of one setting back into the runner's shape: [{"end_to_end_ms", "ops": [...]}, ...]."""
+    by_run = {k: g[["name", "op_type", "us"]].values.tolist() for k, g in ops.groupby(["job_id", "run"])}
+    return [{"end_to_end_ms": r.end_to_end_ms, "ops": by_run.get((r.job_id, r.run), [])}
+            for r in runs.itertuples()]
+
+
+def _median(xs: Iterable[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else math.nan
+
+
+def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
+               ops: pd.DataFrame) -> tuple[list[LayerBreakdown], list[str]]:
+    """Per compacted artifact and setting with profiled runs of it and of its run's dense baseline: a
+    :class:`LayerBreakdown`; and one line per reason a setting has none (runtime without per-operator events,
+    no dense profile, a manifest without per-layer FLOPs or graph names). Inputs: the store's ``artifacts()``,
+    ``profiles()``, ``profiled_runs()`` and ``operator_samples()``."""
+    manifests = {a: json.loads(m) for a, m in zip(artifacts["artifact"], artifacts["manifest"])}
+    out: list[LayerBreakdown] = []
+    notes: dict[str, None] = {}  # ordered set
+    if profiles.empty:
+        return out, []
+    for (art, *setting), prof in profiles.groupby(["artifact", *_SETTING], sort=True):
+        man = manifests.get(art)
+        if man is None or man.get("kind") != "compacted":
+            continue
+        fmt, variant, device, threads = setting
+        where = f"{device}, {fmt}/{variant}, {threads} thread(s)"
+        dense_art = f"{man['run_id']}/dense"
+        dense_prof = profiles[(profiles["artifact"] == dense_art)
+                              & (profiles[_SETTING] == setting).all(axis=1)]
+        unavailable = [r for r in (*prof["reason"], *dense_prof["reason"]) if r]
+        if not prof["available"].all() or (len(dense_prof) and not dense_prof["available"].all()):
+            notes[f"per-layer times not available on {device} for {fmt}: {unavailable[0]}"] = None
+            continue
+        if dense_prof.empty:
+            notes[f"{art} on {where}: no profiled runs of its dense baseline {dense_art}"] = None
+            continue
+        dense_man = manifests[dense_art]
+        files = {tag: next((f["file"] for f in m["files"] if f["format"] == fmt and f["variant"] == variant), "")
+                 for tag, m in (("dense", dense_man), ("compacted", man))}
+        index = {"dense": name_index(dense_man["layers"], files["dense"]),
+                 "compacted": name_index(man["layers"], files["compacted"])}
+        if not all(index.values()) or any("flops_dense" not in lay for lay in man["layers"]):
+            notes[f"{art} ({fmt}/{variant}): its manifest has no per-layer graph names or FLOPs for this file; "
+                  f"re-export it with this edgemask"] = None
+            continue
+        per: dict[str, Any] = {}
+        for tag, a in (("dense", dense_art), ("compacted", art)):
+            sel = lambda df: df[(df["artifact"] == a) & (df[_SETTING] == setting).all(axis=1)]  # noqa: E731
+            rs = _runs(sel(ops), sel(runs))
+            per[tag] = (layer_ms(rs, index[tag]), _median(sum(op[2] for op in r["ops"]) / 1e3 for r in rs),
+                        _median(r["end_to_end_ms"] for r in rs))
+        rows = tuple(layer_table(man["layers"], per["dense"][0], per["compacted"][0]))
+        out.append(LayerBreakdown(art, device, fmt, variant, int(threads), rows,
+                                  per["dense"][0].get(OTHER, 0.0), per["compacted"][0].get(OTHER, 0.0),
+                                  per["dense"][1], per["dense"][2], per["compacted"][1], per["compacted"][2]))
+    return out, list(notes)
