@@ -4,8 +4,8 @@ the pruned layer and to the FLOPs its mask removed (DESIGN.md, "Per-layer profil
 Per layer (conv, linear, LSTM module path of the compacted model, which is the dense model's path too):
 
 * units kept / total (from compaction);
-* FLOPs of one sample, dense and compacted: 2 × the layer's MACs (the same per-layer term
-  :func:`export.compact.flops.count_flops` sums, so the per-layer values add up to the manifest's totals). A layer's
+* FLOPs of one sample, dense and compacted: 2 × the layer's MACs (:func:`export.compact.flops.layer_flops`, the
+  terms :func:`~export.compact.flops.count_flops` sums, so they add up to the manifest's totals). A layer's
   **FLOP bound** is ``flops_dense / flops_compacted``: the speedup its operator would show if time followed FLOPs;
 * ``graph_names``: per exported ONNX file, the node names and output tensor names of the nodes that compute the
   layer, plus the element-wise activations that only consume it (onnxruntime fuses them into the layer's kernel and
@@ -28,8 +28,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from export.compact.flops import layer_flops
 from export.compact.graph import set_module, split_lstm
-from export.compact.handlers import handler_for
 
 # ONNX ops onnxruntime fuses into the preceding Conv/Gemm kernel (FusedConv / FusedGemm activations)
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh"})
@@ -44,30 +44,6 @@ def dense_twin(base: nn.Module) -> nn.Module:
         if isinstance(mod, nn.LSTM) and mod.num_layers > 1:
             set_module(twin, name, split_lstm(mod))
     return twin
-
-
-def layer_flops(model: nn.Module, example: tuple[torch.Tensor, ...]) -> dict[str, int]:
-    """Module path -> forward FLOPs of one sample (2 × MACs, the handler's term), for every leaf layer that has a
-    handler; ``example`` has batch 1."""
-    flops: dict[str, int] = {}
-    hooks = []
-    for name, mod in model.named_modules():
-        h = handler_for(mod)
-        if h is None or list(mod.children()):
-            continue
-
-        def hook(m, inputs, output, name=name, h=h):
-            out = output[0] if isinstance(output, tuple) else output
-            flops[name] = flops.get(name, 0) + 2 * h.macs(m, inputs, out)
-
-        hooks.append(mod.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(*example)
-    finally:
-        for hk in hooks:
-            hk.remove()
-    return flops
 
 
 def _dynamo_paths(namespace: str) -> list[str]:

@@ -20,14 +20,16 @@ from trainer.run_dir import ClientState, write_run
 @pytest.mark.slow
 def test_report_shows_where_the_time_goes_per_layer(tmp_path):
     ws = tmp_path / "ws"
-    cfg = TrainConfig(run=RunConfig(seed=0, run_id="digits-cnn-layers"), data=DataConfig(name="digits", num_clients=2),
+    cfg = TrainConfig(run=RunConfig(seed=0, run_id="digits-cnn-layers"),
+                      data=DataConfig(name="digits", num_clients=2),
                       model=ModelConfig("cnn", {}), algorithm=AlgorithmConfig("fedmask"))
     torch.manual_seed(0)
     model = build_model("cnn", (1, 8, 8), 10)
     masks = all_ones_masks(model, tuple(s for s in model_sites(model) if s.name != "out"))
     masks["conv1.weight"][2:] = 0  # conv1 keeps 2 of its 16 filters
     clients = {f"client-00{i}": ClientState(masks={k: v.clone() for k, v in masks.items()}) for i in range(2)}
-    write_run(ws / "runs" / cfg.run.run_id, cfg, model.state_dict(), clients, [], {"run_id": cfg.run.run_id, "clients": {}})
+    write_run(ws / "runs" / cfg.run.run_id, cfg, model.state_dict(), clients, [],
+              {"run_id": cfg.run.run_id, "clients": {}})
     export_run(ws / "runs" / cfg.run.run_id, ws / "artifacts", formats=("onnx",), progress=False)
 
     camp = parse_campaign({
