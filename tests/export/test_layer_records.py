@@ -8,7 +8,7 @@ import torch
 from export.compact import compact
 from export.formats import FORMATS, ExportSettings, FormatContext
 from export.layers import _dynamo_paths, _scope_paths, layer_records
-from export_helpers import masked_case, sample_input
+from export_helpers import MODEL_CASES, masked_case, sample_input
 
 # SmallCNN on 1×8×8: conv1 1→16 (3×3, pad 1) at 8×8, max pool 2, conv2 16→32 at 4×4, mean, out 32→10.
 # conv1 keeps 2 of its 16 filters; conv2 then reads 2 input channels instead of 16.
@@ -62,3 +62,16 @@ def test_scope_parsers():
     assert _scope_paths("/features/features.0/conv/Conv") == ["features", "features.0", "features.0.conv"]
     assert _scope_paths("/fc/Gemm") == ["fc"]
     assert _scope_paths("/ReduceMean") == []
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CASES))
+def test_per_layer_flops_add_up_on_every_model(name):
+    """Split LSTMs, folded batch norms, depthwise convs, residual adds: the per-layer terms of the dense and the
+    compacted net still add up to compaction's totals, and every layer has both."""
+    masked = masked_case(name, kill=0.4, seed=1)
+    x = sample_input(name, 1)
+    res = compact(masked, x)
+    recs = layer_records(masked.base, res.module, (x,), res.layers, {})
+    assert sum(r["flops_dense"] for r in recs) == res.flops_dense
+    assert sum(r["flops_compacted"] for r in recs) == res.flops_compacted
+    assert all(r["flops_compacted"] <= r["flops_dense"] for r in recs)

@@ -97,3 +97,50 @@ def test_real_onnx_profile_attributes_every_kernel(tmp_path):
     assert rows["conv2"].flops_dense == 2 * 128 * 64 * 64 * 64 * 9  # 128 filters at 64×64, 64 channels × 3×3
     # the operator times cover at least 90 % of the profiled runs' end-to-end time
     assert covered["dense"] >= 0.9 and covered["compacted"] >= 0.9, covered
+
+
+def _frames(pte_reason: str):
+    import json
+
+    import pandas as pd
+
+    files = [{"format": "onnx", "variant": "fp32", "file": "model.onnx"},
+             {"format": "pte", "variant": "fp32", "file": "model.pte"}]
+    dense_layers = [{**lay, "kept": lay["total"], "flops_compacted": lay["flops_dense"]} for lay in LAYERS]
+    manifests = {"r/dense": {"run_id": "r", "kind": "dense", "files": files, "layers": dense_layers},
+                 "r/client-000": {"run_id": "r", "kind": "compacted", "files": files, "layers": LAYERS}}
+    artifacts = pd.DataFrame({"artifact": list(manifests), "manifest": [json.dumps(m) for m in manifests.values()]})
+    keys = ["job_id", "artifact", "format", "variant", "device", "threads", "repetition"]
+    jobs = [(f"{a}|{f}", a, f, "fp32", "dev", 1, 0) for a in manifests for f in ("onnx", "pte")]
+    profiles = pd.DataFrame([(*j, j[2] == "onnx", None, None if j[2] == "onnx" else pte_reason, "[]") for j in jobs],
+                            columns=[*keys, "available", "profiler", "reason", "blocks"])
+    us = {"r/dense": (800.0, 1600.0, 10.0, 50.0), "r/client-000": (100.0, 400.0, 10.0, 50.0)}
+    ops, runs = [], []
+    for j in jobs:
+        if j[2] != "onnx":
+            runs.append((*j, 0, 0.5, None))
+            continue
+        c1, c2, fc, pool = us[j[1]]
+        for run in range(2):
+            runs.append((*j, run, (c1 + c2 + fc + pool + 40.0) / 1e3, None))
+            kernels = [("relu_nchwc", "Conv", c1), ("node_max_pool2d", "MaxPool", pool),
+                       ("relu_1_nchwc", "Conv", c2), ("node_linear", "Gemm", fc)]
+            ops += [(*j, run, seq, name, op, t, "CPU") for seq, (name, op, t) in enumerate(kernels)]
+    return (artifacts, profiles, pd.DataFrame(runs, columns=[*keys, "run", "end_to_end_ms", "total_us"]),
+            pd.DataFrame(ops, columns=[*keys, "run", "seq", "name", "op_type", "us", "provider"]))
+
+
+def test_breakdowns_from_store_frames_and_the_reason_where_none():
+    from profiling.layers import breakdowns
+
+    reason = "this ExecuTorch runtime wrote no ETDump"
+    [bd], notes = breakdowns(*_frames(reason))
+    assert (bd.artifact, bd.format, bd.device, bd.threads) == ("r/client-000", "onnx", "dev", 1)
+    rows = {r.layer: r for r in bd.rows}
+    # conv1: 0.8 -> 0.1 ms = 8× of a bound of 8: realized 1; conv2: 1.6 -> 0.4 ms = 4× of 8: 0.5, not flagged
+    assert (rows["conv1"].speedup, rows["conv1"].realized) == (8.0, 1.0)
+    assert (rows["conv2"].speedup, rows["conv2"].realized, rows["conv2"].flagged) == (4.0, 0.5, False)
+    assert (rows["out"].speedup, rows["out"].flop_bound) == (1.0, 1.0)
+    assert (bd.other_dense_ms, bd.other_compacted_ms) == (0.05, 0.05)
+    assert (bd.ops_dense_ms, bd.e2e_dense_ms) == (pytest.approx(2.46), pytest.approx(2.5))
+    assert notes == [f"per-layer times not available on dev for pte: {reason}"]
