@@ -74,7 +74,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     clients = "all" if args.clients == "all" else [c for c in args.clients.split(",") if c]
     formats = [f for f in args.formats.split(",") if f]
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
-    dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings)
+    dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings,
+                      etrecord=args.etrecord)
     for d in dirs:
         print(f"wrote {d}")
     return 0
@@ -189,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--target", default=None, help="device profile for format options (e.g. jetson-tx2: ONNX "
                    "opset ≤ 15 for its onnxruntime 1.10)")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
+    e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
+                   "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
 
     dv = add("devices", "list the inventory, check devices over their connection, or set them up "
              "(a venv with numpy and the runtimes their kind supports)", cmd_devices)

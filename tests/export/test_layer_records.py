@@ -75,3 +75,19 @@ def test_per_layer_flops_add_up_on_every_model(name):
     assert sum(r["flops_dense"] for r in recs) == res.flops_dense
     assert sum(r["flops_compacted"] for r in recs) == res.flops_compacted
     assert all(r["flops_compacted"] <= r["flops_dense"] for r in recs)
+
+
+@pytest.mark.slow
+def test_etrecord_beside_the_pte_maps_debug_handles(pruned_cnn, tmp_path):
+    """The ETRecord export writes is one the Inspector's reader accepts, with a debug-handle map to read ETDump
+    events against, and it describes the compacted program (conv1 with its 2 kept filters)."""
+    from executorch.devtools.etrecord import parse_etrecord
+
+    from export.layers import write_etrecord
+
+    masked, res, x = pruned_cnn
+    path = write_etrecord(res.module, x, tmp_path / "model.etrecord")
+    rec = parse_etrecord(str(path))
+    assert rec._debug_handle_map and rec.edge_dialect_program is not None
+    weights = [p for p in rec.exported_program.state_dict.values() if p.dim() == 4]
+    assert [tuple(w.shape) for w in weights][:1] == [(2, 1, 3, 3)]
