@@ -27,6 +27,7 @@ import pandas as pd
 
 OTHER = "(other)"
 REALIZED_FLAG = 0.5  # flag layers realizing less than half their FLOP bound
+COARSE_MS = 0.01  # onnxruntime's trace has whole microseconds: below this a layer's time is coarse
 
 # onnxruntime renames the kernels its graph transformers build from a node: "fused <name>" (Conv + activation
 # fusion, 1.10), "<conv>_<activation>" (the same fusion later), "<name>_nchwc" (x86 NCHWc layout),
@@ -209,6 +210,9 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
             per[tag] = (layer_ms(rs, index[tag]), _median(sum(op[2] for op in r["ops"]) / 1e3 for r in rs),
                         _median(r["end_to_end_ms"] for r in rs))
         rows = tuple(layer_table(man["layers"], per["dense"][0], per["compacted"][0]))
+        if fmt == "onnx" and any(r.compacted_ms < COARSE_MS for r in rows):
+            notes["onnxruntime's trace counts whole microseconds: per-layer times under "
+                  f"{COARSE_MS * 1e3:.0f} µs (and their speedups) are coarse"] = None
         out.append(LayerBreakdown(art, device, fmt, variant, int(threads), rows,
                                   per["dense"][0].get(OTHER, 0.0), per["compacted"][0].get(OTHER, 0.0),
                                   per["dense"][1], per["dense"][2], per["compacted"][1], per["compacted"][2]))

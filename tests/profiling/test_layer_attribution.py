@@ -99,7 +99,7 @@ def test_real_onnx_profile_attributes_every_kernel(tmp_path):
     assert covered["dense"] >= 0.9 and covered["compacted"] >= 0.9, covered
 
 
-def _frames(pte_reason: str):
+def _frames(pte_reason: str, fc_us: float = 10.0):
     import json
 
     import pandas as pd
@@ -114,7 +114,7 @@ def _frames(pte_reason: str):
     jobs = [(f"{a}|{f}", a, f, "fp32", "dev", 1, 0) for a in manifests for f in ("onnx", "pte")]
     profiles = pd.DataFrame([(*j, j[2] == "onnx", None, None if j[2] == "onnx" else pte_reason, "[]") for j in jobs],
                             columns=[*keys, "available", "profiler", "reason", "blocks"])
-    us = {"r/dense": (800.0, 1600.0, 10.0, 50.0), "r/client-000": (100.0, 400.0, 10.0, 50.0)}
+    us = {"r/dense": (800.0, 1600.0, 10.0, 50.0), "r/client-000": (100.0, 400.0, fc_us, 50.0)}
     ops, runs = [], []
     for j in jobs:
         if j[2] != "onnx":
@@ -143,4 +143,7 @@ def test_breakdowns_from_store_frames_and_the_reason_where_none():
     assert (rows["out"].speedup, rows["out"].flop_bound) == (1.0, 1.0)
     assert (bd.other_dense_ms, bd.other_compacted_ms) == (0.05, 0.05)
     assert (bd.ops_dense_ms, bd.e2e_dense_ms) == (pytest.approx(2.46), pytest.approx(2.5))
-    assert notes == [f"per-layer times not available on dev for pte: {reason}"]
+    assert notes[0] == f"per-layer times not available on dev for pte: {reason}"
+    assert notes[1:] == []  # every layer takes 10 µs or more: no coarse-time note
+    _, notes = breakdowns(*_frames(reason, fc_us=4.0))
+    assert len(notes) == 2 and "whole microseconds" in notes[0]
