@@ -1011,8 +1011,14 @@ def benchmark(args):
                        "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
     result["state_after"] = device_state()
     if args.profile_runs > 0:  # after the timed window: profiling never touches the end-to-end figures
-        result["profile"] = profile_runs(args.format, args.model, batches, args.threads, args.profile_warmup,
-                                         args.profile_runs, args.profile_dir)
+        try:
+            result["profile"] = profile_runs(args.format, args.model, batches, args.threads, args.profile_warmup,
+                                             args.profile_runs, args.profile_dir)
+        except (OSError, RuntimeError, ValueError) as e:  # the timed result stands; the profile says what broke
+            traceback.print_exc(file=sys.stderr)
+            result["profile"] = {"available": False, "runs": [], "blocks": [],
+                                 "reason": "the profiled runs failed: %s: %s" % (type(e).__name__,
+                                                                                 " ".join(str(e).split())[:300])}
     return result
 
 

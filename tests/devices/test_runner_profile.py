@@ -54,6 +54,19 @@ def test_runner_profiles_onnx_after_the_timed_runs(tmp_path):
     assert not list(tmp_path.glob("**/onnxruntime_profile*"))  # the trace is read, then removed
 
 
+def test_a_failing_profile_keeps_the_timed_result(tmp_path):
+    art = make_artifact(tmp_path / "art", n=4)
+    res = subprocess.run([sys.executable, str(RUNNER_PATH), "--format", "onnx", "--model", str(art / "model.onnx"),
+                          "--sample-io", str(art / "sample_io.npz"), "--min-runs", "5", "--min-seconds", "0",
+                          "--warmup-seconds", "0", "--idle-seconds", "0", "--power-sensor", "none",
+                          "--profile-runs", "3", "--profile-dir", str(tmp_path / "missing")],
+                         capture_output=True, text=True)
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["ok"] and len(doc["latency_ms"]) >= 5
+    assert doc["profile"]["available"] is False and doc["profile"]["runs"] == []
+    assert doc["profile"]["reason"].startswith("the profiled runs failed: FileNotFoundError")
+
+
 def test_runtimes_without_a_profiler_say_why(tmp_path):
     x = [np.zeros((1, 6), np.float32)]
     got = profile_runs("tflite", str(tmp_path / "model.tflite"), x, 1, 1, 2)
