@@ -7,8 +7,8 @@ they are re-exported here."""
 from edgemask.manifest import ArtifactFile, Manifest, TensorSpec, load_manifest, load_sample_io
 from export.compact import (AllDeadLayerError, CompactionResult, LayerHandler, LayerStat, UnsupportedLayerError,
                             compact, count_flops, count_params, register_handler)
-from export.layers import layer_records, write_etrecord
 from export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
+from export.layers import layer_records, write_etrecord
 from export.pipeline import export_client, export_run
 from export.verify import TOLERANCE, VerificationError, verify_compaction
 

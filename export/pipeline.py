@@ -23,8 +23,8 @@ from edgemask.fileio import sha256_file
 from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_manifest,
                                write_manifest, write_sample_io)
 from export.compact import compact
-from export.layers import ETRECORD, layer_records, write_etrecord
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
+from export.layers import ETRECORD, layer_records, write_etrecord
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
