@@ -187,6 +187,9 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
         dense_art = f"{man['run_id']}/dense"
         dense_prof = profiles[(profiles["artifact"] == dense_art)
                               & (profiles[_SETTING] == setting).all(axis=1)]
+        for blocks in (*prof["blocks"], *dense_prof["blocks"]):
+            for block in json.loads(blocks or "[]"):  # a delegate the runtime reports as one block
+                notes[f"{device}, {fmt}: {block}"] = None
         unavailable = [r for r in (*prof["reason"], *dense_prof["reason"]) if r]
         if not prof["available"].all() or (len(dense_prof) and not dense_prof["available"].all()):
             notes[f"per-layer times not available on {device} for {fmt}: {unavailable[0]}"] = None

@@ -147,3 +147,7 @@ def test_breakdowns_from_store_frames_and_the_reason_where_none():
     assert notes[1:] == []  # every layer takes 10 µs or more: no coarse-time note
     _, notes = breakdowns(*_frames(reason, fc_us=4.0))
     assert len(notes) == 2 and "whole microseconds" in notes[0]
+    artifacts, profiles, runs, ops = _frames(reason)
+    profiles.loc[profiles["format"] == "onnx", "blocks"] = '["TensorrtExecutionProvider: one block"]'
+    _, notes = breakdowns(artifacts, profiles, runs, ops)
+    assert notes[0] == "dev, onnx: TensorrtExecutionProvider: one block"  # said, never a silent gap
