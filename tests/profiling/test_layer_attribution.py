@@ -58,7 +58,8 @@ def test_layer_rows_bound_speedup_and_flag():
 
 
 @pytest.mark.slow
-def test_real_onnx_profile_attributes_every_kernel(tmp_path):
+@pytest.mark.parametrize("opset", [18, 15])  # dynamo exporter; TorchScript exporter (jetson-tx2's opset <= 15)
+def test_real_onnx_profile_attributes_every_kernel(tmp_path, opset):
     """A conv net with conv1 keeping 4 of 64 filters, exported for real, profiled in onnxruntime via the runner."""
     import torch
 
@@ -80,7 +81,7 @@ def test_real_onnx_profile_attributes_every_kernel(tmp_path):
     recs, ms, covered = {}, {}, {}
     for tag, res in results.items():
         path = tmp_path / f"{tag}.onnx"
-        FORMATS.get("onnx").write(res.module, path, FormatContext(x, ExportSettings()))
+        FORMATS.get("onnx").write(res.module, path, FormatContext(x, ExportSettings(opset=opset)))
         recs[tag] = layer_records(base, res.module, (x,), res.layers, {path.name: path})
         prof = profile_runs("onnx", str(path), [x.numpy()], 1, 3, 8)
         idx = name_index(recs[tag], path.name)
