@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from edgemask.workspace import check_name
 from trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
@@ -18,7 +19,7 @@ from trainer.batched import evaluate_many, local_train_batched, resolve_device
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
-from trainer.run_dir import write_run
+from trainer.run_dir import run_lock, write_run
 from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
@@ -294,6 +295,8 @@ def global_summary(hist: list[dict[str, Any]], target: float | None) -> dict[str
 
 
 def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
-    """Simulate and write ``runs_root/<run-id>/``."""
-    res = simulate(cfg, progress)
-    return res.write(Path(runs_root) / cfg.run_id)
+    """Simulate and write ``runs_root/<run-id>/``, holding the run's lock from before the first round (a second
+    training of the run id leaves at once, and an unwritable ``runs/`` is found before the work)."""
+    path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
+    with run_lock(path):
+        return simulate(cfg, progress).write(path)
