@@ -107,7 +107,8 @@ def atomic_dir(target: str | os.PathLike[str], is_ours: Callable[[Path], bool], 
     existing ``target`` is replaced only if ``is_ours(target)`` says edgemask wrote it (``what`` names such a
     directory for the refusal, e.g. ``"an edgemask run directory"``); anything else (a symlink included) is refused,
     never removed. The old one is renamed aside, the new one renamed in, then the old one removed: a reader sees
-    the old directory or the new one, and a failure in the block leaves ``target`` as it was and no temporary behind.
+    the old directory or the new one, and a failure in the block leaves ``target`` as it was and no temporary behind
+    (a full disk is one EdgemaskError naming ``target``).
     """
     from edgemask.errors import EdgemaskError
 
@@ -122,7 +123,15 @@ def atomic_dir(target: str | os.PathLike[str], is_ours: Callable[[Path], bool], 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=_PARTIAL, dir=target.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except Exception as e:
+            full = disk_full(e)
+            if full is None:
+                raise
+            kept = " (the one already there is kept)" if target.exists() else ""
+            raise EdgemaskError(f"could not write {target}: the disk is full ({full}); nothing of it was written"
+                                f"{kept}: free space or pass another --workspace, then run again") from e
         refuse_foreign()  # checked again: it may have appeared while the block ran
         old = None
         if target.exists():

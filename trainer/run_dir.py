@@ -22,8 +22,8 @@ from safetensors.numpy import load_file as np_load_file
 from safetensors.numpy import save_file as np_save_file
 
 from edgemask.errors import CorruptFileError, EdgemaskError
-from edgemask.fileio import (atomic_dir, atomic_path, disk_full, exclusive_lock, remove_stale_temporaries,
-                             write_json_atomic, write_text_atomic)
+from edgemask.fileio import (atomic_dir, atomic_path, exclusive_lock, remove_stale_temporaries, write_json_atomic,
+                             write_text_atomic)
 from edgemask.workspace import check_name
 from trainer.config import TrainConfig
 from trainer.masks import pack_bits, unpack_bits
@@ -117,31 +117,24 @@ def write_run(path: Path, config: TrainConfig, model_state: dict[str, torch.Tens
     into place, so a stopped run never leaves a half-written directory under the real name and a run already
     there stays whole until the new one replaces it. ``path`` must be a plain name (never ``runs/..``); an
     existing ``path`` that is not a run directory is refused, never removed (:func:`edgemask.fileio.atomic_dir`).
-    A failed write (a full disk) is one ``EdgemaskError`` naming the run, with no temporary left behind."""
+    A full disk is one ``EdgemaskError`` naming the run, with no temporary left behind."""
     import pandas as pd
 
     path = Path(path)
     check_name(path.name, f"run id of {path}")
     for cid in clients:
         check_name(cid, f"client id of run {path.name}")
-    try:
-        with atomic_dir(path, is_run_dir, "an edgemask run directory") as tmp:
-            (tmp / "clients").mkdir()
-            write_text_atomic(tmp / "config.toml", config.to_toml())
-            save_state_dict(tmp / "model.safetensors", {k: v.float() if v.is_floating_point() else v
-                                                        for k, v in model_state.items()})
-            for cid, st in clients.items():
-                save_client(tmp / "clients" / f"{cid}.safetensors", st)
-            df = pd.DataFrame(list(history), columns=["round", "client", "metric", "value"])
-            df = df.astype({"round": "int64", "client": "string", "metric": "string", "value": "float64"})
-            df.to_parquet(tmp / "history.parquet", index=False)
-            write_json_atomic(tmp / "summary.json", summary)
-    except (OSError, SafetensorError) as e:
-        full = disk_full(e)
-        reason = f"the disk is full ({full})" if full else " ".join(str(e).split())
-        kept = " (the run already there is kept)" if is_run_dir(path) else ""
-        raise EdgemaskError(f"could not write run {path}: {reason}; nothing was written{kept}: free space "
-                            "or choose another --workspace, then train again") from e
+    with atomic_dir(path, is_run_dir, "an edgemask run directory") as tmp:
+        (tmp / "clients").mkdir()
+        write_text_atomic(tmp / "config.toml", config.to_toml())
+        save_state_dict(tmp / "model.safetensors", {k: v.float() if v.is_floating_point() else v
+                                                    for k, v in model_state.items()})
+        for cid, st in clients.items():
+            save_client(tmp / "clients" / f"{cid}.safetensors", st)
+        df = pd.DataFrame(list(history), columns=["round", "client", "metric", "value"])
+        df = df.astype({"round": "int64", "client": "string", "metric": "string", "value": "float64"})
+        df.to_parquet(tmp / "history.parquet", index=False)
+        write_json_atomic(tmp / "summary.json", summary)
     return path
 
 
