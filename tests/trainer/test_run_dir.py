@@ -11,7 +11,7 @@ import torch
 from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
 from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
 from trainer.local_training import evaluate
-from trainer.run_dir import ClientState, load_client, load_run, run_lock, save_client, write_run
+from trainer.run_dir import ClientState, load_client, load_run, save_client, write_run
 from trainer.simulation import simulate
 
 
@@ -167,6 +167,8 @@ def test_write_run_replaces_a_run_whole_and_leaves_no_temporary(tmp_path):
 
 
 def test_run_lock_refuses_a_second_writer_and_clears_a_killed_ones_temporaries(tmp_path):
+    from trainer.run_dir import run_lock
+
     path = tmp_path / "runs" / "r"
     path.parent.mkdir(parents=True)
     stale = path.parent / ".r.abcd_123.partial"  # the pattern atomic_dir makes: a killed writer's leftovers
