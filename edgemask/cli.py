@@ -224,21 +224,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgemask {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a full disk or an unwritable workspace is the host's state, not a bug: one line too
-        reason = _environment_failure(e)
+        reason = _environment_failure(e, args.workspace)
         if reason is None:
             raise
         print(f"edgemask {args.command}: error: {reason}", file=sys.stderr)
         return 2
 
 
-def _environment_failure(e: BaseException) -> str | None:
+def _environment_failure(e: BaseException, workspace: str) -> str | None:
     """The one line for an error the host's state caused (disk full, no permission), else None (a bug: traceback).
 
     The disk-full cause is searched through the whole chain: SQLite's ROLLBACK after a failed COMMIT, or a
     writer's own exception, hides the OS's "No space left on device"."""
     full = disk_full(e)
     if full is not None:
-        return f"the disk is full ({full}); free space or pass another --workspace, then run again"
+        return f"the disk is full ({full}); free space in {workspace} or pass another --workspace, then run again"
     if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"cannot write {e.filename or 'in the workspace'}: {e.strerror}; pass a --workspace you can write to"
     return None

@@ -152,7 +152,7 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     jobs: list[str | None] = [None, *ids]
     root = Path(out_root) / run.run_id
     out = []
-    with exclusive_lock(Path(out_root) / f".{run.run_id}.lock", f"the artifacts of run {run.run_id}", wait_s):
+    with exclusive_lock(Path(out_root) / f".{run.run_id}.lock", f"artifacts/{run.run_id}", wait_s):
         for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
             remove_stale_temporaries(root / (cid or DENSE))
         it = jobs

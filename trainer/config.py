@@ -116,7 +116,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     from trainer.data import DATASETS
     from trainer.models import MODELS
 
-    check_name(cfg.run_id, f"{source}: run.run_id")  # it becomes runs/<run-id>: never a path out of runs/
+    # it becomes runs/<run-id>: never a path out of runs/ (and "" is a mistake, not the default id)
+    check_name(cfg.run_id if cfg.run.run_id is None else cfg.run.run_id, f"{source}: run.run_id")
     DATASETS.get(cfg.data.name)
     MODELS.get(cfg.model.name)
     ALGORITHMS.get(cfg.algorithm.name)

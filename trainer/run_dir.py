@@ -173,7 +173,7 @@ class Run:
         return sorted(p.stem for p in (self.path / "clients").glob("*.safetensors"))
 
     def client_state(self, client_id: str) -> ClientState:
-        f = self.path / "clients" / f"{client_id}.safetensors"
+        f = self.path / "clients" / f"{check_name(client_id, f'client id of run {self.run_id}')}.safetensors"
         if not f.is_file():
             raise EdgemaskError(f"{f}: no such client in run {self.run_id}; clients: "
                                 f"{', '.join(self.client_ids) or '(none)'}")
