@@ -155,14 +155,19 @@ def remove_stale_temporaries(target: str | os.PathLike[str]) -> list[Path]:
 
     Call it only while holding the lock of ``target``'s writers: then no live writer owns them. Only names of
     exactly :func:`atomic_dir`'s pattern for this ``target`` are removed (``.<name>.<8 random>.partial|.old``),
-    so another target's temporaries (``a`` vs ``a.b``) are never touched. Returns what was removed.
+    so another target's temporaries (``a`` vs ``a.b``) are never touched. A writer killed between its two renames
+    left the previous ``target`` as ``.old`` and none in place: that one is renamed back, not removed.
+    Returns what was removed.
     """
     target = Path(target)
     pattern = re.compile(rf"^\.{re.escape(target.name)}\.[a-z0-9_]{{8}}({re.escape(_PARTIAL)}|{re.escape(_OLD)})$")
     removed = []
     if target.parent.is_dir():
-        for p in target.parent.iterdir():
+        for p in sorted(target.parent.iterdir()):
             if pattern.match(p.name) and p.is_dir() and not p.is_symlink():
+                if p.name.endswith(_OLD) and not target.exists() and any(p.iterdir()):
+                    os.rename(p, target)
+                    continue
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed

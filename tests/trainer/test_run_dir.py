@@ -180,3 +180,19 @@ def test_run_lock_refuses_a_second_writer_and_clears_a_killed_ones_temporaries(t
         with pytest.raises(EdgemaskError, match=r"run r is in use by another edgemask process \(lock .*\.r\.lock\)"):
             with run_lock(path):
                 pass
+
+
+def test_a_writer_killed_between_its_renames_loses_no_run(tmp_path):
+    """atomic_dir renames the old run aside, then the new one in: a kill between the two leaves the old run as
+    ``.r.<random>.old`` and no ``r``. The next writer, under the lock, renames it back instead of removing it."""
+    from trainer.run_dir import run_lock
+
+    path = tmp_path / "runs" / "r"
+    _write(path)
+    before = sorted(p.name for p in path.rglob("*"))
+    aside = path.parent / ".r.k1ll3d_x.old"
+    path.rename(aside)
+    (path.parent / ".r.k1ll3d_x.partial").mkdir()  # the new run, half written
+    with run_lock(path):
+        assert sorted(p.name for p in path.rglob("*")) == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [".r.lock", "r"]
