@@ -11,8 +11,8 @@
 # read-only as the lower layer of an overlay, so each test session starts from the same clean board.
 # Everything inside runs under qemu-user; a DEST holding `.complete` is reused as it is.
 #
-# Needs root, mmdebstrap, arch-test, qemu-user-static + binfmt_misc (tests/fleet/install.sh sets them up)
-# and a reachable Debian mirror.
+# Needs root, mmdebstrap, arch-test, qemu-user-static + binfmt_misc (tests/fleet/install.sh sets them up),
+# a reachable Debian mirror and about 6 GB + the wheels' size free under DEST's parent.
 set -eu
 DEST="$1"
 WHEELS="$2"
@@ -30,6 +30,14 @@ if ! arch-test arm64 >/dev/null 2>&1; then
 fi
 PARENT="$(dirname "$DEST")"
 mkdir -p "$PARENT"
+# the root filesystem takes 5.1 GB, and the wheels are copied into it while it is built
+NEED_KB=$(( 6 * 1024 * 1024 + $(du -sk "$WHEELS" | cut -f1) ))
+FREE_KB=$(df -Pk "$PARENT" | awk 'NR == 2 { print $4 }')
+if [ "$FREE_KB" -lt "$NEED_KB" ]; then
+    echo "$PARENT has $((FREE_KB / 1024)) MB free; building the arm64 root filesystem needs $((NEED_KB / 1024)) MB" >&2
+    echo "(free some, or point EDGEMASK_FLEET_CACHE at a larger disk), then rerun" >&2
+    exit 2
+fi
 TMP="$(mktemp -d "$PARENT/.partial.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 
