@@ -19,6 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it; set straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; rename it onto ``target`` only if the block succeeds."""
@@ -28,10 +35,8 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     # mkstemp makes the file 0600; give it the mode a plain open() would (0666 less the umask), so a report or
-    # Parquet file is readable by whoever could read the workspace.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)
+    # Parquet file is readable by whoever can read the workspace.
+    os.chmod(tmp_path, 0o666 & ~_umask())
     try:
         yield tmp_path
         os.replace(tmp_path, target)
@@ -122,6 +127,7 @@ def atomic_dir(target: str | os.PathLike[str], is_ours: Callable[[Path], bool], 
     refuse_foreign()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=_PARTIAL, dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a run or artifact is as readable as mkdir makes it
     try:
         try:
             yield tmp
