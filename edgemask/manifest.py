@@ -22,8 +22,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.errors import ConfigError, CorruptFileError, UnknownNameError
 from edgemask.fileio import atomic_path, write_json_atomic
+from edgemask.workspace import check_name
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -136,7 +137,15 @@ class Manifest:
             raise _Invalid("missing field 'schema'")
         if d["schema"] != SCHEMA:
             raise _Invalid(f"field 'schema' is {d['schema']!r}; this edgemask reads schema {SCHEMA}")
-        return _parse(d, cls, "")
+        m = _parse(d, cls, "")
+        names = {f"files[{i}].file": f.file for i, f in enumerate(m.files)}
+        names["sample_io.file"] = m.sample_io["file"]
+        for where, name in names.items():  # each becomes <artifact>/<file>: never a path out of the artifact directory
+            try:
+                check_name(name, f"field {where!r}")
+            except ConfigError as e:
+                raise _Invalid(str(e)) from None
+        return m
 
 
 def manifest_path(path: str | Path) -> Path:

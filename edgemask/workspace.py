@@ -12,7 +12,17 @@ class Workspace:
 
     @classmethod
     def at(cls, root: str | Path) -> "Workspace":
-        return cls(Path(root).resolve())
+        """The workspace at ``root`` (created by the stages that write). A ``root`` that is a file, or lies under
+        one, is refused here, before any stage starts its work (a training would otherwise fail at its end)."""
+        path = Path(root).resolve()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            from edgemask.errors import ConfigError
+
+            where = "is" if existing == path else f"lies under {existing}, which is"
+            raise ConfigError(f"workspace {root} {where} a file, not a directory; pass --workspace a directory "
+                              "(it is created if missing)")
+        return cls(path)
 
     @property
     def runs(self) -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,9 +18,10 @@ import numpy as np
 import torch
 
 from edgemask.errors import EdgemaskError
-from edgemask.fileio import sha256_file
+from edgemask.fileio import atomic_dir, exclusive_lock, remove_stale_temporaries, sha256_file
 from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_manifest,
                                write_manifest, write_sample_io)
+from edgemask.workspace import check_name
 from export.compact import compact
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
 from export.layers import ETRECORD, layer_records, write_etrecord
@@ -42,6 +42,11 @@ def input_hash(run, client_id: str | None, formats: Sequence[str], settings: Exp
     h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": SCHEMA},
                         sort_keys=True).encode())
     return h.hexdigest()
+
+
+def _is_artifact_dir(path: Path) -> bool:
+    """Whether ``path`` is an artifact directory export wrote (the only kind it replaces)."""
+    return path.is_dir() and (path / MANIFEST).is_file()
 
 
 def _unchanged(dest: Path, digest: str, etrecord: bool = False) -> bool:
@@ -83,92 +88,95 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
         cmp_out = model(x).float().numpy()
         cmp_all = model(x_all).float().numpy()
 
-    tmp = out_dir.with_name(f".{out_dir.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
-    files, diffs = [], {"torch": torch_diff}
-    fp32_acc = _accuracy(cmp_all, y_all.numpy())
-    for fmt in fmts:
-        variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
-        for variant in variants:
-            name = fmt.filename(variant)
-            path = tmp / name
-            info = fmt.write(model, path, ctx, variant)
-            if variant == "fp32":
-                got = fmt.run(path, x.numpy())
-                d = max_abs_diff(got, cmp_out)
-                if d > limit:
-                    raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
-                                            f"torch model by {d:.3g} (limit {limit:g})")
-                diffs[fmt.name] = d
-                extra = {"max_abs_diff": d, "accuracy": _accuracy(got, y.numpy())}
-            else:
-                got = fmt.run(path, x_all.numpy())
-                acc = _accuracy(got, y_all.numpy())
-                extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc}
-            files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
-                                      bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
-                                      backend=info.get("backend"), **extra))
+    with atomic_dir(out_dir, _is_artifact_dir, "an edgemask artifact directory (it has no manifest.json)") as tmp:
+        ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
+        files, diffs = [], {"torch": torch_diff}
+        fp32_acc = _accuracy(cmp_all, y_all.numpy())
+        for fmt in fmts:
+            variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
+            for variant in variants:
+                name = fmt.filename(variant)
+                path = tmp / name
+                info = fmt.write(model, path, ctx, variant)
+                if variant == "fp32":
+                    got = fmt.run(path, x.numpy())
+                    d = max_abs_diff(got, cmp_out)
+                    if d > limit:
+                        raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
+                                                f"torch model by {d:.3g} (limit {limit:g})")
+                    diffs[fmt.name] = d
+                    extra = {"max_abs_diff": d, "accuracy": _accuracy(got, y.numpy())}
+                else:
+                    got = fmt.run(path, x_all.numpy())
+                    acc = _accuracy(got, y_all.numpy())
+                    extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc}
+                files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
+                                          bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
+                                          backend=info.get("backend"), **extra))
 
-    write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
-    layers = layer_records(masked.base, model, (x[:1],), result.layers,
-                           {f.file: tmp / f.file for f in files if f.format == "onnx"})
-    etrec = None
-    if etrecord and any(f.format == "pte" for f in files):
-        etrec = write_etrecord(model, x[:1], tmp / ETRECORD).name
-    cfg = run.config
-    manifest = Manifest(
-        run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,
-        algorithm=cfg.algorithm.name, model=cfg.model.name, dataset=cfg.data.name,
-        inputs=[TensorSpec("input", [1, *ds.input_shape], str(x.dtype).removeprefix("torch."))],
-        outputs=[TensorSpec("output", [1, int(ref_out.shape[1])], "float32")],
-        files=files,
-        sample_io={"file": SAMPLE_IO, "sha256": sha256_file(tmp / SAMPLE_IO), "count": int(len(x))},
-        params={"dense": result.params_dense, "compacted": result.params_compacted},
-        flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
-        layers=layers,
-        etrecord=etrec,
-        tolerance={"limit": limit, "max_abs_diff": diffs},
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        input_hash=input_hash(run, client_id, formats, settings),
-    )
-    write_manifest(tmp, manifest)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+        write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
+        layers = layer_records(masked.base, model, (x[:1],), result.layers,
+                               {f.file: tmp / f.file for f in files if f.format == "onnx"})
+        etrec = None
+        if etrecord and any(f.format == "pte" for f in files):
+            etrec = write_etrecord(model, x[:1], tmp / ETRECORD).name
+        cfg = run.config
+        manifest = Manifest(
+            run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,
+            algorithm=cfg.algorithm.name, model=cfg.model.name, dataset=cfg.data.name,
+            inputs=[TensorSpec("input", [1, *ds.input_shape], str(x.dtype).removeprefix("torch."))],
+            outputs=[TensorSpec("output", [1, int(ref_out.shape[1])], "float32")],
+            files=files,
+            sample_io={"file": SAMPLE_IO, "sha256": sha256_file(tmp / SAMPLE_IO), "count": int(len(x))},
+            params={"dense": result.params_dense, "compacted": result.params_compacted},
+            flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
+            layers=layers,
+            etrecord=etrec,
+            tolerance={"limit": limit, "max_abs_diff": diffs},
+            created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            input_hash=input_hash(run, client_id, formats, settings),
+        )
+        write_manifest(tmp, manifest)
     return out_dir
 
 
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
                formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
                settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
-               etrecord: bool = False) -> list[Path]:
+               wait_s: float = 0.0, etrecord: bool = False) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
-    Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see :func:`export_client`."""
+    One export of a run at a time: it holds ``out_root/.<run-id>.lock`` throughout; a second one waits up to
+    ``wait_s`` seconds, then leaves with a one-line reason (and, once it has the lock, finds the first one's
+    artifacts unchanged). Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see
+    :func:`export_client`."""
     from trainer.run_dir import load_run
 
     run = load_run(run_dir)
+    check_name(run.run_id, f"run directory {run.path} (its name becomes artifacts/<run-id>)")
     formats = tuple(formats)
     for f in formats:
         FORMATS.get(f).check_available()  # unknown names and missing toolchains fail before any work
     ids = run.client_ids if clients == "all" else list(clients)
     for cid in ids:
+        check_name(cid, f"client id of run {run.run_id}")
         if cid not in run.client_ids:
             raise EdgemaskError(f"run {run.run_id} has no client {cid!r}; clients: {', '.join(run.client_ids)}")
+        run.client_state(cid)  # a damaged client file (no mask metadata) fails here, before any model is exported
     jobs: list[str | None] = [None, *ids]
     root = Path(out_root) / run.run_id
-    it = jobs
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
     out = []
-    for cid in it:
-        dest = root / (cid or DENSE)
-        if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
-            export_client(run, cid, dest, formats, settings, limit, etrecord)
-        out.append(dest)
+    with exclusive_lock(Path(out_root) / f".{run.run_id}.lock", f"artifacts/{run.run_id}", wait_s):
+        for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
+            remove_stale_temporaries(root / (cid or DENSE))
+        it = jobs
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
+        for cid in it:
+            dest = root / (cid or DENSE)
+            if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                export_client(run, cid, dest, formats, settings, limit, etrecord)
+            out.append(dest)
     return out

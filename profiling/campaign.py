@@ -346,8 +346,9 @@ def _select_clients(run_dir: Path, sel: ArtifactSelection) -> list[str]:
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no artifacts for run {sel.run!r}; run `edgemask export --run {sel.run}` first")
     if sel.clients is None:
+        # names with a leading dot are export's own temporary folders (a killed writer's), never clients
         clients = sorted(p.name for p in run_dir.iterdir()
-                         if p.name != DENSE_CLIENT and (p / MANIFEST).is_file())
+                         if p.name != DENSE_CLIENT and not p.name.startswith(".") and (p / MANIFEST).is_file())
         if not clients:
             raise ConfigError(f"{run_dir}: run {sel.run!r} has no exported client artifacts")
     else:

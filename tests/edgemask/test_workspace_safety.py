@@ -74,3 +74,17 @@ def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "report.md").stat().st_mode & 0o777 == 0o644
+
+
+def test_atomic_dirs_get_the_mode_mkdir_would_give(tmp_path):
+    import os
+
+    from edgemask.fileio import atomic_dir
+
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "run", lambda p: True, "run") as d:
+            (d / "x").write_text("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755

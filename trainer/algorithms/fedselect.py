@@ -26,11 +26,14 @@ The paper's setting: 10 clients, s = 2 or 4 classes each, 20 train / 100 test sa
 
 from __future__ import annotations
 
+import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
@@ -103,12 +106,19 @@ def load_init_weights(path: str, params: Tensors, buffers: Tensors) -> tuple[int
     f = Path(path)
     if not f.is_file():
         raise ConfigError(f"fedselect: algorithm.args.init_weights {path!r}: file not found")
-    if f.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        state = load_file(str(f))
-    else:
-        state = torch.load(str(f), map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state) if isinstance(state, dict) else state
+    try:  # torch.load's weights_only refuses a pickle that would run code; that refusal is one line here
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            state = load_file(str(f))
+        else:
+            with warnings.catch_warnings():  # torch warns (2 lines) of a pickle protocol it then refuses
+                warnings.simplefilter("ignore", UserWarning)
+                state = torch.load(str(f), map_location="cpu", weights_only=True)
+            state = state.get("state_dict", state) if isinstance(state, dict) else state
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, SafetensorError) as e:
+        raise ConfigError(f"fedselect: algorithm.args.init_weights {path!r}: cannot be read as a state dict of "
+                          f"tensors ({type(e).__name__}; a pickle is read only if it holds nothing but tensors); "
+                          "give a .safetensors file") from None
     if not isinstance(state, dict):
         raise ConfigError(f"fedselect: {path}: not a state dict of tensors")
     loaded, skipped = 0, []
