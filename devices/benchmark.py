@@ -19,11 +19,13 @@ from devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import ArtifactFile, load_manifest
+from edgemask.workspace import check_name
 
 _FLOAT_FIELDS = {f.name for f in fields(Measurement) if f.type in ("float", float)}
 
 
 def _checked_file(artifact_dir: Path, name: str, sha256: str) -> tuple[Path, str]:
+    check_name(name, f"{Path(artifact_dir) / 'manifest.json'}: file")  # a name, never a path out of the artifact
     path = Path(artifact_dir) / name
     if not path.is_file():
         raise CorruptFileError(f"{path}: named in manifest.json but missing; export the artifact again")
@@ -68,7 +70,7 @@ def measurement_from_runner(doc: dict[str, Any], **ids: Any) -> Measurement:
         kw["error"] = kw.get("error") or "the runner failed without a reason"
     kw["latency_ms"] = tuple(float(x) for x in kw.get("latency_ms", ()))
     kw["power_w"] = tuple(float(x) for x in kw.get("power_w", ()))
-    for k in ("state_before", "state_after"):
+    for k in ("state_before", "state_after", "profile"):
         kw[k] = kw.get(k) or {}
     return Measurement(**kw)
 
@@ -94,7 +96,7 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
         conn, spec, [RUNNER_PATH, model, sample_io], [None, model_sha, sample_sha])
 
     argv = [spec.python, remote_runner, "--model", remote_model, "--format", fmt, "--sample-io", remote_sample,
-            *settings.to_args(), "--power-sensor", spec.power_sensor]
+            *settings.to_args(), "--power-sensor", spec.power_sensor, "--watch-stdin"]
     res = conn.run(argv, timeout=timeout)
     try:
         doc = parse_runner_output(res.stdout)

@@ -17,7 +17,7 @@ from pathlib import Path
 import paramiko
 
 from devices.connection import Connection, RunResult
-from devices.errors import DeviceError, HostKeyError, RunTimeout
+from devices.errors import DeviceError, HostKeyError, RunInterrupted, RunTimeout
 from devices.inventory import DeviceSpec
 
 
@@ -201,6 +201,8 @@ class SSHConnection(Connection):
                         break
                     if not transport.is_active():
                         raise EOFError("the SSH transport closed")
+                    if self._cancelled():
+                        raise RunInterrupted(f"{self.where}: {argv[0]} was interrupted")
                     if time.monotonic() > deadline:
                         raise RunTimeout(f"{self.where}: {argv[0]} ran past {timeout:g} s; raise the job's "
                                          "timeout or check the board")
@@ -212,8 +214,10 @@ class SSHConnection(Connection):
                     # program was killed by a signal: a link fault to retry, not a result.
                     raise EOFError("the connection closed before the command's exit status arrived")
             finally:
+                # Closing the channel closes the command's stdin on the device: a runner started with
+                # --watch-stdin exits at once instead of timing on beside the next job.
                 chan.close()
-        except RunTimeout:
+        except (RunTimeout, RunInterrupted):
             raise
         except (OSError, EOFError, paramiko.SSHException) as e:
             self.close()

@@ -19,3 +19,7 @@ class HostKeyError(DeviceError):
 
 class RunTimeout(DeviceError):
     """A command on the device ran past its time limit."""
+
+
+class RunInterrupted(DeviceError):
+    """A command on the device was cut short on purpose (Ctrl-C on the host): not a result, not a link fault."""

@@ -8,8 +8,20 @@
     known_hosts = "~/.ssh/known_hosts"     # default; unknown host keys are refused
     workdir = "edgemask"                   # relative to the login directory, or absolute
     power_sensor = "auto"                  # ina3221 | hwmon | rapl | auto | none
+    governor = "performance"               # optional: every CPU's cpufreq governor during a campaign
+    jetson_clocks = true                   # optional, Jetson only: `jetson_clocks` during a campaign
 
 The built-in `local` device (this machine, this Python) always exists.
+
+`governor` and `jetson_clocks` are applied by a campaign before its first job on the board and the board's
+previous settings are restored after its last one, also when it fails or is interrupted (``devices.board``);
+the state actually set is read back and recorded in the campaign's store (``events``). A campaign killed before
+restoring leaves them recorded, and the next campaign on that board restores the original ones. Setting them
+needs root: the runner writes sysfs directly when the SSH user is root, else uses ``sudo -n`` (never a
+password prompt). When that is refused the board is STOPPED, none of its jobs is timed, and the message names
+the sudoers line to add (``USER ALL=(root) NOPASSWD: /usr/bin/tee
+/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor``, or ``/usr/bin/jetson_clocks``) or says to remove the
+field: a measurement taken under other clocks than the inventory promises would be mislabelled.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def probe(conn: Connection, spec: DeviceSpec, timeout: float = 120.0) -> dict[st
     Raises DeviceError when the device cannot be reached or its Python cannot run the probe.
     """
     runner = deploy_runner(conn, spec)
-    res = conn.run([spec.python, runner, "--probe"], timeout=timeout)
+    res = conn.run([spec.python, runner, "--probe", "--watch-stdin"], timeout=timeout)
     try:
         info = parse_runner_output(res.stdout)
     except ValueError:

@@ -5,12 +5,20 @@ What a kind gets (see DESIGN.md, "What the boards can run"):
 
 - jetson-tx2 (Python 3.6): numpy==1.19.5, onnxruntime==1.10.0; no TFLite for Python 3.6, no ExecuTorch
   (it needs Python >= 3.10).
-- rpi4 (Python 3.11): numpy, onnxruntime, tflite-runtime (then numpy<2), executorch (+ torch); with ExecuTorch
+- rpi4 (Python 3.11): numpy, onnxruntime, tflite-runtime (then numpy<2), ExecuTorch's runtime; with ExecuTorch
   wanted too, ai-edge-litert for TFLite.
 - linux, local: numpy and whatever the inventory declares (onnxruntime, ai-edge-litert, executorch).
 
 tflite-runtime 2.14 needs numpy<2 and ExecuTorch needs numpy>=2, so a Pi that wants both gets ai-edge-litert,
-which the runner also accepts. Setup is idempotent: what is already importable at a fitting version is left
+which the runner also accepts.
+
+ExecuTorch is installed as its runtime pieces, not with `pip install executorch`: the wheel's declared
+dependencies are its export-time tools (coremltools==9.0, pandas, scikit-learn, hydra-core, ...), and
+coremltools has no aarch64 wheel at all, so pip cannot resolve them on a Pi. Setup installs the wheel with
+``--no-deps`` and, with their own dependencies, what `executorch.runtime` imports: the torch its
+`_portable_lib` links against (the same release it was built with), flatbuffers, ruamel.yaml and tabulate.
+PyPI's aarch64 torch 2.13.0 is a CUDA build: libtorch_cpu.so itself links libcudart.so.13, so pip also brings
+the CUDA runtime wheels (about 2.8 GB in all) even to a board without a GPU. Setup is idempotent: what is already importable at a fitting version is left
 alone, and a second call installs and uploads nothing. The runner runs with the device's `python`; after setup
 that should be ``<workdir>/venv/bin/python`` (the result says so).
 """
@@ -40,6 +48,9 @@ class Package:
     runtime: str  # numpy | onnxruntime | tflite | executorch
     requirement: str  # "numpy<2", "onnxruntime==1.10.0", ...
     module: str  # imported on the device to check it
+    # what ``module`` needs at run time, installed with their own dependencies; when given, ``requirement``
+    # itself is installed with --no-deps (its declared dependencies cannot be installed on the board)
+    deps: tuple[str, ...] = ()
 
     @property
     def dist(self) -> str:
@@ -64,8 +75,23 @@ def packages_for(spec: DeviceSpec) -> list[Package]:
         pkgs.append(Package("tflite", "tflite-runtime", "tflite_runtime") if tflite_runtime
                     else Package("tflite", "ai-edge-litert", "ai_edge_litert"))
     if "executorch" in wanted:
-        pkgs.append(Package("executorch", "executorch", "executorch.runtime"))
+        pkgs.append(EXECUTORCH)
     return pkgs
+
+
+# The runtime the host exports .pte files with (pyproject.toml), and what importing it needs (see the docstring)
+EXECUTORCH = Package("executorch", "executorch==1.4.1", "executorch.runtime",
+                     deps=("torch==2.13.0", "flatbuffers", "ruamel.yaml", "tabulate"))
+
+
+def pip_installs(packages: list[Package]) -> list[list[str]]:
+    """The pip install arguments that install ``packages``, in order: one list of requirements installed with
+    their dependencies (the packages without ``deps``, then the ``deps`` of the others), then, if any, one
+    ``["--no-deps", ...]`` list. E.g. [["numpy", "torch==2.13.0", ...], ["--no-deps", "executorch==1.4.1"]]."""
+    with_deps = [p.requirement for p in packages if not p.deps]
+    with_deps += [r for p in packages for r in p.deps]
+    no_deps = [p.requirement for p in packages if p.deps]
+    return [with_deps] + ([["--no-deps", *no_deps]] if no_deps else [])
 
 
 def unavailable_runtimes(spec: DeviceSpec) -> dict[str, str]:
@@ -199,6 +225,20 @@ def _upload_wheels(conn: Connection, spec: DeviceSpec, py: str, wheels_dir: Path
     return house
 
 
+def _pip_install(conn: Connection, spec: DeviceSpec, argv: list[str], reqs: list[str],
+                 wheels_dir: Path | None) -> None:
+    res = conn.run(argv, timeout=1800)
+    if res.rc == 0:
+        return
+    names = [r for r in reqs if r != "--no-deps"]
+    where = (f"the wheels in {wheels_dir} (add the missing ones for this board's platform and Python)"
+             if wheels_dir is not None else
+             "the board's package index (no network? download the wheels on the host with `pip download "
+             "--only-binary=:all: --platform manylinux_2_28_aarch64 --python-version X.Y "
+             f"-d WHEELS {' '.join(reqs)}` and run `edgemask devices setup {spec.name} --wheels WHEELS`)")
+    raise DeviceError(f"{spec.name}: pip could not install {', '.join(names)} from {where}: {res.tail()}")
+
+
 def plan_setup(conn: Connection, spec: DeviceSpec) -> dict[str, Any]:
     """What setup would install into the venv: {"python", "venv_exists", "missing": [requirements], ...}."""
     packages = packages_for(spec)
@@ -231,23 +271,16 @@ def setup_device(spec: DeviceSpec, wheels_dir: Path | None = None, conn: Connect
         todo = [p for p in packages if not satisfies(versions.get(p.dist), p.requirement)]
         source = None
         if todo:
-            reqs = [p.requirement for p in todo]
             # --no-compile: byte-compiling numpy and the runtimes takes minutes on a slow board (or under
             # emulation); Python compiles what the runner imports on first use instead.
             pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet", "--no-compile"]
             if wheels_dir is not None:
                 house = _upload_wheels(conn, spec, py, Path(wheels_dir))
-                argv, source = [*pip, "--no-index", "--find-links", house, *reqs], f"uploaded wheels ({wheels_dir})"
+                pip, source = [*pip, "--no-index", "--find-links", house], f"uploaded wheels ({wheels_dir})"
             else:
-                argv, source = [*pip, *reqs], "the board's package index"
-            res = conn.run(argv, timeout=1800)
-            if res.rc != 0:
-                where = (f"the wheels in {wheels_dir} (add the missing ones for this board's platform and Python)"
-                         if wheels_dir is not None else
-                         "the board's package index (no network? download the wheels on the host with "
-                         "`pip download --only-binary=:all: --platform manylinux2014_aarch64 --python-version X.Y "
-                         f"-d WHEELS {' '.join(reqs)}` and run `edgemask devices setup {spec.name} --wheels WHEELS`)")
-                raise DeviceError(f"{spec.name}: pip could not install {', '.join(reqs)} from {where}: {res.tail()}")
+                source = "the board's package index"
+            for reqs in pip_installs(todo):
+                _pip_install(conn, spec, [*pip, *reqs], reqs, wheels_dir)
             versions, errors = installed_versions(conn, spec, py, packages)
             still = [p.requirement for p in todo if not satisfies(versions.get(p.dist), p.requirement)]
             if still:

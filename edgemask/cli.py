@@ -7,11 +7,13 @@ exit status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
 
 from edgemask.errors import EdgemaskError
+from edgemask.fileio import disk_full
 from edgemask.workspace import Workspace
 
 
@@ -74,7 +76,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     clients = "all" if args.clients == "all" else [c for c in args.clients.split(",") if c]
     formats = [f for f in args.formats.split(",") if f]
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
-    dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings)
+    dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings,
+                      wait_s=args.wait, etrecord=args.etrecord)
     for d in dirs:
         print(f"wrote {d}")
     return 0
@@ -127,9 +130,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     res = run_campaign(cfg, ws.root, inventory=inventory, progress=True)
     print(f"wrote {res.store_path}  ({len(res.recorded)} measured, {res.already_done} already there, "
           f"{len(res.failed)} failed, {len(res.skipped)} skipped)")
+    for note in res.notes:
+        print(f"  {note}")
     for f in res.failed:
-        print(f"  failed: {f.job.job_id}: {f.reason}")
-    return 0 if not res.failed else 1
+        print(f"  {f.status}: {f.job.job_id}: {f.reason}")
+    for device, why in res.aborted.items():
+        print(f"  stopped: {device}: {why}")
+    return 0 if res.complete else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -206,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--target", default=None, help="device profile for format options (e.g. jetson-tx2: ONNX "
                    "opset ≤ 15 for its onnxruntime 1.10)")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
+    e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
+                   "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
+    e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run is "
+                   "running, wait up to this long for it (default: 0, leave at once saying so)")
 
     dv = add("devices", "list the inventory, check devices over their connection, or set them up "
              "(a venv with numpy and the runtimes their kind supports)", cmd_devices)
@@ -235,6 +246,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edgemask {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a full disk or an unwritable workspace is the host's state, not a bug: one line too
+        reason = _environment_failure(e, args.workspace)
+        if reason is None:
+            raise
+        print(f"edgemask {args.command}: error: {reason}", file=sys.stderr)
+        return 2
+
+
+def _environment_failure(e: BaseException, workspace: str) -> str | None:
+    """The one line for an error the host's state caused (disk full, no permission), else None (a bug: traceback).
+
+    The disk-full cause is searched through the whole chain: SQLite's ROLLBACK after a failed COMMIT, or a
+    writer's own exception, hides the OS's "No space left on device"."""
+    full = disk_full(e)
+    if full is not None:
+        return f"the disk is full ({full}); free space in {workspace} or pass another --workspace, then run again"
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write {e.filename or 'in the workspace'}: {e.strerror}; pass a --workspace you can write to"
+    return None
 
 
 if __name__ == "__main__":

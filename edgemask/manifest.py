@@ -22,8 +22,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.errors import ConfigError, CorruptFileError, UnknownNameError
 from edgemask.fileio import atomic_path, write_json_atomic
+from edgemask.workspace import check_name
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -68,8 +69,17 @@ class Counts(TypedDict):  # parameters or FLOPs of the dense model and of the co
     compacted: int
 
 
-class LayerUnits(TypedDict):
-    name: str
+class LayerAttribution(TypedDict, total=False):
+    """Optional per-layer fields written by ``export.layers``: FLOPs of one sample, dense and compacted, and per
+    ONNX file the names its graph carries for the layer (node and output tensor names)."""
+
+    flops_dense: int
+    flops_compacted: int
+    graph_names: dict[str, list[str]]
+
+
+class LayerUnits(LayerAttribution):
+    name: str  # module path (the same in the dense and the compacted model)
     kept: int
     total: int
 
@@ -96,6 +106,7 @@ class Manifest:
     layers: list[LayerUnits]
     tolerance: Tolerance
     created: str
+    etrecord: str | None = None  # ExecuTorch ETRecord file beside the .pte (export.layers.write_etrecord)
     input_hash: str = ""  # sha256 of the run's weights + client file + export settings (skip if unchanged)
     schema: int = SCHEMA
 
@@ -128,7 +139,15 @@ class Manifest:
             raise _Invalid("missing field 'schema'")
         if d["schema"] != SCHEMA:
             raise _Invalid(f"field 'schema' is {d['schema']!r}; this edgemask reads schema {SCHEMA}")
-        return _parse(d, cls, "")
+        m = _parse(d, cls, "")
+        names = {f"files[{i}].file": f.file for i, f in enumerate(m.files)}
+        names["sample_io.file"] = m.sample_io["file"]
+        for where, name in names.items():  # each becomes <artifact>/<file>: never a path out of the artifact directory
+            try:
+                check_name(name, f"field {where!r}")
+            except ConfigError as e:
+                raise _Invalid(str(e)) from None
+        return m
 
 
 def manifest_path(path: str | Path) -> Path:

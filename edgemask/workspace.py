@@ -12,7 +12,17 @@ class Workspace:
 
     @classmethod
     def at(cls, root: str | Path) -> "Workspace":
-        return cls(Path(root).resolve())
+        """The workspace at ``root`` (created by the stages that write). A ``root`` that is a file, or lies under
+        one, is refused here, before any stage starts its work (a training would otherwise fail at its end)."""
+        path = Path(root).resolve()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            from edgemask.errors import ConfigError
+
+            where = "is" if existing == path else f"lies under {existing}, which is"
+            raise ConfigError(f"workspace {root} {where} a file, not a directory; pass --workspace a directory "
+                              "(it is created if missing)")
+        return cls(path)
 
     @property
     def runs(self) -> Path:
@@ -39,3 +49,30 @@ class Workspace:
         if p.is_dir() or p.is_absolute() or "/" in run:
             return p
         return self.run(run)
+
+
+def check_name(name: object, what: str) -> str:
+    """Return ``name`` if it is a plain name that may become one path component, else raise ConfigError.
+
+    Run ids, client ids, campaign names, a manifest's ``file`` and a campaign's ``clients`` all become paths
+    under the workspace; a name with a separator, ``..``, a leading dot or an absolute path would reach outside it.
+    ``what`` names the field and its file for the message (e.g. ``"run_id in train.toml"``).
+    """
+    from edgemask.errors import ConfigError  # errors imports nothing of ours; kept local for a light module
+
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{what}: expected a non-empty name, got {name!r}")
+    if (
+        name in (".", "..")
+        or name.startswith(".")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or Path(name).is_absolute()
+        or name != name.strip()
+    ):
+        raise ConfigError(
+            f"{what}: {name!r} is not a plain name (no '/', '\\', '..', leading '.' or surrounding spaces); "
+            "use letters, digits, '-', '_' or '.'"
+        )
+    return name

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,11 +23,13 @@ import numpy as np
 import torch
 
 from edgemask.errors import EdgemaskError
-from edgemask.fileio import sha256_file
+from edgemask.fileio import atomic_dir, exclusive_lock, remove_stale_temporaries, sha256_file
 from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_manifest,
                                write_manifest, write_sample_io)
+from edgemask.workspace import check_name
 from export.compact import compact
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
+from export.layers import ETRECORD, layer_records, write_etrecord
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -50,12 +51,19 @@ def input_hash(run, client_id: str | None, formats: Sequence[str], settings: Exp
     return h.hexdigest()
 
 
-def _unchanged(dest: Path, digest: str) -> bool:
+def _is_artifact_dir(path: Path) -> bool:
+    """Whether ``path`` is an artifact directory export wrote (the only kind it replaces)."""
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def _unchanged(dest: Path, digest: str, etrecord: bool = False) -> bool:
     if not (dest / MANIFEST).is_file():
         return False
     try:
         m = load_manifest(dest)
     except EdgemaskError:
+        return False
+    if etrecord and not (m.etrecord and (dest / m.etrecord).is_file()):
         return False
     return m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
 
@@ -65,8 +73,12 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[str],
-                  settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE) -> Path:
-    """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``."""
+                  settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
+                  etrecord: bool = False) -> Path:
+    """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``.
+
+    ``etrecord``: with ``pte`` among the formats, also write the ETRecord (:mod:`export.layers`) for the host's
+    Inspector (a second lowering)."""
     ds = run.dataset
     fmts = [FORMATS.get(f) for f in formats]
     for f in fmts:
@@ -83,87 +95,97 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
         ref_out = masked(x).float().numpy()
         cmp_out = model(x).float().numpy()
 
-    tmp = out_dir.with_name(f".{out_dir.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
-    files, diffs = [], {"torch": torch_diff}
-    labels = y_all.numpy()
-    measured_on = {"accuracy_set": f"{data_client}/test", "accuracy_samples": int(len(labels))}
-    for fmt in fmts:
-        variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
-        fp32_acc = None
-        for variant in variants:  # fp32 first: an int8 file's change is against it
-            name = fmt.filename(variant)
-            path = tmp / name
-            info = fmt.write(model, path, ctx, variant)
-            got = fmt.run(path, x_all.numpy())  # (len(labels), n_out), batch 1 in the runtime
-            acc = _accuracy(got, labels)
-            if variant == "fp32":
-                d = max_abs_diff(got[:SAMPLES], cmp_out)  # on the sample_io inputs, as a device checks
-                if d > limit:
-                    raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
-                                            f"torch model by {d:.3g} (limit {limit:g})")
-                diffs[fmt.name] = d
-                fp32_acc = acc
-                extra = {"max_abs_diff": d, "accuracy": acc}
-            else:
-                extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc}
-            files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
-                                      bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
-                                      backend=info.get("backend"), **extra, **measured_on))
+    with atomic_dir(out_dir, _is_artifact_dir, "an edgemask artifact directory (it has no manifest.json)") as tmp:
+        ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
+        files, diffs = [], {"torch": torch_diff}
+        labels = y_all.numpy()
+        measured_on = {"accuracy_set": f"{data_client}/test", "accuracy_samples": int(len(labels))}
+        for fmt in fmts:
+            variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
+            fp32_acc = None
+            for variant in variants:  # fp32 first: an int8 file's change is against it
+                name = fmt.filename(variant)
+                path = tmp / name
+                info = fmt.write(model, path, ctx, variant)
+                got = fmt.run(path, x_all.numpy())  # (len(labels), n_out), batch 1 in the runtime
+                acc = _accuracy(got, labels)
+                if variant == "fp32":
+                    d = max_abs_diff(got[:SAMPLES], cmp_out)  # on the sample_io inputs, as a device checks
+                    if d > limit:
+                        raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
+                                                f"torch model by {d:.3g} (limit {limit:g})")
+                    diffs[fmt.name] = d
+                    fp32_acc = acc
+                    extra = {"max_abs_diff": d, "accuracy": acc}
+                else:
+                    extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc}
+                files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
+                                          bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
+                                          backend=info.get("backend"), **extra, **measured_on))
 
-    write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
-    cfg = run.config
-    manifest = Manifest(
-        run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,
-        algorithm=cfg.algorithm.name, model=cfg.model.name, dataset=cfg.data.name,
-        inputs=[TensorSpec("input", [1, *ds.input_shape], str(x.dtype).removeprefix("torch."))],
-        outputs=[TensorSpec("output", [1, int(ref_out.shape[1])], "float32")],
-        files=files,
-        sample_io={"file": SAMPLE_IO, "sha256": sha256_file(tmp / SAMPLE_IO), "count": int(len(x))},
-        params={"dense": result.params_dense, "compacted": result.params_compacted},
-        flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
-        layers=[{"name": s.name, "kept": s.kept, "total": s.total} for s in result.layers],
-        tolerance={"limit": limit, "max_abs_diff": diffs},
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        input_hash=input_hash(run, client_id, formats, settings),
-    )
-    write_manifest(tmp, manifest)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+        write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
+        layers = layer_records(masked.base, model, (x[:1],), result.layers,
+                               {f.file: tmp / f.file for f in files if f.format == "onnx"})
+        etrec = None
+        if etrecord and any(f.format == "pte" for f in files):
+            etrec = write_etrecord(model, x[:1], tmp / ETRECORD).name
+        cfg = run.config
+        manifest = Manifest(
+            run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,
+            algorithm=cfg.algorithm.name, model=cfg.model.name, dataset=cfg.data.name,
+            inputs=[TensorSpec("input", [1, *ds.input_shape], str(x.dtype).removeprefix("torch."))],
+            outputs=[TensorSpec("output", [1, int(ref_out.shape[1])], "float32")],
+            files=files,
+            sample_io={"file": SAMPLE_IO, "sha256": sha256_file(tmp / SAMPLE_IO), "count": int(len(x))},
+            params={"dense": result.params_dense, "compacted": result.params_compacted},
+            flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
+            layers=layers,
+            etrecord=etrec,
+            tolerance={"limit": limit, "max_abs_diff": diffs},
+            created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            input_hash=input_hash(run, client_id, formats, settings),
+        )
+        write_manifest(tmp, manifest)
     return out_dir
 
 
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
                formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
-               settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE) -> list[Path]:
+               settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
+               wait_s: float = 0.0, etrecord: bool = False) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
-    Returns the artifact directories (skipped, unchanged ones included)."""
+    One export of a run at a time: it holds ``out_root/.<run-id>.lock`` throughout; a second one waits up to
+    ``wait_s`` seconds, then leaves with a one-line reason (and, once it has the lock, finds the first one's
+    artifacts unchanged). Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see
+    :func:`export_client`."""
     from trainer.run_dir import load_run
 
     run = load_run(run_dir)
+    check_name(run.run_id, f"run directory {run.path} (its name becomes artifacts/<run-id>)")
     formats = tuple(formats)
     for f in formats:
         FORMATS.get(f).check_available()  # unknown names and missing toolchains fail before any work
     ids = run.client_ids if clients == "all" else list(clients)
     for cid in ids:
+        check_name(cid, f"client id of run {run.run_id}")
         if cid not in run.client_ids:
             raise EdgemaskError(f"run {run.run_id} has no client {cid!r}; clients: {', '.join(run.client_ids)}")
+        run.client_state(cid)  # a damaged client file (no mask metadata) fails here, before any model is exported
     jobs: list[str | None] = [None, *ids]
     root = Path(out_root) / run.run_id
-    it = jobs
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
     out = []
-    for cid in it:
-        dest = root / (cid or DENSE)
-        if not _unchanged(dest, input_hash(run, cid, formats, settings)):
-            export_client(run, cid, dest, formats, settings, limit)
-        out.append(dest)
+    with exclusive_lock(Path(out_root) / f".{run.run_id}.lock", f"artifacts/{run.run_id}", wait_s):
+        for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
+            remove_stale_temporaries(root / (cid or DENSE))
+        it = jobs
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
+        for cid in it:
+            dest = root / (cid or DENSE)
+            if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                export_client(run, cid, dest, formats, settings, limit, etrecord)
+            out.append(dest)
     return out

@@ -4,7 +4,11 @@
   resumable, retries on connection faults);
 - ``store``: the campaign's SQLite results store (one transaction per finished job, raw samples kept);
 - ``stats``: percentiles, CV, energy per inference, comparisons against the dense baseline;
-- ``report`` / ``plots``: one self-contained HTML page and a Markdown summary.
+- ``verdict``: VALID / INVALID per setting, each failed rule named (runs, seconds, CV, output check,
+  throttling, temperature drift);
+- ``tidy``: ``results.parquet`` (one row per setting) and ``samples.parquet`` (one row per raw sample);
+- ``report`` / ``plots``: one self-contained HTML page, a Markdown summary and a terminal table;
+- ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup.
 
 Names are imported on first use, so running a campaign does not load pandas and matplotlib up front.
 """
@@ -34,6 +38,13 @@ _EXPORTS = {
     "summarize": "profiling.stats",
     "compare_to_dense": "profiling.stats",
     "write_report": "profiling.report",
+    "summary_table": "profiling.report",
+    "VerdictRules": "profiling.verdict",
+    "write_tidy": "profiling.tidy",
+    "LayerBreakdown": "profiling.layers",
+    "LayerRow": "profiling.layers",
+    "breakdowns": "profiling.layers",
+    "layer_table": "profiling.layers",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,9 @@ campaign's store before the next one starts, so a campaign stopped at any point 
     warmup_runs = 1
     min_runs = 50
     min_seconds = 1.0
+    profile_layers = true              # also per-operator profiled runs, apart from the timed ones
+    profile_warmup = 5
+    profile_runs = 20
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.manifest import MANIFEST, ArtifactFile, load_manifest
 from edgemask.registry import Registry
 from edgemask.tomlio import read_toml
+from edgemask.workspace import check_name
 
 # Format name -> the runtime that runs it (docs/contracts.md): the devices' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.
@@ -177,6 +181,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
     camp = _Fields(source, top.get("campaign", dict), "campaign", _CAMPAIGN_KEYS)
 
     name = camp.get("name", str)
+    check_name(name, f"{source}: field campaign.name")
     if not _NAME_RE.match(name):
         raise camp.fail("name", f"must be a directory name (letters, digits, '.', '_', '-'), not {name!r}")
 
@@ -201,6 +206,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
             raise top.fail("artifacts", "must be an array of tables ([[artifacts]])")
         sel = _Fields(source, entry, f"artifacts[{i}]", _SELECTION_KEYS)
         run = sel.get("run", str)
+        check_name(run, f"{source}: field {sel.where('run')}")
         if not _NAME_RE.match(run):
             raise sel.fail("run", f"must be a run id, not {run!r}")
         clients_raw = sel.get("clients", (str, list), "all")
@@ -212,6 +218,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
             clients = ()
         else:
             clients = sel.names("clients")
+            for client in clients:  # each becomes artifacts/<run>/<client>: "..", "/" would leave the run
+                check_name(client, f"{source}: field {sel.where('clients')}")
             if DENSE_CLIENT in clients:
                 raise sel.fail("clients", 'must not list "dense"; use dense = true for the baseline')
         dense = sel.get("dense", bool, True)
@@ -225,7 +233,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
     runner_kw: dict[str, Any] = {}
     for key in sorted(runner_table):
         default = getattr(defaults, key)
-        if isinstance(default, int):
+        if isinstance(default, bool):
+            runner_kw[key] = runner_fields.get(key, bool)
+        elif isinstance(default, int):
             runner_kw[key] = runner_fields.integer(key, minimum=0)
         else:
             runner_kw[key] = runner_fields.number(key)
@@ -336,8 +346,9 @@ def _select_clients(run_dir: Path, sel: ArtifactSelection) -> list[str]:
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no artifacts for run {sel.run!r}; run `edgemask export --run {sel.run}` first")
     if sel.clients is None:
+        # names with a leading dot are export's own temporary folders (a killed writer's), never clients
         clients = sorted(p.name for p in run_dir.iterdir()
-                         if p.name != DENSE_CLIENT and (p / MANIFEST).is_file())
+                         if p.name != DENSE_CLIENT and not p.name.startswith(".") and (p / MANIFEST).is_file())
         if not clients:
             raise ConfigError(f"{run_dir}: run {sel.run!r} has no exported client artifacts")
     else:
@@ -409,6 +420,7 @@ class FailedJob:
     job: Job
     reason: str
     attempts: int
+    status: str = "failed"  # failed | interrupted | given up (failed in more runs than `retries` allows)
 
 
 @dataclass(frozen=True)
@@ -417,10 +429,11 @@ class CampaignResult:
     store_path: Path
     planned: int
     already_done: int
-    recorded: tuple[str, ...]  # job ids recorded by this call
-    failed: tuple[FailedJob, ...]
+    recorded: tuple[str, ...]  # job ids measured by this call
+    failed: tuple[FailedJob, ...]  # failed, interrupted or given up: every job of the plan not measured yet
     skipped: tuple[SkippedJob, ...]
     aborted: Mapping[str, str] = field(default_factory=dict)  # device -> why it stopped early
+    notes: tuple[str, ...] = ()  # what the campaign found or did on a board (stray runners, governor)
 
     @property
     def complete(self) -> bool:
@@ -429,6 +442,24 @@ class CampaignResult:
 
 Benchmark = Callable[..., Measurement]
 Connect = Callable[[Any], contextlib.AbstractContextManager[Any]]
+
+
+class BoardHooks:
+    """What a campaign does to a board around its jobs; the default does nothing (injected benchmarks, tests).
+
+    ``devices.board.BOARD`` is the real one: it finds and kills stray runners before timing, applies the
+    inventory's governor / jetson_clocks and restores the board's previous settings afterwards."""
+
+    def reap_strays(self, conn: Any, spec: Any) -> list[dict[str, Any]]:
+        """Kill runners of ours left on the board (an earlier run's); return what was found."""
+        return []
+
+    def apply(self, conn: Any, spec: Any) -> dict[str, Any] | None:
+        """Set the board up for timing; return what to restore (None: nothing was changed)."""
+        return None
+
+    def restore(self, conn: Any, spec: Any, applied: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
 
 
 def _default_benchmark() -> Benchmark:
@@ -443,6 +474,12 @@ def _default_connect() -> Connect:
     return open_connection
 
 
+def _default_board() -> BoardHooks:
+    from devices.board import BOARD
+
+    return BOARD
+
+
 def _default_retry_on() -> tuple[type[BaseException], ...]:
     from devices.errors import DeviceError
 
@@ -450,9 +487,10 @@ def _default_retry_on() -> tuple[type[BaseException], ...]:
 
 
 def _default_fatal_on() -> tuple[type[BaseException], ...]:
+    from devices.board import SettingsRefused
     from devices.errors import HostKeyError
 
-    return (HostKeyError,)
+    return (HostKeyError, SettingsRefused)
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float = 60.0, rng: random.Random | None = None) -> float:
@@ -462,27 +500,36 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float = 60.0, rng: random.
 
 
 class _DeviceWorker:
-    """Runs one device's jobs one after another over one (re)opened connection."""
+    """Runs one device's jobs one after another over one (re)opened connection.
+
+    Before the first job it kills stray runners and applies the board's settings; after the last (or when
+    stopped) it restores them. A job whose run is cut by ``interrupt()`` (Ctrl-C) is stored as interrupted."""
 
     def __init__(self, device: str, spec: Any, jobs: list[Job], *, config: CampaignConfig, workspace: Path,
                  store: Any, benchmark: Benchmark, connect: Connect, retry_on: tuple[type[BaseException], ...],
                  fatal_on: tuple[type[BaseException], ...], stop: threading.Event, bar: Any,
-                 on_recorded: Callable[[Job], None] | None) -> None:
+                 on_recorded: Callable[[Job], None] | None, board: BoardHooks) -> None:
         self.device, self.spec, self.jobs = device, spec, jobs
         self.config, self.workspace, self.store = config, workspace, store
         self.benchmark, self.connect, self.retry_on, self.fatal_on = benchmark, connect, retry_on, fatal_on
-        self.stop, self.bar, self.on_recorded = stop, bar, on_recorded
+        self.stop, self.bar, self.on_recorded, self.board = stop, bar, on_recorded, board
         self.recorded: list[str] = []
         self.failed: list[FailedJob] = []
+        self.notes: list[str] = []
         self.aborted: str | None = None  # why this device stopped before its last job
         self._stack: contextlib.ExitStack | None = None
         self._conn: Any = None
+        self._cancel = threading.Event()  # set by interrupt(): the connection kills the command it runs
+        self._ready = False  # strays reaped and settings applied (before the first job's first attempt)
+        self._applied: Mapping[str, Any] | None = None  # what to restore at the end
 
     def _connection(self) -> Any:
         if self._stack is None:
             stack = contextlib.ExitStack()
             self._conn = stack.enter_context(self.connect(self.spec))
             self._stack = stack
+            if hasattr(self._conn, "cancel_event"):
+                self._conn.cancel_event = self._cancel
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -492,6 +539,40 @@ class _DeviceWorker:
                 stack.close()
             except self.retry_on:
                 pass  # the link is already broken; a fresh one is opened on the next attempt
+
+    def interrupt(self) -> None:
+        """Called from another thread (Ctrl-C): cut the command running on the board now."""
+        self._cancel.set()
+
+    def _note(self, kind: str, detail: Mapping[str, Any], text: str) -> None:
+        self.store.record_event(self.device, kind, detail)
+        self.notes.append(f"{self.device}: {text}")
+
+    def _reap_strays(self) -> None:
+        found = self.board.reap_strays(self._connection(), self.spec)
+        if found:
+            pids = ", ".join(str(p["pid"]) for p in found)
+            self._note("stray_runners", {"found": found},
+                       f"killed {len(found)} stray runner(s) left on the board (pid {pids}) before timing")
+
+    def _previous_settings(self) -> Mapping[str, Any] | None:
+        """The settings found before an earlier run applied its own and was killed before restoring them."""
+        last = [e for e in self.store.events(self.device) if e["kind"] in ("settings_applied", "settings_restored")]
+        if last and last[-1]["kind"] == "settings_applied":
+            return last[-1]["detail"]
+        return None
+
+    def _prepare(self) -> None:
+        """Before the first job: no stray runner, the inventory's settings applied (and recorded)."""
+        self._reap_strays()
+        earlier = self._previous_settings()
+        applied = self.board.apply(self._connection(), self.spec)
+        if applied is not None:
+            if earlier is not None:  # restore what the board had before the killed run, not its leftovers
+                applied = {**applied, "before": earlier["before"]}
+            self._applied = applied
+            self._note("settings_applied", applied, f"set {_describe(applied['actual'])} for the campaign")
+        self._ready = True
 
     def run(self) -> None:
         try:
@@ -503,7 +584,21 @@ class _DeviceWorker:
                 self._run_job(job)
                 self.bar.update(1)
         finally:
-            self._drop_connection()
+            try:
+                if self._applied is not None:
+                    self._restore(self._applied)
+            finally:
+                self._drop_connection()
+
+    def _restore(self, applied: Mapping[str, Any]) -> None:
+        self._cancel.clear()  # the restore must run even after Ctrl-C
+        try:
+            restored = self.board.restore(self._connection(), self.spec, applied)
+        except self.retry_on as exc:
+            self.notes.append(f"{self.device}: could not restore {_describe(applied['before'])}: {exc}; "
+                              "the next campaign on this board restores them")
+            return
+        self._note("settings_restored", restored, f"restored {_describe(restored)}")
 
     def _run_job(self, job: Job) -> None:
         settings = dataclasses.replace(self.config.runner, threads=job.threads)
@@ -511,6 +606,10 @@ class _DeviceWorker:
         attempts = self.config.retries + 1
         for attempt in range(attempts):
             try:
+                if not self._ready:
+                    self._prepare()
+                elif attempt:  # a timed-out or cut run may have left its runner behind: nothing else may run
+                    self._reap_strays()
                 measurement = self.benchmark(self._connection(), self.spec, artifact_dir, job.format,
                                              variant=job.variant, settings=settings,
                                              timeout=self.config.timeout_s)
@@ -521,18 +620,31 @@ class _DeviceWorker:
                 self._fail(job, self.aborted, attempt + 1)
                 return
             except self.retry_on as exc:
-                self._drop_connection()
                 reason = f"{type(exc).__name__}: {exc}"
+                if self.stop.is_set():
+                    self._fail(job, reason, attempt + 1, status="interrupted")
+                    return
+                self._drop_connection()
                 if attempt + 1 == attempts:
                     self._fail(job, reason, attempts)
                     return
                 self.bar.set_postfix_str(f"retry {attempt + 1}/{self.config.retries}: {exc}"[:60], refresh=True)
                 if self.stop.wait(backoff_delay(attempt, self.config.retry_backoff_s)):
+                    self._fail(job, reason, attempt + 1, status="interrupted")
                     return
                 continue
             except EdgemaskError as exc:
                 # Not a link fault (a missing file, a runner that cannot load the model): retrying would repeat it.
                 self._fail(job, f"{type(exc).__name__}: {exc}", attempt + 1)
+                return
+            if not measurement.ok and self.stop.is_set():
+                # cut short by Ctrl-C: not the model's fault; its answer is kept, the job is run again
+                self._fail(job, f"interrupted: {measurement.error}", attempt + 1, status="interrupted",
+                           measurement=measurement)
+                return
+            if not measurement.ok:  # the runner refused or failed the check: stored, counted failed, re-run later
+                self.store.record(job, measurement, attempts=attempt + 1)
+                self._failed(job, measurement.error or "the runner failed without a reason", attempt + 1, "failed")
                 return
             if self.store.record(job, measurement, attempts=attempt + 1):
                 self.recorded.append(job.job_id)
@@ -540,31 +652,69 @@ class _DeviceWorker:
                     self.on_recorded(job)
             return
 
-    def _fail(self, job: Job, reason: str, attempts: int) -> None:
-        self.store.record_failure(job, reason, attempts)
-        self.failed.append(FailedJob(job, reason, attempts))
-        self.bar.set_postfix_str(f"failed: {reason}"[:60], refresh=True)
+    def _fail(self, job: Job, reason: str, attempts: int, status: str = "failed",
+              measurement: Measurement | None = None) -> None:
+        self.store.record_failure(job, reason, attempts, status=status, measurement=measurement)
+        self._failed(job, reason, attempts, status)
+
+    def _failed(self, job: Job, reason: str, attempts: int, status: str) -> None:
+        self.failed.append(FailedJob(job, reason, attempts, status))
+        self.bar.set_postfix_str(f"{status}: {reason}"[:60], refresh=True)
+
+
+def _describe(settings: Mapping[str, Any]) -> str:
+    """{"governor": "performance", "jetson_clocks": true} -> "governor performance, jetson_clocks on"."""
+    words = []
+    for key, value in sorted(settings.items()):
+        if key.endswith("_show"):  # a tool's full report, kept in the store, too long for a line
+            continue
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        elif isinstance(value, Mapping):
+            value = ",".join(sorted(set(map(str, value.values())))) or "-"
+        words.append(f"{key} {value}")
+    return ", ".join(words) or "nothing"
 
 
 def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Benchmark | None = None,
                  progress: bool = True, inventory: Mapping[str, Any] | None = None,
                  connect: Connect | None = None, retry_on: tuple[type[BaseException], ...] | None = None,
                  fatal_on: tuple[type[BaseException], ...] | None = None,
-                 on_recorded: Callable[[Job], None] | None = None) -> CampaignResult:
-    """Run the jobs of ``config`` that its store does not hold yet; one worker thread per device.
+                 on_recorded: Callable[[Job], None] | None = None, board: BoardHooks | None = None,
+                 lock_wait_s: float = 0.0) -> CampaignResult:
+    """Run the jobs of ``config`` that its store does not hold as measured; one worker thread per device.
 
     ``benchmark`` defaults to ``devices.benchmark.run_benchmark``, ``connect`` to
     ``devices.connection.open_connection`` and ``inventory`` to ``devices.inventory.load_inventory``; tests
-    inject their own. A ``DeviceError`` (``retry_on``) is retried ``config.retries`` times with jittered
+    inject their own. ``board`` defaults to ``devices.board.BOARD`` when the benchmark is the real one, else to
+    hooks that do nothing. A ``DeviceError`` (``retry_on``) is retried ``config.retries`` times with jittered
     backoff over a fresh connection; a job that still fails is recorded as failed and the campaign goes on.
-    A ``HostKeyError`` (``fatal_on``) is never retried: that device's worker records it and stops.
-    ``on_recorded`` is called after a job's measurement is committed.
+    A ``HostKeyError`` or ``SettingsRefused`` (``fatal_on``) is never retried: that device's worker records it
+    and stops.
+    Failed and interrupted jobs are run again by the next call, a job that failed in more than
+    ``config.retries`` runs is given up (raise ``retries`` to try it again). One call at a time holds the
+    campaign's lock (``results/<name>/campaign.lock``); a second waits ``lock_wait_s``, then raises a one-line
+    EdgemaskError. ``on_recorded`` is called after a job's measurement is committed.
     """
+    from edgemask.fileio import exclusive_lock
+
+    workspace = Path(workspace)
+    with exclusive_lock(config.results_dir(workspace) / "campaign.lock", f"campaign {config.name!r}", lock_wait_s):
+        return _run_locked(config, workspace, benchmark=benchmark, progress=progress, inventory=inventory,
+                           connect=connect, retry_on=retry_on, fatal_on=fatal_on, on_recorded=on_recorded,
+                           board=board)
+
+
+def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark | None, progress: bool,
+                inventory: Mapping[str, Any] | None, connect: Connect | None,
+                retry_on: tuple[type[BaseException], ...] | None, fatal_on: tuple[type[BaseException], ...] | None,
+                on_recorded: Callable[[Job], None] | None, board: BoardHooks | None) -> CampaignResult:
     from tqdm.auto import tqdm
 
     from profiling.store import ResultsStore
 
-    workspace = Path(workspace)
+    if board is None:
+        board = _default_board() if benchmark is None else BoardHooks()
     benchmark = benchmark or _default_benchmark()
     connect = connect or _default_connect()
     retry_on = retry_on or _default_retry_on()
@@ -587,8 +737,14 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
         store.save_artifacts(plan.artifacts.values())
         store.save_skipped(plan.skipped)
         done = store.done_job_ids()
-        todo = [j for j in plan.jobs if j.job_id not in done]
-        already_done = len(plan.jobs) - len(todo)
+        failed_runs = store.failed_runs()
+        given_up = [FailedJob(j, f"failed in {failed_runs[j.job_id]} runs; not run again (retries = "
+                                 f"{config.retries}): fix the cause and raise retries in the campaign file",
+                              0, "given up")
+                    for j in plan.jobs if j.job_id not in done and failed_runs.get(j.job_id, 0) > config.retries]
+        gave_up = {f.job.job_id for f in given_up}
+        todo = [j for j in plan.jobs if j.job_id not in done and j.job_id not in gave_up]
+        already_done = sum(1 for j in plan.jobs if j.job_id in done)
 
         stop = threading.Event()
         workers: list[_DeviceWorker] = []
@@ -600,15 +756,19 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
             bars.append(bar)
             workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
                                          store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
-                                         fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded))
+                                         fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
+                                         board=board))
         with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
             futures = [pool.submit(w.run) for w in workers]
             try:
                 for fut in futures:
                     fut.result()
             except BaseException:
-                # A bug in one worker, or Ctrl-C: the others stop after their current job, which is kept.
+                # A bug in one worker, or Ctrl-C: the others stop; a job cut short is stored as interrupted and
+                # every board gets its settings back before this returns.
                 stop.set()
+                for w in workers:
+                    w.interrupt()
                 raise
             finally:
                 for bar in bars:
@@ -616,10 +776,10 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
         return CampaignResult(
             name=config.name, store_path=store_path, planned=len(plan.jobs), already_done=already_done,
             recorded=tuple(j for w in workers for j in w.recorded),
-            failed=tuple(f for w in workers for f in w.failed),
+            failed=tuple(given_up) + tuple(f for w in workers for f in w.failed),
             skipped=plan.skipped,
             aborted={w.device: w.aborted for w in workers if w.aborted},
+            notes=tuple(n for w in workers for n in w.notes),
         )
     finally:
         store.close()
-

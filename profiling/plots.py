@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 
 def to_png(fig: Figure, dpi: int = 110) -> bytes:
@@ -21,61 +23,134 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
     return buf.getvalue()
 
 
-def _label(row: pd.Series | Mapping) -> str:
-    return f"{row['client_id']}" if row.get("client_id") else str(row["artifact"])
+DENSE_COLOR, COMPACTED_COLOR, INVALID_COLOR = "#fdae6b", "#6baed6", "#d62728"
+SLOW_FACTOR = 2.0  # a latency sample above this × its setting's median is counted as a slow outlier
+LOG_SPAN = 3.0  # a panel's latencies spanning more than this factor are drawn on a log axis
 
 
-def _panel_grid(df: pd.DataFrame) -> tuple[Figure, list]:
-    """A figure with one panel per device × format × variant × threads (two columns), and the
-    ``(axes, ((device, format, variant, threads), rows))`` pairs to draw into."""
-    groups = list(df.groupby(["device", "format", "variant", "threads"], sort=True))
-    ncols = min(2, len(groups))
+def _panel_grid(df: pd.DataFrame, ncols: int = 2, size: tuple[float, float] = (6.5, 3.6)) -> tuple[Figure, list]:
+    """A figure with one panel per device × format (× variant, threads: named only where the table has more
+    than one), and the ``(axes, title, rows)`` triples to draw into."""
+    keys = ["device", "format"] + [k for k in ("variant", "threads") if df[k].nunique() > 1]
+    groups = list(df.groupby(keys, sort=True))
+    ncols = min(ncols, len(groups))
     nrows = math.ceil(len(groups) / ncols)
-    fig = Figure(figsize=(6.5 * ncols, 3.2 * nrows), layout="constrained")
-    return fig, [(fig.add_subplot(nrows, ncols, i + 1), grp) for i, grp in enumerate(groups)]
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    out = []
+    for i, (values, rows) in enumerate(groups):
+        title = " · ".join(f"{v} thread(s)" if k == "threads" else str(v) for k, v in zip(keys, values))
+        out.append((fig.add_subplot(nrows, ncols, i + 1), title, rows))
+    return fig, out
 
 
-def latency_distributions(df: pd.DataFrame) -> Figure | None:
-    """Box plots of the raw latency samples: one panel per device × format (× variant, threads), one box per
-    artifact (all repetitions pooled)."""
+def _tick_labels(rows: pd.DataFrame) -> list[str]:
+    """Each setting's client name; a dense baseline's run too where the panel holds several runs, and every
+    client's run where several runs have clients."""
+    runs = rows["run_id"].nunique()
+    client_runs = rows.loc[rows["kind"] != "dense", "run_id"].nunique()
+    return [f"{r.client_id}\n{r.run_id}" if (r.kind == "dense" and runs > 1) or client_runs > 1
+            else str(r.client_id) for r in rows.itertuples()]
+
+
+def _plain_log_ticks(axis, lo: float, hi: float) -> None:
+    """Label a log axis in plain numbers (0.006, 0.01, 2), not powers of ten: the decades and, between them,
+    every tick where the axis spans less than a decade, else the 2s and 5s."""
+    shown = "23456789" if hi / lo < 10 else "25"
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in shown else ""))
+
+
+def _setting_order(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per run, its dense baseline first, then its clients in name order."""
+    return rows.assign(_d=(rows["kind"] != "dense").astype(int)).sort_values(["run_id", "_d", "client_id"])
+
+
+def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None) -> Figure | None:
+    """One box per setting, one panel per device × format, on a log latency axis where the panel's p1..p99 span
+    more than ``LOG_SPAN``× (a linear one otherwise): the box spans p25–p75 with the median, the whiskers p1 and
+    p99; the samples slower than ``SLOW_FACTOR`` × the median are counted above each box, not drawn (a few slow
+    outliers among 10⁴ samples would otherwise draw a wall). With ``summary``
+    (``profiling.stats.summarize``), an INVALID setting's box is hatched and red-edged."""
     ok = df[df["ok"].astype(bool) & df["latency_ms"].map(len).gt(0)]
     if ok.empty:
         return None
-    fig, panels = _panel_grid(ok)
-    for ax, ((device, fmt, variant, threads), g) in panels:
-        by_artifact = g.groupby("artifact", sort=True)
-        data = [np.concatenate([np.asarray(x, float) for x in a["latency_ms"]]) for _, a in by_artifact]
-        labels = [f"{a.iloc[0]['run_id']}\n{a.iloc[0]['client_id']}" if a.iloc[0].get("run_id") else name
-                  for name, a in by_artifact]
-        box = ax.boxplot(data, tick_labels=labels, showfliers=True, patch_artist=True, flierprops={"markersize": 2})
-        for patch, (_, a) in zip(box["boxes"], by_artifact):
-            patch.set_facecolor("#c6dbef" if a.iloc[0].get("kind") != "dense" else "#fdd0a2")
-        ax.set_title(f"{device} · {fmt}/{variant} · {threads} thread(s)", fontsize=9)
-        ax.set_ylabel("latency (ms)")
-        ax.tick_params(axis="x", labelsize=7, rotation=30)
-        ax.grid(axis="y", alpha=0.3)
+    valid = {} if summary is None else {
+        (r.artifact, r.format, r.variant, r.device, r.threads): bool(r.valid) for r in summary.itertuples()}
+    settings = ok.groupby(["artifact", "format", "variant", "device", "threads"], sort=False).agg(
+        run_id=("run_id", "first"), client_id=("client_id", "first"), kind=("kind", "first"),
+        samples=("latency_ms", lambda xs: np.concatenate([np.asarray(x, float) for x in xs]))).reset_index()
+    fig, panels = _panel_grid(settings, size=(0.55 * settings["artifact"].nunique() + 2.5, 3.8))
+    for ax, title, rows in panels:
+        rows = _setting_order(rows)
+        box = ax.boxplot(list(rows["samples"]), whis=(1, 99), showfliers=False, patch_artist=True, widths=0.6,
+                         tick_labels=_tick_labels(rows), medianprops={"color": "black"})
+        for i, (patch, r) in enumerate(zip(box["boxes"], rows.itertuples())):
+            patch.set_facecolor(DENSE_COLOR if r.kind == "dense" else COMPACTED_COLOR)
+            if not valid.get((r.artifact, r.format, r.variant, r.device, r.threads), True):
+                patch.set_hatch("///")
+                patch.set_edgecolor(INVALID_COLOR)
+            median, top = np.percentile(r.samples, [50, 99])
+            slow = int((r.samples > SLOW_FACTOR * median).sum())
+            ax.annotate(f"{slow:,}", (i + 1, top), xytext=(0, 2), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7, color=INVALID_COLOR if slow else "#555")
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelsize=7, rotation=45)
+        ax.grid(axis="y", which="both", alpha=0.3)
+        lo = min(np.percentile(x, 1) for x in rows["samples"])
+        hi = max(np.percentile(x, 99) for x in rows["samples"])
+        if hi / lo > LOG_SPAN:  # settings apart by more than LOG_SPAN: a log axis shows each one's spread
+            ax.set_yscale("log")
+            top = hi * (hi / lo) ** 0.12  # room for the counts above the top whisker
+            ax.set_ylim(lo / (hi / lo) ** 0.05, top)
+            _plain_log_ticks(ax.yaxis, lo, top)
+            ax.set_ylabel("latency per inference (ms, log)")
+        else:
+            ax.set_ylim(max(0.0, lo - 0.05 * (hi - lo)), hi + 0.15 * (hi - lo))
+            ax.set_ylabel("latency per inference (ms)")
+    handles = [Patch(facecolor=DENSE_COLOR, label="dense baseline"),
+               Patch(facecolor=COMPACTED_COLOR, label="compacted client"),
+               Patch(facecolor="white", edgecolor=INVALID_COLOR, hatch="///", label="INVALID setting")]
+    fig.legend(handles=handles if valid else handles[:2], loc="outside lower center", ncols=3, fontsize=8,
+               title=f"box p25–p75 and median, whiskers p1–p99; number above: samples slower than "
+                     f"{SLOW_FACTOR:g}× the median (not drawn)", title_fontsize=8)
     return fig
 
 
-def speedup_vs_bound(summary: pd.DataFrame) -> Figure | None:
-    """Measured speedup over the dense baseline against the FLOP-reduction bound; y = x is the bound."""
-    rows = summary[(summary["kind"] != "dense") & np.isfinite(summary["speedup"].astype(float))
-                   & np.isfinite(summary["flop_bound"].astype(float))]
+def speedup_per_client(summary: pd.DataFrame) -> Figure | None:
+    """Per compacted client, sorted by its FLOP bound: the measured speedup over its run's dense baseline (dense
+    p50 ÷ compacted p50) beside the two ratios it could follow — the FLOP bound (dense ÷ compacted FLOPs) and
+    the parameter-byte ratio (dense ÷ compacted parameter bytes). One panel per device × format; a speedup that
+    rests on an INVALID verdict (the client's or its baseline's) is drawn hollow and red."""
+    rows = summary[(summary["kind"] != "dense") & np.isfinite(summary["speedup"].astype(float))]
     if rows.empty:
         return None
-    fig = Figure(figsize=(6.0, 5.0), layout="constrained")
-    ax = fig.add_subplot()
-    for (device, fmt), g in rows.groupby(["device", "format"], sort=True):
-        ax.scatter(g["flop_bound"].astype(float), g["speedup"].astype(float), label=f"{device} · {fmt}", s=28)
-    hi = float(max(rows["flop_bound"].max(), rows["speedup"].max(), 1.0)) * 1.1
-    ax.plot([0, hi], [0, hi], "k--", lw=1, label="y = x (FLOP bound)")
-    ax.axhline(1.0, color="grey", lw=0.8, alpha=0.6)
-    ax.set_xlim(0, hi)
-    ax.set_ylim(0, hi)
-    ax.set_xlabel("FLOP-reduction bound (dense FLOPs ÷ compacted FLOPs)")
-    ax.set_ylabel("measured speedup (dense p50 ÷ compacted p50)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    fig, panels = _panel_grid(rows, size=(0.5 * rows["artifact"].nunique() + 3.0, 3.8))
+    for ax, title, g in panels:
+        g = g.assign(_b=g["flop_bound"].astype(float)).sort_values(["_b", "artifact"])
+        x = np.arange(len(g))
+        # the two bounds side by side (they often coincide), the measurement between them and the next client
+        ax.scatter(x - 0.15, g["flop_bound"].astype(float), marker="^", s=40, color="#636363", label="FLOP bound",
+                   zorder=2)
+        ax.scatter(x + 0.15, g["param_ratio"].astype(float), marker="s", s=26, color="#31a354",
+                   label="parameter-byte ratio", zorder=2)
+        valid = g["comparison_valid"].astype(bool).to_numpy()
+        speed = g["speedup"].astype(float).to_numpy()
+        ax.scatter(x[valid], speed[valid], s=46, color="#08519c", label="measured speedup (VALID)", zorder=3)
+        ax.scatter(x[~valid], speed[~valid], s=46, facecolor="none", edgecolor=INVALID_COLOR, linewidths=1.5,
+                   label="measured speedup (INVALID)", zorder=3)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.set_xticks(x, _tick_labels(g), fontsize=7, rotation=45)
+        ax.set_xlim(-0.6, len(g) - 0.4)
+        ax.set_title(f"{title}  (clients sorted by FLOP bound)", fontsize=10)
+        ax.set_ylabel("× over the dense baseline (log)")
+        ax.grid(axis="y", which="both", alpha=0.3)
+        lo = min(0.8, float(np.nanmin(speed)) * 0.8)
+        hi = max(float(np.nanmax(g[["flop_bound", "param_ratio", "speedup"]].astype(float).to_numpy())) * 1.3, 2)
+        ax.set_ylim(lo, hi)
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
     return fig
 
 
@@ -97,34 +172,85 @@ def accuracy_curve(history: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_vs_communication(curves: Mapping[str, pd.DataFrame]) -> Figure | None:
-    """Mean client accuracy against cumulative communication, one line per run (label -> accuracy_curve)."""
+    """Mean client accuracy against cumulative bytes communicated (up + down, log axis: algorithms differ by
+    orders of magnitude), one line per run (label -> accuracy_curve), its last round's accuracy written at its
+    end."""
     curves = {k: v for k, v in curves.items() if not v.empty}
     if not curves:
         return None
-    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    fig = Figure(figsize=(7.0, 4.2), layout="constrained")
     ax = fig.add_subplot()
     for label, c in sorted(curves.items()):
-        ax.plot(c["cum_bytes"].astype(float) / 1e6, c["accuracy"].astype(float), marker=".", label=label)
-    ax.set_xlabel("cumulative communication, up + down (MB)")
-    ax.set_ylabel("mean client accuracy")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+        mb = c["cum_bytes"].astype(float).to_numpy() / 1e6
+        acc = 100 * c["accuracy"].astype(float).to_numpy()
+        line, = ax.plot(mb, acc, marker=".", label=label)
+        ax.annotate(f"{acc[-1]:.1f} %\n{len(c)} rounds\n{mb[-1]:.3g} MB", (mb[-1], acc[-1]), xytext=(6, 0),
+                    textcoords="offset points", ha="left", va="center", fontsize=7, color=line.get_color())
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi * 3)  # room for the end labels
+    _plain_log_ticks(ax.xaxis, lo, hi * 3)
+    ax.set_xlabel("bytes communicated so far, up + down, all clients (MB, log)")
+    ax.set_ylabel("mean client accuracy (%)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, which="both")
     return fig
 
 
 def energy_per_inference(summary: pd.DataFrame) -> Figure | None:
-    """Energy per inference (total and above idle) per artifact, one panel per device × format."""
+    """Energy per inference (total and above idle) per setting, one panel per device × format; an INVALID
+    setting's bars are hatched."""
     rows = summary[np.isfinite(summary["energy_mj"].astype(float))]
     if rows.empty:
         return None
     fig, panels = _panel_grid(rows)
-    for ax, ((device, fmt, variant, threads), g) in panels:
+    for ax, title, g in panels:
+        g = _setting_order(g)
         x = np.arange(len(g))
-        ax.bar(x - 0.2, g["energy_mj"].astype(float), width=0.4, label="total")
-        ax.bar(x + 0.2, g["energy_above_idle_mj"].astype(float), width=0.4, label="above idle")
-        ax.set_xticks(x, [f"{r.run_id}\n{r.client_id}" for r in g.itertuples()], fontsize=7, rotation=30)
+        hatch = ["" if v else "///" for v in g["valid"].astype(bool)]
+        ax.bar(x - 0.2, g["energy_mj"].astype(float), width=0.4, label="total", hatch=hatch)
+        ax.bar(x + 0.2, g["energy_above_idle_mj"].astype(float), width=0.4, label="above idle", hatch=hatch)
+        ax.set_xticks(x, _tick_labels(g), fontsize=7, rotation=45)
         ax.set_ylabel("energy per inference (mJ)")
-        ax.set_title(f"{device} · {fmt}/{variant} · {threads} thread(s)", fontsize=9)
+        ax.set_title(title + ("  (hatched: INVALID)" if not g["valid"].all() else ""), fontsize=10)
         ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+MAX_LAYER_PANELS = 8  # the stacked-bar figure draws at most this many settings (the tables list them all)
+
+
+def layer_time_stacks(breakdowns) -> Figure | None:
+    """Where the time goes: per compacted artifact × setting (a ``profiling.layers.LayerBreakdown``), two
+    stacked bars — dense and compacted — one segment per layer (same colour in both) plus the operators no layer
+    claims, in median ms of the profiled runs. A layer flagged for realizing less than half its FLOP bound is
+    hatched in the compacted bar."""
+    bds = list(breakdowns)[:MAX_LAYER_PANELS]
+    if not bds:
+        return None
+    ncols = min(2, len(bds))
+    nrows = math.ceil(len(bds) / ncols)
+    fig = Figure(figsize=(6.0 * ncols, 3.8 * nrows), layout="constrained")
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20"]
+    for i, bd in enumerate(bds):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        segments = [(r.layer, r.dense_ms, r.compacted_ms, r.flagged) for r in bd.rows]
+        segments.append(("(other)", bd.other_dense_ms, bd.other_compacted_ms, False))
+        bottoms = [0.0, 0.0]
+        for k, (layer, d, c, flagged) in enumerate(segments):
+            vals = [0.0 if not math.isfinite(d) else d, 0.0 if not math.isfinite(c) else c]
+            color = "#bdbdbd" if layer == "(other)" else cmap(k % 20)
+            ax.bar([0], vals[:1], bottom=bottoms[:1], color=color, edgecolor="white", width=0.6, label=layer)
+            ax.bar([1], vals[1:], bottom=bottoms[1:], color=color, edgecolor="black" if flagged else "white",
+                   hatch="//" if flagged else None, width=0.6)
+            bottoms = [bottoms[0] + vals[0], bottoms[1] + vals[1]]
+        ax.set_xticks([0, 1], ["dense", "compacted"])
+        ax.set_ylabel("ms per inference (median of profiled runs)")
+        ax.set_title(f"{bd.artifact}\n{bd.device} · {bd.format}/{bd.variant} · {bd.threads} thread(s)", fontsize=9)
+        ax.legend(fontsize=6, ncols=2, loc="upper right", title="layer (hatched: < ½ FLOP bound)",
+                  title_fontsize=6)
         ax.grid(axis="y", alpha=0.3)
     return fig

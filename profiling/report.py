@@ -22,8 +22,11 @@ import pandas as pd
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
 from profiling import plots
+from profiling.layers import REALIZED_FLAG, LayerBreakdown, breakdowns
 from profiling.stats import DEFAULT_CV_THRESHOLD, summarize
 from profiling.store import ResultsStore
+from profiling.tidy import write_tidy
+from profiling.verdict import RULES, VerdictRules, headline
 
 
 # -- number formatting (one place, so HTML and Markdown agree) ----------------------------------------
@@ -58,20 +61,28 @@ def fmt_text(x: Any) -> str:
 # -- tables ---------------------------------------------------------------------------------------------
 def runtime_table(summary: pd.DataFrame) -> pd.DataFrame:
     """FedMask-style runtime table: per application × device × format × variant × threads × algorithm ×
-    dense/compacted, the mean over that group's artifacts (clients) of size, latency and energy."""
+    dense/compacted, the mean over that group's artifacts (clients) of size, latency and energy.
+
+    Measured numbers average the VALID settings only, comparisons (speedup, its ratio to the FLOP bound) only
+    those whose dense baseline is VALID too; ``valid`` says how many of the group's settings that is. A group
+    without one VALID setting shows no measured number (the detail table still has them, flagged)."""
     if summary.empty:
         return pd.DataFrame()
     s = summary.copy()
     s["application"] = s["dataset"].fillna("?").astype(str) + " / " + s["model"].fillna("?").astype(str)
     s["params"] = s["params_compacted"].where(s["kind"] != "dense", s["params_dense"]).astype("Float64")
     keys = ["application", "device", "format", "variant", "threads", "algorithm", "kind"]
-    numeric = ["params", "model_bytes", "p50_ms", "p90_ms", "energy_mj", "energy_above_idle_mj",
-               "speedup", "flop_bound", "speedup_vs_bound"]
-    for col in numeric:
+    static = ["params", "model_bytes", "flop_bound"]
+    measured = ["p50_ms", "p90_ms", "energy_mj", "energy_above_idle_mj"]
+    compared = ["speedup", "speedup_vs_bound"]
+    for col in static + measured + compared:
         s[col] = pd.to_numeric(s[col], errors="coerce").astype(float)
+    s[measured] = s[measured].where(s["valid"].astype(bool))
+    s[compared] = s[compared].where(s["comparison_valid"].astype(bool))
     g = s.groupby(keys, sort=True, dropna=False)
-    out = g[numeric].mean()
+    out = g[static + measured + compared].mean()
     out["clients"] = g["artifact"].nunique()
+    out["valid"] = [f"{int(v)}/{n}" for v, n in zip(g["valid"].sum(), g["valid"].size())]
     out = out.reset_index()
     # dense baseline first within each application and setting
     out["_order"] = (out["kind"] != "dense").astype(int)
@@ -80,27 +91,45 @@ def runtime_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 _RUNTIME_COLUMNS = [
     ("algorithm", "algorithm", fmt_text), ("kind", "model", fmt_text), ("clients", "clients", fmt_int),
-    ("params", "params", fmt_int), ("model_bytes", "size (KB)", fmt_kb), ("p50_ms", "p50 (ms)", fmt_ms),
+    ("valid", "VALID", fmt_text), ("params", "params", fmt_int), ("model_bytes", "size (KB)", fmt_kb),
+    ("p50_ms", "p50 (ms)", fmt_ms),
     ("p90_ms", "p90 (ms)", fmt_ms), ("energy_mj", "energy (mJ/inf)", fmt_ms),
     ("energy_above_idle_mj", "above idle (mJ/inf)", fmt_ms), ("speedup", "speedup", fmt_ratio),
     ("flop_bound", "FLOP bound", fmt_ratio), ("speedup_vs_bound", "speedup ÷ bound", fmt_pct),
 ]
 
+# (column, title, formatter[, boolean column that must be True, else the value is marked INVALID_MARK])
 _DETAIL_COLUMNS = [
     ("artifact", "artifact", fmt_text), ("device", "device", fmt_text), ("format", "format", fmt_text),
-    ("variant", "variant", fmt_text), ("threads", "threads", fmt_int), ("repetitions", "reps", fmt_int),
-    ("runs", "runs", fmt_int), ("p50_ms", "p50 (ms)", fmt_ms), ("p90_ms", "p90 (ms)", fmt_ms),
-    ("p99_ms", "p99 (ms)", fmt_ms), ("mean_ms", "mean (ms)", fmt_ms), ("cv", "CV", fmt_pct),
-    ("load_ms", "load (ms)", fmt_ms), ("peak_rss_kb", "peak RSS (KB)", fmt_int),
+    ("variant", "variant", fmt_text), ("threads", "threads", fmt_int), ("verdict", "verdict", fmt_text),
+    ("repetitions", "reps", fmt_int), ("runs", "runs", fmt_int), ("p50_ms", "p50 (ms)", fmt_ms),
+    ("p90_ms", "p90 (ms)", fmt_ms), ("p99_ms", "p99 (ms)", fmt_ms), ("mean_ms", "mean (ms)", fmt_ms),
+    ("cv", "CV", fmt_pct), ("load_ms", "load (ms)", fmt_ms), ("peak_rss_kb", "peak RSS (KB)", fmt_int),
     ("rss_growth_kb", "RSS growth (KB)", fmt_int), ("energy_mj", "energy (mJ/inf)", fmt_ms),
-    ("power_source", "power source", fmt_text), ("speedup", "speedup", fmt_ratio),
-    ("memory_reduction", "memory saved", fmt_pct), ("energy_reduction", "energy saved", fmt_pct),
-    ("flop_bound", "FLOP bound", fmt_ratio), ("accuracy", "accuracy", fmt_pct), ("flags", "flags", fmt_text),
-]
+    ("energy_above_idle_mj", "above idle (mJ/inf)", fmt_ms), ("power_source", "power source", fmt_text),
+    ("speedup", "speedup", fmt_ratio, "comparison_valid"),
+    ("memory_reduction", "memory saved", fmt_pct, "comparison_valid"),
+    ("energy_reduction", "energy saved", fmt_pct, "comparison_valid"),
+    ("flop_bound", "FLOP bound", fmt_ratio), ("param_ratio", "param-byte ratio", fmt_ratio),
+    ("speedup_vs_bound", "speedup ÷ bound", fmt_pct, "comparison_valid"), ("accuracy", "accuracy", fmt_pct),
+    ("reasons", "INVALID because", fmt_text),
+]  # what went unchecked is said once per rule and device above the tables (verdict_lines)
+
+INVALID_MARK = "†"
+INVALID_LEGEND = (f"{INVALID_MARK} rests on an INVALID setting (this one or its dense baseline): shown, "
+                  "not to be quoted")
 
 
-def _formatted(df: pd.DataFrame, columns: list[tuple[str, str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame({title: [fn(v) for v in df[col]] if col in df else [] for col, title, fn in columns})
+def _formatted(df: pd.DataFrame, columns: list[tuple]) -> pd.DataFrame:
+    out = {}
+    for col, title, fn, *guard in columns:
+        if col not in df:
+            continue
+        cells = [fn(v) for v in df[col]]
+        if guard:
+            cells = [c if ok or c == "—" else f"{c} {INVALID_MARK}" for c, ok in zip(cells, df[guard[0]])]
+        out[title] = cells
+    return pd.DataFrame(out)
 
 
 def _markdown_table(df: pd.DataFrame) -> str:
@@ -163,33 +192,43 @@ class _Figure:
 
 
 # -- the report -----------------------------------------------------------------------------------------
-def write_report(results_dir: str | Path, workspace: str | Path,
-                 cv_threshold: float = DEFAULT_CV_THRESHOLD) -> tuple[Path, Path]:
-    """Write ``report.html``, ``summary.md`` and ``plots/*.png`` into ``results_dir``; return the two paths."""
-    results_dir, workspace = Path(results_dir), Path(workspace)
+def _load(results_dir: Path) -> dict[str, Any]:
     store_path = results_dir / "results.sqlite"
     if not store_path.is_file():
         raise CorruptFileError(f"{store_path}: no results store; run `edgemask profile` first")
     with ResultsStore.open(store_path) as store:
-        df = store.to_dataframe()
-        artifacts = store.artifacts()
-        failures = store.failures()
-        skipped = store.skipped()
-        config = store.campaign_config() or {}
+        return {"df": store.to_dataframe(), "artifacts": store.artifacts(), "failures": store.failures(),
+                "skipped": store.skipped(), "config": store.campaign_config() or {},
+                "profiles": store.profiles(), "profiled_runs": store.profiled_runs(),
+                "operator_samples": store.operator_samples()}
+
+
+def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: float = DEFAULT_CV_THRESHOLD,
+                 *, rules: VerdictRules | None = None, csv: bool = False) -> tuple[Path, Path]:
+    """Write ``report.html``, ``summary.md``, ``plots/*.png`` and the tidy tables (``results.parquet``,
+    ``samples.parquet``; also ``results.csv`` and ``samples.csv`` when ``csv``) into ``results_dir``, beside the
+    store; return the paths of the page and the summary. ``rules`` (default: the verdict module's thresholds
+    with ``cv_threshold``) decide each setting's verdict."""
+    results_dir, workspace = Path(results_dir), Path(workspace)
+    rules = rules or VerdictRules(cv_threshold=cv_threshold)
+    data = _load(results_dir)
+    df, artifacts, failures, skipped, config = (data[k] for k in ("df", "artifacts", "failures", "skipped",
+                                                                     "config"))
     name = config.get("name", results_dir.name)
-    summary = summarize(df, cv_threshold)
+    summary = summarize(df, rules=rules)
+    write_tidy(results_dir, summary, df, csv=csv)
     runtime = runtime_table(summary)
     curves, history_notes = _run_curves(workspace, artifacts)
     energy_notes = _energy_notes(summary) if not summary.empty else []
 
     figures = [
-        _Figure("latency", "Latency distributions per device and format",
-                _png(plots.latency_distributions(df) if not df.empty else None),
+        _Figure("latency", "Latency per setting (log scale; whiskers p1–p99, samples beyond them counted)",
+                _png(plots.latency_distributions(df, summary) if not df.empty else None),
                 "no successful measurements to plot"),
-        _Figure("speedup_vs_bound", "Measured speedup against the FLOP-reduction bound",
-                _png(plots.speedup_vs_bound(summary) if not summary.empty else None),
-                "no compacted artifact has both a measured dense baseline and FLOP counts"),
-        _Figure("accuracy_vs_communication", "Accuracy against communication cost per algorithm",
+        _Figure("speedup", "Per client: measured speedup against its FLOP bound and parameter-byte ratio",
+                _png(plots.speedup_per_client(summary) if not summary.empty else None),
+                "no compacted artifact has a measured dense baseline"),
+        _Figure("accuracy_vs_communication", "Accuracy against bytes communicated per algorithm",
                 _png(plots.accuracy_vs_communication(curves)),
                 "no run has a training history with accuracy; " + "; ".join(history_notes)),
         _Figure("energy", "Energy per inference",
@@ -205,19 +244,73 @@ def write_report(results_dir: str | Path, workspace: str | Path,
     if not failures.empty:
         notes.append(f"{len(failures)} job(s) failed after their retries and are not in the tables "
                      f"(rerun `edgemask profile` to retry them)")
-    flagged = summary[summary["flags"] != ""] if "flags" in summary else summary.iloc[0:0]
-    if not flagged.empty:
-        notes.append(f"{len(flagged)} setting(s) carry flags (high-cv: CV > {cv_threshold:g}; throttled; "
-                     f"output-check-failed; energy-missing) — see the flags column")
+
+    layer_bds, layer_notes = breakdowns(artifacts, data["profiles"], data["profiled_runs"],
+                                        data["operator_samples"])
+    if not data["profiles"].empty:
+        figures.append(_Figure("layer_time", "Where the time goes: per layer, dense against compacted (profiled runs)",
+                               _png(plots.layer_time_stacks(layer_bds)),
+                               "no compacted artifact has per-layer times: " + ("; ".join(layer_notes) or "none")))
+        fig = figures[-1]
+        if fig.png is not None:
+            write_bytes_atomic(plot_dir / f"{fig.name}.png", fig.png)
+    notes += layer_notes
 
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    sections = _sections(runtime, summary, failures, skipped)
-    md = _markdown(name, generated, config, sections, figures, notes)
-    page = _html(name, generated, config, sections, figures, notes)
+    verdict = verdict_lines(summary, rules)
+    sections = _sections(runtime, summary, failures, skipped) + layer_sections(layer_bds)
+    md = _markdown(name, generated, config, verdict, sections, figures, notes)
+    page = _html(name, generated, config, verdict, sections, figures, notes)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
     write_text_atomic(md_path, md)
     write_text_atomic(html_path, page)
     return html_path, md_path
+
+
+def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:
+    """What every summary leads with: how many settings are VALID, the rules, and what could not be checked
+    where."""
+    lines = [headline(summary), f"A setting is VALID with {rules.describe()}."]
+    if summary.empty:
+        return lines
+    unchecked: dict[tuple[str, str], set[str]] = {}  # (rule, why) -> devices
+    for device, text in zip(summary["device"], summary["not_checked"]):
+        for part in filter(None, str(text).split("; ")):
+            rule, _, why = part.partition(": not checked: ")
+            unchecked.setdefault((rule, why), set()).add(str(device))
+    for (rule, why), devices in sorted(unchecked.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][1])):
+        lines.append(f"{rule} not checked on {', '.join(sorted(devices))}: {why}.")
+    if not summary["comparison_valid"].all():
+        lines.append(INVALID_LEGEND + ".")
+    return lines
+
+
+_SUMMARY_COLUMNS = [
+    ("artifact", "setting", fmt_text), ("device", "device", fmt_text), ("format", "format", fmt_text),
+    ("variant", "variant", fmt_text), ("threads", "thr", fmt_int), ("runs", "runs", fmt_int),
+    ("p50_ms", "p50 ms", fmt_ms), ("p99_ms", "p99 ms", fmt_ms), ("cv", "CV", fmt_pct),
+    ("speedup", "speedup", fmt_ratio, "comparison_valid"), ("flop_bound", "FLOP bound", fmt_ratio),
+    ("param_ratio", "param bytes", fmt_ratio), ("verdict", "verdict", fmt_text),
+    ("invalid_rules", "INVALID because", fmt_text),
+]
+
+
+def summary_table(results_dir: str | Path, *, rules: VerdictRules | None = None) -> str:
+    """The campaign's settings as plain text for a terminal: the verdict lines first, then one row per setting
+    (latency, CV, speedup over the dense baseline against its FLOP bound and parameter-byte ratio, verdict)."""
+    rules = rules or VerdictRules()
+    summary = summarize(_load(Path(results_dir))["df"], rules=rules)
+    lines = verdict_lines(summary, rules)
+    if summary.empty:
+        return "\n".join(lines)
+    table = _formatted(summary, _SUMMARY_COLUMNS)
+    rows = [list(table.columns), *table.astype(str).values.tolist()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    left = {0, 1, 2, 3, len(widths) - 2, len(widths) - 1}  # text columns
+    cell = lambda i, c: c.ljust(widths[i]) if i in left else c.rjust(widths[i])  # noqa: E731
+    text = ["  ".join(cell(i, c) for i, c in enumerate(r)).rstrip() for r in rows]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([*lines, "", *text])
 
 
 def _png(fig: Any) -> bytes | None:
@@ -227,7 +320,9 @@ def _png(fig: Any) -> bytes | None:
 def _sections(runtime: pd.DataFrame, summary: pd.DataFrame, failures: pd.DataFrame,
               skipped: pd.DataFrame) -> list[tuple[int, str, pd.DataFrame | None]]:
     """(heading level, heading, formatted table or None) in page order."""
-    out: list[tuple[int, str, pd.DataFrame | None]] = [(2, "Runtime per application (FedMask-style)", None)]
+    out: list[tuple[int, str, pd.DataFrame | None]] = [
+        (2, "Runtime per application (FedMask-style; measured numbers averaged over VALID settings only, "
+            "— where none is)", None)]
     if runtime.empty:
         out.append((3, "No successful measurements yet.", None))
     for keys, g in runtime.groupby(["application", "device", "format", "variant", "threads"], sort=True):
@@ -243,6 +338,44 @@ def _sections(runtime: pd.DataFrame, summary: pd.DataFrame, failures: pd.DataFra
     return out
 
 
+FLAG_MARK = "⚑"
+
+
+def layer_table_frame(bd: LayerBreakdown) -> pd.DataFrame:
+    """One breakdown as the report shows it: per layer, units kept, FLOP bound, dense and compacted ms, measured
+    speedup, speedup ÷ bound and the flag; then what no layer claims, and the operators' sum beside the
+    profiled runs' end-to-end latency."""
+    rows = [{"layer": r.layer, "units kept": f"{r.kept}/{r.total}", "FLOP ratio": fmt_ratio(r.flop_bound),
+             "dense ms": fmt_ms(r.dense_ms), "compacted ms": fmt_ms(r.compacted_ms),
+             "measured speedup": fmt_ratio(r.speedup), "speedup ÷ bound": _fmt_fraction(r.realized),
+             "flag": f"{FLAG_MARK} < {REALIZED_FLAG:g} of its bound" if r.flagged else ""} for r in bd.rows]
+    blank = {k: "" for k in rows[0]} if rows else {}
+    rows.append({**blank, "layer": "(other operators)", "dense ms": fmt_ms(bd.other_dense_ms),
+                 "compacted ms": fmt_ms(bd.other_compacted_ms)})
+    rows.append({**blank, "layer": "sum of operators / end to end",
+                 "dense ms": f"{fmt_ms(bd.ops_dense_ms)} / {fmt_ms(bd.e2e_dense_ms)}",
+                 "compacted ms": f"{fmt_ms(bd.ops_compacted_ms)} / {fmt_ms(bd.e2e_compacted_ms)}"})
+    return pd.DataFrame(rows)
+
+
+def _fmt_fraction(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{x:.2f}"
+
+
+def layer_sections(bds: list[LayerBreakdown]) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """The per-layer sections (profiled runs, apart from the timed ones): one table per compacted artifact and
+    setting."""
+    if not bds:
+        return []
+    out: list[tuple[int, str, pd.DataFrame | None]] = [
+        (2, f"Per layer: where compaction's time goes (profiled runs, separate from the timed ones; "
+            f"{FLAG_MARK}: a layer realizing less than {REALIZED_FLAG:g} of its FLOP bound)", None)]
+    for bd in bds:
+        out.append((3, f"{bd.artifact} — {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s)",
+                    layer_table_frame(bd)))
+    return out
+
+
 def _config_line(config: dict[str, Any]) -> str:
     if not config:
         return "campaign configuration not recorded"
@@ -251,12 +384,15 @@ def _config_line(config: dict[str, Any]) -> str:
             f"devices {', '.join(config.get('devices', []))}; threads {config.get('threads')}; "
             f"repetitions {config.get('repetitions')}; runner: warm-up {runner.get('warmup_runs')} runs / "
             f"{runner.get('warmup_seconds')} s, at least {runner.get('min_runs')} runs and "
-            f"{runner.get('min_seconds')} s")
+            f"{runner.get('min_seconds')} s"
+            + (f"; then {runner.get('profile_runs')} per-operator profiled runs after {runner.get('profile_warmup')} "
+               "warm-up runs (not in the latency figures)" if runner.get("profile_layers") else ""))
 
 
-def _markdown(name: str, generated: str, config: dict[str, Any], sections: list, figures: list[_Figure],
-              notes: list[str]) -> str:
-    parts = [f"# Campaign {name}", "", f"Generated {generated}. {_config_line(config)}.", ""]
+def _markdown(name: str, generated: str, config: dict[str, Any], verdict: list[str], sections: list,
+              figures: list[_Figure], notes: list[str]) -> str:
+    parts = [f"# Campaign {name}", "", f"**{verdict[0]}.**", "", *[f"- {v}" for v in verdict[1:]], "",
+             f"Generated {generated}. {_config_line(config)}.", ""]
     for level, heading, table in sections:
         parts += ["#" * level + " " + heading, ""]
         if table is not None:
@@ -278,14 +414,16 @@ table.t th, table.t td { border: 1px solid #ccc; padding: 3px 7px; text-align: r
 table.t th { background: #f3f3f3; } table.t td:first-child { text-align: left; }
 .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 6px 10px; margin: 6px 0; }
 figure { margin: 12px 0 24px; } figure img { max-width: 100%; border: 1px solid #eee; }
-.meta { color: #666; font-size: 0.9em; }
+.meta { color: #666; font-size: 0.9em; } .verdict { font-size: 1.15em; }
 """
 
 
-def _html(name: str, generated: str, config: dict[str, Any], sections: list, figures: list[_Figure],
-          notes: list[str]) -> str:
+def _html(name: str, generated: str, config: dict[str, Any], verdict: list[str], sections: list,
+          figures: list[_Figure], notes: list[str]) -> str:
     e = html.escape
-    body = [f"<h1>Campaign {e(name)}</h1>", f"<p class='meta'>Generated {e(generated)}. {e(_config_line(config))}.</p>"]
+    body = [f"<h1>Campaign {e(name)}</h1>", f"<p class='verdict'><b>{e(verdict[0])}.</b></p>",
+            "<ul>" + "".join(f"<li>{e(v)}</li>" for v in verdict[1:]) + "</ul>",
+            f"<p class='meta'>Generated {e(generated)}. {e(_config_line(config))}.</p>"]
     if notes:
         body.append("<h2>Notes</h2>")
         body += [f"<div class='note'>{e(n)}</div>" for n in notes]

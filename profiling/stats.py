@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-DEFAULT_CV_THRESHOLD = 0.1
+from profiling.verdict import CV_THRESHOLD, VerdictRules, flag_set, judge
+
+DEFAULT_CV_THRESHOLD = CV_THRESHOLD
 GROUP_KEYS = ["artifact", "format", "variant", "device", "threads"]
 
 
@@ -69,32 +71,12 @@ def energy_above_idle_mj(power_w: Sequence[float], idle_w: float, window_s: floa
 
 
 # -- device state ---------------------------------------------------------------------------------
-def _truthy_flag(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value != 0
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "0", "0x0", "no", "false", "none"):
-            return False
-        try:
-            return int(text, 0) != 0  # Raspberry Pi: vcgencmd get_throttled -> "0x50005"
-        except ValueError:
-            return text in ("1", "yes", "true", "throttled")
-    if isinstance(value, Mapping):
-        return any(_truthy_flag(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_truthy_flag(v) for v in value)
-    return False
-
-
 def throttled(state: Mapping[str, Any] | str) -> bool:
     """Whether a device state reports throttling: any field whose name contains "throttl" set (recursively)."""
     if isinstance(state, str):
         state = json.loads(state) if state else {}
     for key, value in state.items():
-        if "throttl" in str(key).lower() and _truthy_flag(value):
+        if "throttl" in str(key).lower() and flag_set(value):
             return True
         if isinstance(value, Mapping) and throttled(value):
             return True
@@ -111,11 +93,16 @@ def _median(values: pd.Series) -> float:
     return float(v.median()) if len(v) else math.nan
 
 
-def _summarize_group(g: pd.DataFrame, cv_threshold: float) -> dict[str, Any]:
+def _summarize_group(g: pd.DataFrame, rules: VerdictRules) -> dict[str, Any]:
     ok = g[g["ok"].astype(bool)]
     samples = [x for xs in ok["latency_ms"] for x in xs]
     row: dict[str, Any] = {"repetitions": len(ok), "n_failed": int(len(g) - len(ok))}
     row.update(latency_stats(samples))
+    row["p1_ms"] = percentile(samples, 1)
+    row["min_ms"] = float(min(samples)) if samples else math.nan
+    row["max_ms"] = float(max(samples)) if samples else math.nan
+    row["runs_min"] = int(ok["latency_ms"].map(len).min()) if len(ok) else 0
+    row["timed_window_s_min"] = float(pd.to_numeric(ok["timed_window_s"]).min()) if len(ok) else math.nan
     energies, above = [], []
     for m in ok.itertuples():
         runs = len(m.latency_ms)
@@ -131,49 +118,39 @@ def _summarize_group(g: pd.DataFrame, cv_threshold: float) -> dict[str, Any]:
     row["peak_rss_kb"] = _median(ok["peak_rss_kb"])
     row["rss_growth_kb"] = _median(ok["rss_growth_kb"])
     row["accuracy"] = _median(ok["accuracy"])
-    row["output_max_abs_diff"] = float(pd.to_numeric(ok["output_max_abs_diff"]).max()) if len(ok) else math.nan
+    row["output_max_abs_diff"] = float(pd.to_numeric(g["output_max_abs_diff"], errors="coerce").max())
     sources = [s for s in ok["power_source"] if s]
     row["power_source"] = sources[0] if sources else None
     reasons = [r for r in g["energy_missing_reason"] if r]
     errors = [e for e in g["error"] if e]
     row["energy_missing_reason"] = reasons[0] if reasons else None
     row["error"] = errors[0] if errors else None
-
-    row["flag_high_cv"] = bool(row["cv"] > cv_threshold)  # NaN compares False
-    row["flag_throttled"] = bool(g["throttled"].astype(bool).any())
-    row["flag_output_check_failed"] = bool(len(ok) and not ok["output_check_passed"].astype(bool).all())
     row["flag_energy_missing"] = bool(len(ok) and len(finite) < len(ok))
-    row["flag_failed"] = bool(len(ok) == 0)
+    row.update(judge(g, row["cv"], rules).columns())
     return row
 
 
-_FLAG_NAMES = {"flag_high_cv": "high-cv", "flag_throttled": "throttled",
-               "flag_output_check_failed": "output-check-failed", "flag_energy_missing": "energy-missing",
-               "flag_failed": "failed"}
-
-
-def summarize(df: pd.DataFrame, cv_threshold: float = DEFAULT_CV_THRESHOLD) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, cv_threshold: float = DEFAULT_CV_THRESHOLD,
+              rules: VerdictRules | None = None) -> pd.DataFrame:
     """One row per artifact × format × variant × device × threads from ``ResultsStore.to_dataframe()``.
 
     Latency statistics pool the raw samples of all repetitions; memory is the median over repetitions;
-    energy per inference is the mean of the repetitions that measured it. Then the dense comparison
-    (``compare_to_dense``) and the flags (``flags``: a ';'-joined summary of the ``flag_*`` columns).
+    energy per inference is the mean of the repetitions that measured it. Each row carries its verdict
+    (``profiling.verdict``: ``verdict``, ``valid``, ``invalid_rules``, ``reasons``, ``not_checked``); then the
+    dense comparison (``compare_to_dense``). ``rules`` defaults to ``VerdictRules(cv_threshold=cv_threshold)``.
     """
+    rules = rules or VerdictRules(cv_threshold=cv_threshold)
     if df.empty:
-        return pd.DataFrame(columns=[*GROUP_KEYS, *_CARRIED, "p50_ms"])
+        return pd.DataFrame(columns=[*GROUP_KEYS, *_CARRIED, "p50_ms", "verdict", "valid", "invalid_rules",
+                                     "reasons", "not_checked", "comparison_valid"])
     rows = []
     for keys, g in df.groupby(GROUP_KEYS, sort=True, dropna=False):
         row = dict(zip(GROUP_KEYS, keys))
         first = g.iloc[0]
         row.update({c: first[c] for c in _CARRIED if c in g.columns})
-        row.update(_summarize_group(g, cv_threshold))
+        row.update(_summarize_group(g, rules))
         rows.append(row)
-    out = pd.DataFrame(rows)
-    out = compare_to_dense(out)
-    flag_cols = list(_FLAG_NAMES)
-    out["flags"] = out[flag_cols].apply(
-        lambda r: ";".join(_FLAG_NAMES[c] for c in flag_cols if r[c]), axis=1)
-    return out
+    return compare_to_dense(pd.DataFrame(rows))
 
 
 def compare_to_dense(summary: pd.DataFrame) -> pd.DataFrame:
@@ -182,14 +159,18 @@ def compare_to_dense(summary: pd.DataFrame) -> pd.DataFrame:
     speedup = dense p50 ÷ p50; memory_reduction = 1 − RSS growth ÷ dense RSS growth (the memory the model
     itself takes once loaded); size_reduction likewise for the model file; energy_reduction for energy per
     inference; flop_bound = dense FLOPs ÷ compacted FLOPs (the most compaction can buy if time followed
-    FLOPs); speedup_vs_bound = speedup ÷ flop_bound.
+    FLOPs); speedup_vs_bound = speedup ÷ flop_bound; param_ratio = dense ÷ compacted parameters (the
+    parameter-byte ratio: both sides store parameters in the same dtype).
+
+    A comparison rests on two verdicts: ``comparison_valid`` is True only when this setting and its dense
+    baseline are both VALID. The ratios are kept either way; readers show an invalid one flagged.
     """
     out = summary.copy()
     dense = out[out["kind"] == "dense"]
     match = ["run_id", "format", "variant", "device", "threads"]
-    base = dense[match + ["p50_ms", "rss_growth_kb", "model_bytes", "energy_mj"]].rename(
+    base = dense[match + ["p50_ms", "rss_growth_kb", "model_bytes", "energy_mj", "valid"]].rename(
         columns={"p50_ms": "dense_p50_ms", "rss_growth_kb": "dense_rss_growth_kb",
-                 "model_bytes": "dense_model_bytes", "energy_mj": "dense_energy_mj"})
+                 "model_bytes": "dense_model_bytes", "energy_mj": "dense_energy_mj", "valid": "dense_valid"})
     base = base.drop_duplicates(match)
     out = out.merge(base, on=match, how="left")
 
@@ -205,4 +186,8 @@ def compare_to_dense(summary: pd.DataFrame) -> pd.DataFrame:
     out["flop_bound"] = ratio("flops_dense", "flops_compacted")
     out.loc[out["kind"] == "dense", "flop_bound"] = 1.0
     out["speedup_vs_bound"] = out["speedup"] / out["flop_bound"]
+    out["param_ratio"] = ratio("params_dense", "params_compacted")
+    out.loc[out["kind"] == "dense", "param_ratio"] = 1.0
+    out["dense_valid"] = out["dense_valid"].astype("boolean")
+    out["comparison_valid"] = (out["valid"].astype(bool) & out["dense_valid"].fillna(False)).astype(bool)
     return out

@@ -1,16 +1,31 @@
 """The results store of one campaign: ``results/<campaign>/results.sqlite``.
 
-One row per finished job, written in one transaction together with nothing else, so a campaign killed at
-any point leaves either the whole measurement or none of it. ``job_id`` is UNIQUE: a resumed campaign cannot
-record a job twice. The raw latency and power samples are kept (the Measurement as JSON); statistics are
-derived from them later (``profiling.stats``). WAL mode lets a report read while a campaign writes.
+One row per job that the runner answered, written in one transaction, so a campaign killed at any point
+leaves either the whole measurement or none of it. ``job_id`` is UNIQUE and every row has a ``status``:
+
+- ``measured``: the runner's result is good (``ok``); the job is done, and no later run records it again.
+- ``failed``: the runner answered ``ok = false`` (a model it refused, an output check that failed). A resume
+  re-runs the job; the new row replaces this one, which moves to ``superseded`` (every sample is kept).
+- ``interrupted`` jobs (Ctrl-C, a stopped campaign) and jobs whose link failed after their retries never get a
+  row here: they are in ``failures`` (with ``status`` interrupted or failed) and are re-run on resume.
+
+A job is re-run while it has failed in at most ``retries`` earlier runs (``failed_runs``); interrupted runs do
+not count. The raw latency and power samples are kept (the Measurement as JSON); statistics are derived from
+them later (``profiling.stats``). WAL mode lets a report read while a campaign writes.
 
 Tables:
   meta(key, value)                       schema version, campaign config (JSON)
   artifacts(artifact, ..., manifest)     key numbers of each artifact's manifest.json
-  measurements(job_id UNIQUE, ..., measurement JSON)
-  failures(job_id, reason, attempts, ...)  jobs that failed after their retries (history; re-run on resume)
+  measurements(job_id UNIQUE, ..., status, measurement JSON)
+  superseded(same columns)               failed rows a later run replaced (history)
+  failures(job_id, reason, attempts, status, measurement, ...)  every failed or interrupted outcome (history)
   skipped(artifact, format, variant, device, reason)
+  events(device, kind, detail JSON)      what a campaign did to a board: stray runners, governor set/restored
+  profiles(job_id UNIQUE, available, profiler, reason, blocks JSON)   per-operator profiling of a job, or why not
+  profiled_runs(job_id, run, end_to_end_ms, total_us)                  each profiled run (apart from the timed ones)
+  operator_samples(job_id, run, seq, name, op_type, us, provider)      every operator event of every profiled run
+
+A schema-1 store (no status) is migrated in place on open: its ``ok = 0`` rows become ``failed``.
 """
 
 from __future__ import annotations
@@ -19,21 +34,22 @@ import dataclasses
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from devices.records import Measurement
+from devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError, EdgemaskError
 from edgemask.fileio import atomic_path
 
 if TYPE_CHECKING:
     from profiling.campaign import ArtifactInfo, CampaignConfig, Job, SkippedJob
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MEASURED, FAILED, INTERRUPTED = "measured", "failed", "interrupted"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,19 +63,56 @@ CREATE TABLE IF NOT EXISTS measurements (
     job_id TEXT NOT NULL UNIQUE, artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL,
     device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
     ok INTEGER NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL,
-    measurement TEXT NOT NULL
+    measurement TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'measured'
 );
 CREATE TABLE IF NOT EXISTS failures (
     id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, artifact TEXT NOT NULL, format TEXT NOT NULL,
     variant TEXT NOT NULL, device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
-    reason TEXT NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL
+    reason TEXT NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'failed', measurement TEXT
 );
 CREATE TABLE IF NOT EXISTS skipped (
     artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL, device TEXT NOT NULL,
     reason TEXT NOT NULL, UNIQUE (artifact, format, variant, device)
 );
+CREATE TABLE IF NOT EXISTS superseded (
+    job_id TEXT NOT NULL, artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL,
+    device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
+    ok INTEGER NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL,
+    measurement TEXT NOT NULL, status TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, device TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL,
+    recorded_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS profiles (
+    job_id TEXT NOT NULL UNIQUE, available INTEGER NOT NULL, profiler TEXT, reason TEXT, blocks TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS profiled_runs (
+    job_id TEXT NOT NULL, run INTEGER NOT NULL, end_to_end_ms REAL, total_us REAL, UNIQUE (job_id, run)
+);
+CREATE TABLE IF NOT EXISTS operator_samples (
+    job_id TEXT NOT NULL, run INTEGER NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, op_type TEXT NOT NULL,
+    us REAL NOT NULL, provider TEXT, UNIQUE (job_id, run, seq)
+);
 """
 
+# Schema 1 -> 2: a status per row (ok = 0 rows were failures that the old code took for done), the failures'
+# status and samples, and the history of replaced rows. Run once, in one transaction, before _SCHEMA.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE measurements ADD COLUMN status TEXT NOT NULL DEFAULT 'measured';
+UPDATE measurements SET status = 'failed' WHERE ok = 0;
+ALTER TABLE failures ADD COLUMN status TEXT NOT NULL DEFAULT 'failed';
+ALTER TABLE failures ADD COLUMN measurement TEXT;
+UPDATE meta SET value = '2' WHERE key = 'schema';
+"""
+
+_MEASUREMENT_COLUMNS = ("job_id, artifact, format, variant, device, threads, repetition, ok, attempts, "
+                        "recorded_at, measurement, status")
+
+# Measurement fields that are no column of to_dataframe: the job keys (already there) and the profile (its own
+# tables: profiles(), profiled_runs(), operator_samples())
+_NOT_COLUMNS = ("device", "artifact", "format", "variant", "threads", "profile")
 _JOB_COLUMNS = ["job_id", "artifact", "format", "variant", "device", "threads", "repetition"]
 _ARTIFACT_COLUMNS = ["run_id", "client_id", "kind", "algorithm", "model", "dataset",
                      "params_dense", "params_compacted", "flops_dense", "flops_compacted"]
@@ -67,6 +120,22 @@ _ARTIFACT_COLUMNS = ["run_id", "client_id", "kind", "algorithm", "model", "datas
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Schema 1 -> 2 in one transaction: a store left half-migrated by a kill cannot happen."""
+    cur = conn.cursor()
+    cur.execute("BEGIN IMMEDIATE")
+    try:
+        if cur.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "1":  # not done meanwhile
+            for stmt in filter(str.strip, _MIGRATE_1_TO_2.split(";")):
+                cur.execute(stmt)
+        cur.execute("COMMIT")
+    except sqlite3.Error as exc:
+        cur.execute("ROLLBACK")
+        conn.close()
+        raise CorruptFileError(f"{path}: cannot upgrade this schema-1 results store ({exc}); "
+                               "move it away and rerun the campaign") from None
 
 
 class ResultsStore:
@@ -94,8 +163,12 @@ class ResultsStore:
             raise EdgemaskError(f"{path}: SQLite refused WAL mode (got {mode!r}); put results on a local disk")
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise CorruptFileError(f"{path}: store schema {row[0]}, this edgemask reads {SCHEMA_VERSION}")
+        elif row[0] == "1":
+            _migrate(conn, path)
+        elif row[0] != str(SCHEMA_VERSION):
+            conn.close()
+            raise CorruptFileError(f"{path}: store schema {row[0]}, this edgemask reads {SCHEMA_VERSION}; "
+                                   "use the edgemask that wrote it, or give the campaign a new name")
         return cls(path, conn)
 
     def close(self) -> None:
@@ -110,17 +183,23 @@ class ResultsStore:
 
     def _write(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> int:
         """Run one statement over ``rows`` in one transaction; return the rows changed."""
+        return self._transaction(lambda cur: (cur.executemany(sql, rows), cur.rowcount)[1])
+
+    def _transaction(self, body: Callable[[sqlite3.Cursor], Any]) -> Any:
+        """``body(cursor)`` inside BEGIN IMMEDIATE ... COMMIT; rolled back (if still open) when anything fails."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.executemany(sql, rows)
-                changed = cur.rowcount
+                out = body(cur)
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                # A failed COMMIT (disk full) may have ended the transaction already: a ROLLBACK then would raise
+                # and hide the real error.
+                if self._db.in_transaction:
+                    cur.execute("ROLLBACK")
                 raise
-            return changed
+            return out
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -131,6 +210,8 @@ class ResultsStore:
         """Keep the campaign's config. A resume with other runner settings would mix incomparable samples."""
         new = config.to_dict()
         old = self.campaign_config()
+        if old is not None:  # settings added since the campaign started count with their defaults
+            old = {**old, "runner": {**dataclasses.asdict(RunnerSettings()), **(old.get("runner") or {})}}
         if old is not None and old.get("runner") != new["runner"]:
             raise EdgemaskError(
                 f"{self.path}: campaign {config.name!r} was started with runner settings {old.get('runner')}, "
@@ -161,31 +242,118 @@ class ResultsStore:
 
     # -- measurements -----------------------------------------------------------------------------
     def done_job_ids(self) -> set[str]:
-        return {r[0] for r in self._read("SELECT job_id FROM measurements")}
+        """Jobs measured for good; every other job of the plan is (re-)run."""
+        return {r[0] for r in self._read("SELECT job_id FROM measurements WHERE status = ?", (MEASURED,))}
+
+    def job_status(self) -> dict[str, str]:
+        """job_id -> measured | failed | interrupted: its latest outcome (a measured job stays measured)."""
+        out = {job: status for job, status in self._read("SELECT job_id, status FROM failures ORDER BY id")}
+        out.update(self._read("SELECT job_id, status FROM measurements WHERE status = ?", (MEASURED,)))
+        return out
+
+    def failed_runs(self) -> dict[str, int]:
+        """job_id -> how many runs of the campaign ended it failed (interrupted runs are not counted)."""
+        return dict(self._read("SELECT job_id, COUNT(*) FROM failures WHERE status = ? GROUP BY job_id", (FAILED,)))
 
     def record(self, job: "Job", measurement: Measurement, *, attempts: int = 1) -> bool:
-        """Commit one finished job in its own transaction. False if the store already holds it."""
+        """Commit one runner result in its own transaction: ``measured`` if ok, else ``failed`` (also noted in
+        ``failures``). A failed row is replaced by the new one and kept in ``superseded``. False, and nothing
+        written, if the store already holds a good measurement of the job."""
+        status = MEASURED if measurement.ok else FAILED
+        mjson = _measurement_json(measurement)
         row = (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
-               int(measurement.ok), attempts, _now(), json.dumps(measurement.to_dict()))
-        return self._write(
-            "INSERT INTO measurements VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job_id) DO NOTHING", [row]) == 1
+               int(measurement.ok), attempts, _now(), mjson, status)
 
-    def record_failure(self, job: "Job", reason: str, attempts: int) -> None:
-        row = (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
-               reason, attempts, _now())
-        self._write("INSERT INTO failures (job_id, artifact, format, variant, device, threads, repetition, "
-                    "reason, attempts, recorded_at) VALUES (?,?,?,?,?,?,?,?,?,?)", [row])
+        def write(cur: sqlite3.Cursor) -> bool:
+            old = cur.execute("SELECT status FROM measurements WHERE job_id = ?", (job.job_id,)).fetchone()
+            if old is not None and old[0] == MEASURED:
+                return False
+            if old is not None:
+                cur.execute(f"INSERT INTO superseded SELECT {_MEASUREMENT_COLUMNS} FROM measurements "
+                            "WHERE job_id = ?", (job.job_id,))
+                cur.execute("DELETE FROM measurements WHERE job_id = ?", (job.job_id,))
+            cur.execute(f"INSERT INTO measurements ({_MEASUREMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row)
+            _insert_profile(cur, job.job_id, measurement.profile)
+            if status == FAILED:
+                self._insert_failure(cur, job, measurement.error or "the runner failed without a reason",
+                                     attempts, FAILED, mjson)
+            return True
+
+        return self._transaction(write)
+
+    def record_failure(self, job: "Job", reason: str, attempts: int, *, status: str = FAILED,
+                       measurement: Measurement | None = None) -> None:
+        """Note a failed or interrupted outcome (history); the job stays to do. ``measurement``: what the runner
+        answered, if anything (kept, never counted as a result)."""
+        if status not in (FAILED, INTERRUPTED):
+            raise ValueError(f"status must be {FAILED!r} or {INTERRUPTED!r}, not {status!r}")
+        mjson = _measurement_json(measurement) if measurement is not None else None
+        self._transaction(lambda cur: self._insert_failure(cur, job, reason, attempts, status, mjson))
+
+    @staticmethod
+    def _insert_failure(cur: sqlite3.Cursor, job: "Job", reason: str, attempts: int, status: str,
+                        mjson: str | None) -> None:
+        cur.execute("INSERT INTO failures (job_id, artifact, format, variant, device, threads, repetition, "
+                    "reason, attempts, recorded_at, status, measurement) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
+                     reason, attempts, _now(), status, mjson))
 
     def failures(self, *, unresolved: bool = True) -> pd.DataFrame:
-        """Failed attempts; by default only jobs that no later run measured."""
-        cols = [*_JOB_COLUMNS, "reason", "attempts", "recorded_at"]
+        """Failed and interrupted outcomes; by default only of jobs with no row in ``measurements`` (neither
+        measured since nor answered by the runner: those are in the tables, as ``ok = false``)."""
+        cols = [*_JOB_COLUMNS, "reason", "attempts", "recorded_at", "status"]
         where = "WHERE job_id NOT IN (SELECT job_id FROM measurements)" if unresolved else ""
         return pd.DataFrame(self._read(f"SELECT {', '.join(cols)} FROM failures {where} ORDER BY id"), columns=cols)
 
+    def superseded(self) -> list[tuple["Job", Measurement]]:
+        """Failed rows that a later run replaced, oldest first."""
+        return self._jobs_and_measurements("superseded")
+
+    # -- what the campaign did to a board ---------------------------------------------------------
+    def record_event(self, device: str, kind: str, detail: Mapping[str, Any]) -> None:
+        self._write("INSERT INTO events (device, kind, detail, recorded_at) VALUES (?,?,?,?)",
+                    [(device, kind, json.dumps(dict(detail), sort_keys=True), _now())])
+
+    def events(self, device: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        rows = self._read("SELECT device, kind, detail, recorded_at FROM events ORDER BY id")
+        return [{"device": d, "kind": k, "detail": json.loads(v), "recorded_at": t} for d, k, v, t in rows
+                if (device is None or d == device) and (kind is None or k == kind)]
+
+    def profiles(self) -> pd.DataFrame:
+        """Per profiled job: its keys, whether the runtime gave per-operator events, the profiler or why not,
+        and the delegates reported as one block (a JSON list)."""
+        cols = [*_JOB_COLUMNS, "available", "profiler", "reason", "blocks"]
+        rows = self._read(f"SELECT {', '.join('m.' + c for c in _JOB_COLUMNS)}, p.available, p.profiler, p.reason, "
+                          "p.blocks FROM profiles p JOIN measurements m ON m.job_id = p.job_id ORDER BY m.rowid")
+        df = pd.DataFrame(rows, columns=cols)
+        df["available"] = df["available"].astype(bool)
+        return df
+
+    def profiled_runs(self) -> pd.DataFrame:
+        """One row per profiled run: job keys, run index, end-to-end ms, the runtime's own time for it (us)."""
+        cols = [*_JOB_COLUMNS, "run", "end_to_end_ms", "total_us"]
+        rows = self._read(f"SELECT {', '.join('m.' + c for c in _JOB_COLUMNS)}, r.run, r.end_to_end_ms, "
+                          "r.total_us FROM profiled_runs r JOIN measurements m ON m.job_id = r.job_id "
+                          "ORDER BY m.rowid, r.run")
+        return pd.DataFrame(rows, columns=cols)
+
+    def operator_samples(self) -> pd.DataFrame:
+        """Every operator event of every profiled run: job keys, run, position in the run, name, op type,
+        microseconds, provider."""
+        cols = [*_JOB_COLUMNS, "run", "seq", "name", "op_type", "us", "provider"]
+        rows = self._read(f"SELECT {', '.join('m.' + c for c in _JOB_COLUMNS)}, o.run, o.seq, o.name, o.op_type, "
+                          "o.us, o.provider FROM operator_samples o JOIN measurements m ON m.job_id = o.job_id "
+                          "ORDER BY m.rowid, o.run, o.seq")
+        return pd.DataFrame(rows, columns=cols)
+
     def measurements(self) -> list[tuple["Job", Measurement]]:
+        """Every job's current row (measured or failed), in the order they were written."""
+        return self._jobs_and_measurements("measurements")
+
+    def _jobs_and_measurements(self, table: str) -> list[tuple["Job", Measurement]]:
         from profiling.campaign import Job
 
-        rows = self._read(f"SELECT {', '.join(_JOB_COLUMNS[1:])}, measurement FROM measurements ORDER BY rowid")
+        rows = self._read(f"SELECT {', '.join(_JOB_COLUMNS[1:])}, measurement FROM {table} ORDER BY rowid")
         return [(Job(*r[:6]), Measurement.from_dict(json.loads(r[6]))) for r in rows]
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -207,7 +375,7 @@ class ResultsStore:
             rec.update(attempts=attempts, recorded_at=recorded_at)
             rec.update(dict(zip(_ARTIFACT_COLUMNS, art)))
             for f in dataclasses.fields(Measurement):
-                if f.name in ("device", "artifact", "format", "variant", "threads"):
+                if f.name in _NOT_COLUMNS:
                     continue
                 value = m.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
                 if f.name in ("state_before", "state_after"):
@@ -220,7 +388,7 @@ class ResultsStore:
             records.append(rec)
         columns = [*_JOB_COLUMNS, "attempts", "recorded_at", *_ARTIFACT_COLUMNS,
                    *[f.name for f in dataclasses.fields(Measurement)
-                     if f.name not in ("device", "artifact", "format", "variant", "threads")],
+                     if f.name not in _NOT_COLUMNS],
                    "throttled", "model_bytes"]
         df = pd.DataFrame.from_records(records, columns=columns)
         for col in ("params_dense", "params_compacted", "flops_dense", "flops_compacted", "model_bytes"):
@@ -242,6 +410,30 @@ class ResultsStore:
         with atomic_path(path) as tmp:
             df.to_csv(tmp, index=False)
         return path
+
+
+def _measurement_json(measurement: Measurement) -> str:
+    """The measurement as stored: its profile without the runs (they go to their own tables)."""
+    d = measurement.to_dict()
+    d["profile"] = {k: v for k, v in (d.get("profile") or {}).items() if k != "runs"}
+    return json.dumps(d)
+
+
+def _insert_profile(cur: sqlite3.Cursor, job_id: str, profile: Mapping[str, Any]) -> None:
+    """The profile's status, runs and operator samples of a job, replacing what an earlier (failed) row left."""
+    for table in ("profiles", "profiled_runs", "operator_samples"):
+        cur.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+    if not profile:
+        return
+    cur.execute("INSERT INTO profiles VALUES (?,?,?,?,?)",
+                (job_id, int(bool(profile.get("available"))), profile.get("profiler"), profile.get("reason"),
+                 json.dumps(list(profile.get("blocks") or []))))
+    runs = list(profile.get("runs") or [])
+    cur.executemany("INSERT INTO profiled_runs VALUES (?,?,?,?)",
+                    [(job_id, i, r.get("end_to_end_ms"), r.get("total_us")) for i, r in enumerate(runs)])
+    cur.executemany("INSERT INTO operator_samples VALUES (?,?,?,?,?,?,?)",
+                    [(job_id, i, k, str(op[0]), str(op[1]), float(op[2]), op[3] if len(op) > 3 else None)
+                     for i, r in enumerate(runs) for k, op in enumerate(r.get("ops") or [])])
 
 
 def _file_bytes(manifest: str | None, fmt: str, variant: str) -> int | None:

@@ -2,16 +2,26 @@
 
 Bytes: a tensor costs its element size per element (float32: 4, int64 batch-norm counters: 8); a binary mask
 1 bit per element, packed (⌈n/8⌉ bytes); Top-k sends values (4 bytes) plus indices (4 bytes, int32).
-FLOPs: a multiply-add counts 2. A weight element costs nothing when it is zero after masking, when its output
-unit is dead, or when its input unit is dead (a column of fc2 fed by a dead fc1 unit, a conv filter's slice
-over a dead input channel, LSTM columns of dead hidden units). Liveness is structural, found by one probe
-forward pass (:func:`input_liveness`); backward ≈ 2 × forward (input gradients + weight/mask gradients).
+FLOPs: a multiply-add counts 2. Two counts, labelled (:class:`ForwardFlops`):
+
+* ``element`` — what element sparsity would save: a weight element costs nothing when it is zero after masking,
+  when its output unit is dead, or when its input unit is dead (a column of fc2 fed by a dead fc1 unit, a conv
+  filter's slice over a dead input channel, LSTM columns of dead hidden units). An optimistic figure: training
+  runs the dense (sigmoid) masks, and dense kernels do not skip scattered zeros.
+* ``structured`` — what structured removal saves: only whole units that export's compaction removes cost
+  nothing (a dead row / filter / LSTM hidden unit, and the columns it fed); every other weight of a live unit
+  over a live input counts, zero or not. This is the figure for the paper's "computation cost" comparison
+  (FedMask §3.4: the one-shot pruned masks save computation through the units that die).
+
+Liveness is structural, found by one probe forward pass (:func:`input_liveness`); backward ≈ 2 × forward
+(input gradients + weight/mask gradients).
 """
 
 from __future__ import annotations
 
 import math
 from operator import attrgetter
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -157,47 +167,111 @@ def _site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], aliv
     return (nz & alive_in[None, :]).sum()  # linear (out, in)
 
 
+def _site_structured(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], alive_in: torch.Tensor
+                     ) -> torch.Tensor:
+    """Weight elements of one site left after removing whole dead units only (0-d int64, runs under ``vmap``):
+    every (live output unit, live input unit) pair counts, zero weight or not.
+
+    Linear ``(out, in)``: (rows with a working element) × (live inputs). Conv ``(N, C/groups, *k)``: per filter
+    with a working element, its live input channels × kernel size. LSTM: per layer, 4 gates × live hidden units ×
+    (live inputs + live hidden units), a unit alive as in :func:`_site_nnz` (its g rows not all zero)."""
+    if site.kind == "lstm":
+        h = site.hidden
+        total, prev = torch.zeros((), dtype=torch.int64), alive_in.sum()
+        for ih, hh in zip(site.weights[0::2], site.weights[1::2]):
+            units = any_nonzero(torch.cat([eff[ih][2 * h: 3 * h], eff[hh][2 * h: 3 * h]], dim=1), 1).sum()
+            total = total + 4 * units * (prev + units)
+            prev = units
+        return total
+    W = eff[site.weights[0]]
+    nz = W.ne(0)
+    if site.kind == "conv":
+        groups = getattr(mod, "groups", 1)
+        n, cg = W.shape[0], W.shape[1]
+        chan = (torch.arange(n)[:, None] // (n // groups)) * cg + torch.arange(cg)[None, :]  # (N, C/groups)
+        cols = alive_in[chan]  # (N, C/groups)
+        works = (nz & cols.reshape(n, cg, *([1] * (W.dim() - 2)))).reshape(n, -1).any(1)  # (N,)
+        return (works[:, None] & cols).sum() * math.prod(W.shape[2:])
+    works = (nz & alive_in[None, :]).any(1)  # (out,)
+    return works.sum() * alive_in.sum()
+
+
+def _input_width(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor]) -> int:
+    """Input units of a site: a linear's in-features, a conv's input channels, an LSTM's first-layer inputs."""
+    W = eff[site.weights[0]]
+    return W.shape[1] * getattr(mod, "groups", 1) if site.kind == "conv" else W.shape[1]
+
+
+class ForwardFlops(NamedTuple):
+    """Forward FLOPs of one sample for the masked layers, both labelled counts (see the module docstring)."""
+
+    element: int  # what element sparsity would save: working (non-zero, live) weight elements only
+    structured: int  # what structured removal saves: only whole dead units (rows, filters, hidden units) are free
+
+
 def _masked_flops(model: nn.Module, sites: tuple[MaskSite, ...], params: dict[str, torch.Tensor],
                   masks: dict[str, torch.Tensor], positions: dict[str, int]) -> torch.Tensor:
-    """:func:`forward_flops` of one client's masks as a 0-d int64 tensor; ``vmap`` runs it over stacked masks."""
+    """:func:`forward_flops_split` of one client's masks as an int64 tensor ``(2,)`` = (element, structured);
+    ``vmap`` runs it over stacked masks."""
     eff = effective_params(params, masks, sites) if masks else params
     example = getattr(positions, "example", None)
     alive = input_liveness(model, sites, eff, example) if example is not None else {}
     mods = dict(model.named_modules())
-    total = torch.zeros((), dtype=torch.int64)
+    element = structured = torch.zeros((), dtype=torch.int64)
     for s in sites:
+        mod = mods[s.name]
         if s.name in alive:
-            nnz = _site_nnz(s, mods[s.name], eff, alive[s.name])
-        else:
+            nnz = _site_nnz(s, mod, eff, alive[s.name])
+            units = _site_structured(s, mod, eff, alive[s.name])
+        else:  # no probe: every input unit counts as alive
             nnz = sum(eff[w].ne(0).sum() for w in s.weights)
-        total = total + 2 * positions.get(s.name, 1) * nnz
-    return total
+            units = _site_structured(s, mod, eff, torch.ones(_input_width(s, mod, eff), dtype=torch.bool))
+        element = element + 2 * positions.get(s.name, 1) * nnz
+        structured = structured + 2 * positions.get(s.name, 1) * units
+    return torch.stack([element, structured])
+
+
+def forward_flops_split(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor],
+                        positions: dict[str, int]) -> ForwardFlops:
+    """Forward FLOPs of one sample for the masked layers, element-sparse and structured (:class:`ForwardFlops`).
+
+    Element: 2 × (working weight elements) × positions, a weight element working when it is non-zero after
+    masking and both its output and its input unit are alive (:func:`site_nnz`). Structured: 2 × (weights of
+    live units over live inputs) × positions (:func:`_site_structured`). Input liveness comes from a probe pass
+    on ``positions.example`` (a :class:`Positions` from :func:`layer_positions`); given a plain dict, every input
+    unit counts as alive."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    e, s = _masked_flops(model, sites, params, {k: v.detach() for k, v in masks.items()}, positions).tolist()
+    return ForwardFlops(e, s)
 
 
 def forward_flops(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor],
                   positions: dict[str, int]) -> int:
-    """Forward FLOPs of one sample for the masked layers: 2 × (working weight elements) × positions.
-
-    A weight element works when it is non-zero after masking and both its output and its input unit are alive
-    (:func:`site_nnz`); input liveness comes from a probe pass on ``positions.example`` (a :class:`Positions`
-    from :func:`layer_positions`). Given a plain dict, only zero effective weights are skipped."""
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    return int(_masked_flops(model, sites, params, {k: v.detach() for k, v in masks.items()}, positions))
+    """The element-sparse count of :func:`forward_flops_split` (zero weights and dead units skipped)."""
+    return forward_flops_split(model, sites, masks, positions).element
 
 
 def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: list[dict[str, torch.Tensor]],
                        positions: dict[str, int], memory_budget: int = FLOPS_MEMORY_BUDGET) -> list[int]:
-    """``[forward_flops(model, sites, m, positions) for m in masks]``, computed for the clients together: their
-    masks stacked, the probe pass and the counts run once under ``vmap`` per group of clients whose masks have
-    the same names and shapes, in chunks of at most ``memory_budget`` bytes of stacked masks and effective
+    """``[forward_flops(model, sites, m, positions) for m in masks]``: the element counts of
+    :func:`forward_flops_split_many`."""
+    return [f.element for f in forward_flops_split_many(model, sites, masks, positions, memory_budget)]
+
+
+def forward_flops_split_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: list[dict[str, torch.Tensor]],
+                             positions: dict[str, int], memory_budget: int = FLOPS_MEMORY_BUDGET
+                             ) -> list[ForwardFlops]:
+    """``[forward_flops_split(model, sites, m, positions) for m in masks]``, computed for the clients together:
+    their masks stacked, the probe pass and the counts run once under ``vmap`` per group of clients whose masks
+    have the same names and shapes, in chunks of at most ``memory_budget`` bytes of stacked masks and effective
     parameters. A round of FedMask's 100 MLP clients took ~100 ms one by one, the same as its training."""
-    out: list[int | None] = [None] * len(masks)
+    out: list[ForwardFlops | None] = [None] * len(masks)
     params = {k: v.detach() for k, v in model.named_parameters()}
     per_client = sum(v.numel() * v.element_size() for v in params.values())
     count = torch.vmap(lambda m: _masked_flops(model, sites, params, m, positions))
     for spec, idx in _by_layout(masks).items():
         if not spec:  # no masks: the dense model, the same for all
-            dense = forward_flops(model, sites, {}, positions)
+            dense = forward_flops_split(model, sites, {}, positions)
             for i in idx:
                 out[i] = dense
             continue
@@ -207,9 +281,9 @@ def forward_flops_many(model: nn.Module, sites: tuple[MaskSite, ...], masks: lis
             part = idx[s: s + chunk]
             stacked = {k: stack_rows([masks[i][k].detach() for i in part]) for k, _ in spec}  # rows: no copy
             try:
-                flops = count(stacked).tolist()
+                flops = [ForwardFlops(*f) for f in count(stacked).tolist()]
             except RuntimeError:  # an op without a batching rule (an LSTM): one client after another
-                flops = [forward_flops(model, sites, masks[i], positions) for i in part]
+                flops = [forward_flops_split(model, sites, masks[i], positions) for i in part]
             for i, f in zip(part, flops):
                 out[i] = f
     return out  # type: ignore[return-value]

@@ -75,16 +75,19 @@ def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],
     return {k: weighted_average([s[k] for s in states], w) for k in keys}
 
 
-def personalization_preserving(masks: list[torch.Tensor], keeps: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-    """FedMask §3.6 (Fig. 7-8): each element is averaged only over the clients whose (pruned) structure keeps
-    it, and only where two or more do; an element kept by one client alone keeps that client's value.
+def personalization_preserving(previous: torch.Tensor, masks: list[torch.Tensor] | torch.Tensor,
+                               keeps: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedMask §3.6 (Fig. 7-8) on the server's one global mask: each element is averaged only over the uploads
+    whose (pruned) structure keeps it, so an element kept by one upload alone takes that upload's value (the
+    paper's "unchanged": no other client's value is mixed in); an element no upload keeps keeps its ``previous``
+    global value (a client not sampled this round, Alg. 1 line 12 aggregates only the round's uploads).
 
-    ``masks[k]`` is client k's uploaded binary mask, ``keeps[k]`` its one-shot pruning structure (1 = kept;
-    the K structures may come stacked, ``(K, *shape)``). Returns the clients' updated masks stacked,
-    ``(K, *shape)``: averaged values in [0, 1], zero where the client pruned.
+    ``previous``: the global mask ``(*shape)``; ``masks[k]``: upload k's binary mask, ``keeps[k]``: its one-shot
+    pruning structure (1 = kept), either may come stacked ``(K, *shape)``. Returns the new global mask, averaged
+    values in [0, 1] (binarized by the caller, Eq. 3), and where some upload kept the element (bool).
     """
     keep = keeps.float() if isinstance(keeps, torch.Tensor) else torch.stack([k.float() for k in keeps])
-    vals = stack_rows([m.float() for m in masks]) * keep  # (K, *shape)
-    count = keep.sum(0)  # (*shape) how many clients keep each element
-    avg = vals.sum(0) / count.clamp(min=1)
-    return torch.where(count >= 2, avg, vals) * keep
+    vals = (masks.float() if isinstance(masks, torch.Tensor) else stack_rows([m.float() for m in masks])) * keep
+    count = keep.sum(0)  # (*shape) how many uploads keep each element
+    kept = count > 0
+    return torch.where(kept, vals.sum(0) / count.clamp(min=1), previous), kept

@@ -15,9 +15,9 @@ computation:
   the *sum* over active clients, so each client's gradient is exactly its own; the forward is ``vmap``
   (:func:`~trainer.batched_ops.vmap_clients`) over the task's forward, the cross-entropy one op over the
   flattened ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
-* SGD with momentum and weight decay written on the stacked tensors, equal to ``torch.optim.SGD`` per client
-  (``d = g ⊙ keep + wd·p``; ``buf = d`` on the first step, ``buf = μ·buf + d`` after; ``p -= lr·buf``); a
-  client with no real batch at step ``s`` takes no step at all (no decay, no momentum).
+* SGD with momentum and weight decay written on the stacked tensors, equal to the sequential loop per client
+  (``d = (g + wd·p) ⊙ keep``, so frozen elements never move; ``buf = d`` on the first step, ``buf = μ·buf + d``
+  after; ``p -= lr·buf``); a client with no real batch at step ``s`` takes no step at all (no decay, no momentum).
 
 Batch norm: running statistics are stacked per client and updated in place under ``vmap``. Since padding
 would enter a batch's statistics, clients with buffers are never padded: at each step the clients are split by
@@ -467,10 +467,10 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                 if g is None:  # the parameter took no part in the loss: torch.optim.SGD skips it
                     continue
                 p = P[k]
+                if weight_decay:  # before the masking: a frozen element takes no decay either
+                    g = g.add(p, alpha=weight_decay)
                 if k in keep:
                     g = g * keep[k]
-                if weight_decay:
-                    g = g.add(p, alpha=weight_decay)
                 if momentum:
                     if k not in bufs:
                         bufs[k] = g.clone()  # step 0: every client with any batch is active

@@ -9,6 +9,7 @@ from typing import Any
 
 from edgemask.errors import ConfigError
 from edgemask.tomlio import dumps_toml, read_toml
+from edgemask.workspace import check_name
 from trainer.data.base import DataConfig
 
 
@@ -115,6 +116,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     from trainer.data import DATASETS
     from trainer.models import MODELS
 
+    # it becomes runs/<run-id>: never a path out of runs/ (and "" is a mistake, not the default id)
+    check_name(cfg.run_id if cfg.run.run_id is None else cfg.run.run_id, f"{source}: run.run_id")
     DATASETS.get(cfg.data.name)
     MODELS.get(cfg.model.name)
     ALGORITHMS.get(cfg.algorithm.name)

@@ -41,8 +41,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from edgemask.errors import ConfigError, EdgemaskError
+from edgemask.workspace import check_name
 from trainer.algorithms.base import Algorithm, LocalResult, LocalTask
 from trainer.config import TrainConfig
+from trainer.run_dir import run_lock
 from trainer.simulation import SimulationResult, build_algorithm, simulate, train_phase_on_host
 
 if TYPE_CHECKING:
@@ -383,8 +385,9 @@ def train_flower(cfg: TrainConfig, runs_root: Path, workers: int | None = None, 
                  verbose: bool = False) -> Path:
     """:func:`simulate_flower` for one config, written to ``runs_root/<run-id>/`` like
     :func:`trainer.simulation.train`."""
-    (res,) = simulate_flower([cfg], workers, progress, verbose)
-    return res.write(Path(runs_root) / cfg.run_id)
+    with run_lock(Path(runs_root) / check_name(cfg.run_id, "run.run_id")) as path:
+        (res,) = simulate_flower([cfg], workers, progress, verbose)
+        return res.write(path)
 
 
 def client_app_object() -> "ClientApp":

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.algorithms.base import LocalResult, LocalTask
+if TYPE_CHECKING:  # trainer.algorithms' package imports this module (cross_entropy): no import cycle at run time
+    from trainer.algorithms.base import LocalResult, LocalTask
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -62,9 +65,11 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
                 batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> LocalResult:
     """Run ``task.epochs`` epochs over the client's samples in the given per-epoch orders (:func:`step_plan`).
 
-    Loss per step: mean cross-entropy (or ``task.loss``) + ``task.regularizer`` (if any). Gradients of elements
-    where ``task.grad_keep`` is 0 are zeroed before the step, so frozen elements never move (momentum included);
-    after the step, ``task.project`` (if any) replaces the tensors it returns.
+    Loss per step: mean cross-entropy (or ``task.loss``) + ``task.regularizer`` (if any). SGD's direction is
+    d = (∇ + wd·p) ⊙ keep: weight decay is added to the gradient *before* the elements where ``task.grad_keep`` is
+    0 are zeroed, so frozen elements never move (decay and momentum included), unlike ``torch.optim.SGD``'s own
+    ``weight_decay``, which adds wd·p inside ``step()``; after the step, ``task.project`` (if any) replaces the
+    tensors it returns.
     """
     k = task.batches_per_step
     if k > 1 and task.loss is None:
@@ -73,7 +78,7 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
     buffers = {k_: v.clone() for k_, v in task.buffers.items()}
     groups = ([{"params": [v], "lr": task.lrs.get(n, task.lr)} for n, v in params.items()] if task.lrs
               else list(params.values()))  # per-tensor rates where the task names any
-    opt = torch.optim.SGD(groups, lr=task.lr, momentum=momentum, weight_decay=weight_decay)
+    opt = torch.optim.SGD(groups, lr=task.lr, momentum=momentum)  # weight decay below, before the masking
     keep = {n: task.grad_keep[n] for n in params if n in task.grad_keep}
     total, seen = 0.0, 0
     gen = noise_generator(task)
@@ -95,6 +100,10 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
             loss = loss + task.regularizer(params, consts)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if weight_decay:  # on every tensor with a gradient, as torch.optim.SGD would (it skips the others)
+            for p in params.values():
+                if p.grad is not None:
+                    p.grad.add_(p.detach(), alpha=weight_decay)
         for name, m in keep.items():
             if params[name].grad is not None:
                 params[name].grad.mul_(m)
@@ -103,6 +112,8 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
             with torch.no_grad():
                 for name, v in task.project(params).items():
                     params[name].copy_(v)
+    from trainer.algorithms.base import LocalResult
+
     trained = {n: v.detach() for n, v in params.items()}
     return LocalResult(trained, buffers, total / max(seen, 1), seen, int(len(y)))
 

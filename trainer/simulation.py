@@ -11,14 +11,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainer.accounting import dense_reference, forward_flops_many, kept_counts, layer_positions
+from edgemask.workspace import check_name
+from trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
 from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
 from trainer.allocator import tune_host_allocator
 from trainer.batched import evaluate_many, local_train_batched, resolve_device
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
-from trainer.run_dir import write_run
+from trainer.run_dir import check_room, run_lock, write_run
 from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
@@ -53,15 +54,20 @@ def build_algorithm(cfg: TrainConfig) -> Algorithm:
 
 
 def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None,
-             train_phase: PhaseTrainer | None = None) -> SimulationResult:
+             train_phase: PhaseTrainer | None = None,
+             ready: Callable[[Algorithm], None] | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
     ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
-    trains them, batched or one after another (``training.batched``).
+    trains them, batched or one after another (``training.batched``). ``ready(algo)`` is called once the algorithm
+    is set up, before the first round (``train`` checks there that the run will fit on disk).
 
     History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
-    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks), ``params_kept``,
-    ``bytes_up_vs_fedavg`` / ``bytes_down_vs_fedavg`` / ``flops_fwd_vs_fedavg`` (ratios to what FedAvg pays on the
-    same model: dense float32 parameters and buffers, dense forward FLOPs per sample);
+    ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks, counting what element
+    sparsity would save: zero weights skipped), ``flops_fwd_structured`` / ``flops_bwd_structured`` (the same
+    training counting only what structured removal saves: whole dead units; the paper's "computation cost"),
+    ``params_kept``, ``bytes_up_vs_fedavg`` / ``bytes_down_vs_fedavg`` / ``flops_fwd_vs_fedavg`` /
+    ``flops_fwd_structured_vs_fedavg`` (ratios to what FedAvg pays on the same model: dense float32 parameters
+    and buffers, dense forward FLOPs per sample);
     per evaluated round × client: ``accuracy``, ``test_loss``; per round on ``server``: ``mean_accuracy``.
     """
     t0 = time.perf_counter()
@@ -71,6 +77,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         warnings.warn(f"training.device {asked!r}: this torch ({torch.__version__}) sees no CUDA device, so the "
                       f"clients train and evaluate on the CPU", RuntimeWarning, stacklevel=2)
     algo = build_algorithm(cfg)
+    if ready is not None:
+        ready(algo)
     ds = algo.dataset
     schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)
     example = ds.clients[0].train_x[:1]
@@ -78,7 +86,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     ref = dense_reference(algo.model, algo.sites, positions)  # FedAvg's cost on this model: the ratios' denominators
     result = SimulationResult(cfg, algo)
     hist = result.history
-    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0, "fedavg_bytes": 0, "fedavg_flops": 0}
+    totals = {"bytes_up": 0, "bytes_down": 0, "flops_train": 0, "flops_train_structured": 0, "fedavg_bytes": 0,
+              "fedavg_flops": 0}
 
     def record(rnd: int, client: str, metric: str, value: float) -> None:
         hist.append({"round": rnd, "client": client, "metric": metric, "value": float(value)})
@@ -113,25 +122,31 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         masks_of = [algo.eval_masks(cid) for cid, _ in trained]
         # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
         with_masks = [m for m in masks_of if m]
-        masked = iter(forward_flops_many(algo.model, algo.sites, with_masks, positions))
+        masked = iter(forward_flops_split_many(algo.model, algo.sites, with_masks, positions))
         kept = iter(kept_counts(with_masks))
         for (cid, res), upd, masks in zip(trained, updates, masks_of):
-            fwd = next(masked) if masks else ref["flops_fwd"]
-            fwd_train = fwd * res.samples_seen
+            fwd, fwd_s = next(masked) if masks else (ref["flops_fwd"], ref["flops_fwd"])
+            fwd_train, fwd_train_s = fwd * res.samples_seen, fwd_s * res.samples_seen
             bwd_train = algo.backward_flops(cid, fwd) * res.samples_seen
+            bwd_train_s = algo.backward_flops(cid, fwd_s) * res.samples_seen
             record(rnd, cid, "bytes_up", upd.bytes_up)
             record(rnd, cid, "bytes_down", upd.bytes_down)
             record(rnd, cid, "train_loss", upd.train_loss)
             record(rnd, cid, "flops_fwd", fwd_train)
             record(rnd, cid, "flops_bwd", bwd_train)
+            record(rnd, cid, "flops_fwd_structured", fwd_train_s)
+            record(rnd, cid, "flops_bwd_structured", bwd_train_s)
             record(rnd, cid, "params_kept",
                    next(kept) if masks else sum(v.numel() for v in algo.global_params.values()))
             totals["bytes_up"] += upd.bytes_up
             totals["bytes_down"] += upd.bytes_down
             totals["flops_train"] += fwd_train + bwd_train
+            totals["flops_train_structured"] += fwd_train_s + bwd_train_s
             record(rnd, cid, "bytes_up_vs_fedavg", upd.bytes_up / ref["bytes"])
             record(rnd, cid, "bytes_down_vs_fedavg", upd.bytes_down / ref["bytes"])
             record(rnd, cid, "flops_fwd_vs_fedavg", fwd / ref["flops_fwd"] if ref["flops_fwd"] else float("nan"))
+            record(rnd, cid, "flops_fwd_structured_vs_fedavg",
+                   fwd_s / ref["flops_fwd"] if ref["flops_fwd"] else float("nan"))
             totals["fedavg_bytes"] += ref["bytes"]
             totals["fedavg_flops"] += 3 * ref["flops_fwd"] * res.samples_seen
         algo.aggregate(rnd, updates)
@@ -156,11 +171,13 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         **global_summary(hist, cfg.training.target_accuracy),
         "mean_accuracy": float(np.nanmean(list(final.values()))),
         "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
-        "flops_train": totals["flops_train"],
+        "flops_train": totals["flops_train"],  # element sparsity: what skipping every zero weight would save
+        "flops_train_structured": totals["flops_train_structured"],  # whole dead units only: computation cost
         "vs_fedavg": {  # the same updates as FedAvg would have cost them (dense float32 model, dense FLOPs)
             "bytes_up": totals["bytes_up"] / max(totals["fedavg_bytes"], 1),
             "bytes_down": totals["bytes_down"] / max(totals["fedavg_bytes"], 1),
-            "flops_train": totals["flops_train"] / max(totals["fedavg_flops"], 1)},
+            "flops_train": totals["flops_train"] / max(totals["fedavg_flops"], 1),
+            "flops_train_structured": totals["flops_train_structured"] / max(totals["fedavg_flops"], 1)},
         "params_dense": sum(v.numel() for v in algo.global_params.values()),
         "wall_seconds": time.perf_counter() - t0,
         **algo.summary_extra(),
@@ -282,6 +299,15 @@ def global_summary(hist: list[dict[str, Any]], target: float | None) -> dict[str
 
 
 def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
-    """Simulate and write ``runs_root/<run-id>/``."""
-    res = simulate(cfg, progress)
-    return res.write(Path(runs_root) / cfg.run_id)
+    """Simulate and write ``runs_root/<run-id>/``, holding the run's lock from before the first round (a second
+    training of the run id leaves at once, and an unwritable ``runs/`` is found before the work)."""
+    path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
+
+    def fits(algo: Algorithm) -> None:  # the run's size is known once the model is built: refuse before round 1
+        cids = list(algo.client_ids)
+        per_round = max(1, round(cfg.training.participation * len(cids)))
+        rows = cfg.training.rounds * (per_round * 12 + 2 * len(cids) + 4)  # ~12 metrics a trained client
+        check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), rows)
+
+    with run_lock(path):
+        return simulate(cfg, progress, ready=fits).write(path)

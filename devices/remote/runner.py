@@ -7,6 +7,13 @@ and valid on Python 3.6 (Jetson TX2, JetPack 4.6). `vermin -t=3.6- devices/remot
 
     python3 runner.py --model FILE --format onnx|pte|tflite --sample-io FILE [settings] [--power-sensor NAME]
     python3 runner.py --probe
+    python3 runner.py --strays                     # kill runners of this workdir left by an earlier session
+    python3 runner.py --set-governors '{"*": "performance"}'   # or {"cpu0": "ondemand", ...} to restore
+    python3 runner.py --jetson-clocks store|apply|restore --state-file FILE
+
+With ``--watch-stdin`` the runner exits as soon as its stdin reaches end-of-file or its parent process changes:
+the host keeps stdin open for as long as it waits, so a runner whose session is gone (a timeout that closed the
+SSH channel, a host killed) never goes on timing beside the next job.
 
 Output on stdout is exactly one JSON object: {"ok": true, ...fields of devices.records.Measurement...} or
 {"ok": false, "error": "one-line reason"}. Anything a runtime prints is sent to stderr instead.
@@ -449,16 +456,22 @@ class OnnxRuntime(object):
     def version(self):
         return "onnxruntime " + self.ort.__version__
 
-    def load(self, path, threads):
+    def load(self, path, threads, profile_dir=None):
         opts = self.ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
+        if profile_dir is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = os.path.join(profile_dir, "onnxruntime_profile")
         self.sess = self.ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
         self.input_name = self.sess.get_inputs()[0].name
 
     def run(self, x):
         return self.sess.run(None, {self.input_name: x})[0]
+
+    def collect_profile(self, warmup, end_to_end_ms, profile_dir):
+        return onnxruntime_profile(self.sess.end_profiling(), warmup, end_to_end_ms)
 
 
 class ExecuTorchRuntime(object):
@@ -485,18 +498,27 @@ class ExecuTorchRuntime(object):
             __version__ = "unknown"
         return "executorch " + __version__
 
-    def load(self, path, threads):
+    def load(self, path, threads, profile_dir=None):
         try:
             from executorch.extension.pybindings import portable_lib
             portable_lib._unsafe_reset_threadpool(threads)
         except (ImportError, AttributeError):
             pass
-        self.program = self.et.load_program(path)
+        if profile_dir is None:
+            self.program = self.et.load_program(path)
+        else:
+            try:
+                self.program = self.et.load_program(path, enable_etdump=True, debug_buffer_size=ETDUMP_DEBUG_BYTES)
+            except TypeError:
+                raise ProfilerMissing("this executorch.runtime has no enable_etdump (ExecuTorch < 0.7)")
         self.method = self.program.load_method("forward")
 
     def run(self, x):
         out = self.method.execute([self.torch.from_numpy(x)])[0]
         return out.numpy()
+
+    def collect_profile(self, warmup, end_to_end_ms, profile_dir):
+        return executorch_profile(self.program, warmup, end_to_end_ms, profile_dir)
 
 
 class TfliteRuntime(object):
@@ -523,7 +545,9 @@ class TfliteRuntime(object):
     def version(self):
         return "%s %s" % (self.mod.__name__, getattr(self.mod, "__version__", "unknown"))
 
-    def load(self, path, threads):
+    def load(self, path, threads, profile_dir=None):
+        if profile_dir is not None:
+            raise ProfilerMissing(TFLITE_NO_PROFILER)
         self.interp = self.Interpreter(model_path=path, num_threads=threads)
         self.interp.allocate_tensors()
         self.inp = self.interp.get_input_details()[0]["index"]
@@ -536,6 +560,332 @@ class TfliteRuntime(object):
 
 
 RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRuntime}
+
+
+# ------------------------------------------------------------------------------------------------
+# Dying with the session; stray runners
+# ------------------------------------------------------------------------------------------------
+
+WATCHDOG_EXIT = 75  # rc of a runner that left because its session went away
+
+
+def start_watchdog(period=0.5):
+    """Exit (the whole process, at once) when stdin reaches EOF or the parent process changes.
+
+    sshd closes the command's stdin when the channel closes (the host timed out, was killed or lost the
+    link); a local host's pipe closes when the host dies. Either way nobody waits for this result any more.
+    """
+    import select
+
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            try:
+                ready = select.select([0], [], [], period)[0]
+                if ready and not os.read(0, 4096):
+                    break
+            except (OSError, ValueError):
+                break
+            if os.getppid() != parent:
+                break
+        os._exit(WATCHDOG_EXIT)
+
+    t = threading.Thread(target=watch, name="session-watchdog")
+    t.daemon = True
+    t.start()
+
+
+def _proc_argv(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except (IOError, OSError):
+        return None
+
+
+def _proc_uid(pid):
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+
+
+def _proc_age_s(pid):
+    """Seconds since the process started (from /proc/PID/stat and /proc/uptime); None if unknown."""
+    stat = _read("/proc/%d/stat" % pid)
+    uptime = _read_number_first("/proc/uptime")
+    if stat is None or uptime is None:
+        return None
+    try:
+        start_ticks = float(stat.rsplit(")", 1)[1].split()[19])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 1)
+    except (IndexError, ValueError, OSError):
+        return None
+
+
+def _read_number_first(path):
+    text = _read(path)
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        return None
+
+
+def is_our_runner(argv, blobs_dir):
+    """True for `PYTHON <blobs_dir>/<sha>.py ... --model ...`: a benchmark run of a runner deployed here."""
+    if not argv or "--model" not in argv:
+        return False
+    for arg in argv[1:3]:  # the script comes right after the interpreter (or after one interpreter option)
+        if arg.endswith(".py") and os.path.dirname(os.path.realpath(arg)) == blobs_dir:
+            return True
+    return False
+
+
+def find_strays(blobs_dir=None, kill=True, grace_s=2.0):
+    """Benchmark runners of this workdir (same user, a runner deployed in ``blobs_dir``) other than this process
+    and its ancestors; killed with SIGTERM, then SIGKILL after ``grace_s``. Returns [{"pid", "age_s", "argv",
+    "killed"}]. Nothing else is touched: another user's process, another workdir's, a probe, a shell."""
+    import signal
+
+    blobs_dir = os.path.realpath(blobs_dir or os.path.dirname(os.path.abspath(__file__)))
+    mine = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        stat = _read("/proc/%d/stat" % pid)
+        try:
+            pid = int(stat.rsplit(")", 1)[1].split()[1]) if stat else 1
+        except (IndexError, ValueError):
+            break
+    uid = os.getuid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        pid = int(entry)
+        argv = _proc_argv(pid)
+        if argv is None or _proc_uid(pid) != uid or not is_our_runner(argv, blobs_dir):
+            continue
+        found.append({"pid": pid, "age_s": _proc_age_s(pid), "argv": " ".join(argv)[:300], "killed": False})
+    if kill:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+            alive = [p for p in found if not p["killed"]]
+            for p in alive:
+                try:
+                    os.kill(p["pid"], sig)
+                except OSError:
+                    p["killed"] = True  # gone already
+            deadline = time.monotonic() + wait
+            while alive and time.monotonic() < deadline:
+                for p in alive:
+                    if not os.path.exists("/proc/%d" % p["pid"]) or _proc_state(p["pid"]) == "Z":
+                        p["killed"] = True
+                alive = [p for p in alive if not p["killed"]]
+                if alive:
+                    time.sleep(0.05)
+    return found
+
+
+def _proc_state(pid):
+    stat = _read("/proc/%d/stat" % pid)
+    try:
+        return stat.rsplit(")", 1)[1].split()[0] if stat else None
+    except IndexError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Board settings: CPU governor and jetson_clocks (root, or `sudo -n` where allowed)
+# ------------------------------------------------------------------------------------------------
+
+GOVERNOR_SUDOERS = "/usr/bin/tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
+
+
+def _cpufreq_dirs(root):
+    return sorted(glob.glob(_p(root, "sys/devices/system/cpu/cpu[0-9]*/cpufreq")), key=_cpu_index)
+
+
+def read_governors(root=None):
+    """{"cpu0": "ondemand", ...} for every CPU with cpufreq."""
+    root = sysfs_root() if root is None else root
+    out = {}
+    for d in _cpufreq_dirs(root):
+        gov = _read(os.path.join(d, "scaling_governor"))
+        if gov is not None:
+            out["cpu%d" % _cpu_index(d)] = gov
+    return out
+
+
+def _sudo_write(path, text):
+    """Write ``text`` to ``path`` with `sudo -n tee`; None if done, else why not."""
+    if shutil.which("sudo") is None:
+        return "not root and no sudo on the device"
+    try:
+        p = subprocess.Popen(["sudo", "-n", "tee", path], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, universal_newlines=True)
+        _, err = p.communicate(text, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "sudo -n tee failed: %s" % e
+    return None if p.returncode == 0 else "sudo -n refused: %s" % " ".join(err.split())[:200]
+
+
+def set_governors(wanted, root=None):
+    """Set each CPU's governor: ``wanted`` maps "cpuN" (or "*" for every CPU) to a governor name.
+
+    Returns {"ok", "before", "after", "denied": [{"path", "why"}], "error"}; "after" is read back from sysfs,
+    so it is the state actually set, whatever was asked."""
+    root = sysfs_root() if root is None else root
+    before = read_governors(root)
+    denied = []
+    errors = []
+    for d in _cpufreq_dirs(root):
+        cpu = "cpu%d" % _cpu_index(d)
+        gov = wanted.get(cpu, wanted.get("*"))
+        if gov is None or before.get(cpu) == gov:
+            continue
+        available = (_read(os.path.join(d, "scaling_available_governors")) or "").split()
+        if available and gov not in available:
+            errors.append("%s has no governor %s (available: %s)" % (cpu, gov, " ".join(available)))
+            continue
+        path = os.path.join(d, "scaling_governor")
+        try:
+            with open(path, "w") as f:
+                f.write(gov + "\n")
+        except (IOError, OSError) as e:
+            why = str(e)
+            if os.geteuid() != 0:
+                why = _sudo_write(path, gov + "\n")
+            if why is not None:
+                denied.append({"path": path, "why": why})
+    after = read_governors(root)
+    out = {"ok": not denied and not errors, "before": before, "after": after, "denied": denied,
+           "sudoers": GOVERNOR_SUDOERS}
+    if errors or denied:
+        out["error"] = "; ".join(errors + ["cannot write %s (%s)" % (d["path"], d["why"]) for d in denied[:1]])
+    return out
+
+
+def jetson_clocks(action, state_file):
+    """`jetson_clocks --store FILE` / `jetson_clocks` / `jetson_clocks --restore FILE`, with `sudo -n` when not
+    root. Returns {"ok", "show": `jetson_clocks --show` afterwards (the state actually set), "error"}."""
+    if shutil.which("jetson_clocks") is None:
+        return {"ok": False, "error": "no jetson_clocks on this device (not a Jetson, or not on PATH)"}
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    args = {"store": ["--store", state_file], "apply": [], "restore": ["--restore", state_file]}[action]
+    try:
+        p = subprocess.Popen(prefix + ["jetson_clocks"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True)
+        out, err = p.communicate(timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"ok": False, "error": "jetson_clocks %s failed: %s" % (action, e)}
+    if p.returncode != 0:
+        return {"ok": False, "error": "%s exited with %d: %s" % (" ".join(prefix + ["jetson_clocks"] + args),
+                                                                   p.returncode, " ".join((err or out).split())[:300])}
+    show = _command(prefix + ["jetson_clocks", "--show"], timeout=30)
+    return {"ok": True, "show": show}
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-operator profiling: profiled runs, separate from the timed ones (a profiler inflates latency).
+# profile_runs(...) -> {"available": bool, "profiler", "reason" (when not available), "runs": [{"end_to_end_ms",
+# "total_us" (the runtime's own time for the run), "ops": [[name, op type, microseconds, provider], ...]}],
+# "blocks" (delegates that report as one block), "etdump" (ExecuTorch: its file)}.
+# ------------------------------------------------------------------------------------------------
+
+ETDUMP_DEBUG_BYTES = 10 * 1000 * 1000
+ORT_KERNEL_SUFFIX = "_kernel_time"
+TFLITE_NO_PROFILER = ("the TFLite Python interpreter exposes no per-operator profiler (its op profiling is only "
+                      "in the benchmark_model binary: --enable_op_profiling=true)")
+ETDUMP_MISSING = ("this ExecuTorch runtime wrote no ETDump: it was built without its event tracer "
+                  "(EXECUTORCH_ENABLE_EVENT_TRACER=OFF, as in the pip wheels); rebuild with it ON to profile layers")
+
+
+class ProfilerMissing(Exception):
+    """The runtime offers no per-operator profiler here; the message says why."""
+
+
+def group_onnxruntime_runs(events):
+    """onnxruntime's profile (Chrome trace events) -> one entry per ``model_run``, in order:
+    {"total_us": the run's duration, "ops": [[node name, op type, duration us, provider], ...]}.
+
+    Node events ("cat": "Node", name "<node>_kernel_time") belong to the model_run whose [ts, ts + dur] holds them;
+    the node name is given without the suffix."""
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])
+    out = [{"total_us": float(r["dur"]), "ops": []} for r in runs]
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") != "Node" or not name.endswith(ORT_KERNEL_SUFFIX):
+            continue
+        args = e.get("args") or {}
+        for r, entry in zip(runs, out):
+            if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]:
+                entry["ops"].append([name[:-len(ORT_KERNEL_SUFFIX)], args.get("op_name", "?"), float(e["dur"]),
+                                     args.get("provider", "?")])
+                break
+    return out
+
+
+def onnxruntime_profile(trace_path, warmup, end_to_end_ms):
+    """Read (then delete) onnxruntime's trace; drop the warm-up runs; pair each run with its end-to-end time."""
+    with open(trace_path) as f:
+        events = json.load(f)
+    os.remove(trace_path)
+    runs = group_onnxruntime_runs(events)[warmup:]
+    if len(runs) != len(end_to_end_ms):
+        raise ProfilerMissing("onnxruntime's trace has %d model runs after the warm-up, %d were made"
+                              % (len(runs), len(end_to_end_ms)))
+    for r, ms in zip(runs, end_to_end_ms):
+        r["end_to_end_ms"] = ms
+    providers = sorted(set(op[3] for r in runs for op in r["ops"]) - set(["CPUExecutionProvider"]))
+    blocks = ["%s: its nodes are one block each in onnxruntime's trace" % p for p in providers]
+    return {"available": True, "profiler": "onnxruntime enable_profiling", "runs": runs, "blocks": blocks}
+
+
+def executorch_profile(program, warmup, end_to_end_ms, profile_dir):
+    """Write the ETDump (warm-up and profiled runs) into profile_dir; its events are read on the host by the
+    Inspector with the artifact's ETRecord. No ETDump (a runtime built without the event tracer): not available."""
+    path = os.path.join(profile_dir, "model.etdp")
+    program.write_etdump_result_to_file(path, os.path.join(profile_dir, "model.debug.bin"))
+    runs = [{"end_to_end_ms": ms, "ops": []} for ms in end_to_end_ms]
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return {"available": False, "reason": ETDUMP_MISSING, "runs": runs, "blocks": []}
+    return {"available": True, "profiler": "executorch etdump", "etdump": path, "warmup_runs": warmup,
+            "runs": runs, "blocks": ["XNNPACK: without its per-op profiling build, a delegate call is one event"]}
+
+
+def profile_runs(fmt, model, batches, threads, warmup, runs, profile_dir=None):
+    """Load ``model`` with its runtime's profiler on, run ``warmup`` then ``runs`` batches (cycling), and collect
+    the per-operator events. Files go to ``profile_dir`` (a temporary directory, removed, when None)."""
+    import tempfile
+
+    rt = RUNTIMES[fmt]()
+    own = profile_dir is None
+    where = tempfile.mkdtemp(prefix="edgemask-profile-") if own else profile_dir
+    try:
+        try:
+            rt.load(model, threads, profile_dir=where)
+        except ProfilerMissing as e:
+            return {"available": False, "reason": str(e), "runs": [], "blocks": []}
+        for k in range(warmup):
+            rt.run(batches[k % len(batches)])
+        e2e = []
+        for k in range(runs):
+            t0 = time.perf_counter()
+            rt.run(batches[k % len(batches)])
+            e2e.append(_ms(t0, time.perf_counter()))
+        try:
+            res = rt.collect_profile(warmup, e2e, where)
+            if own and res.get("etdump"):
+                res["etdump"] = None  # written into the temporary directory: pass --profile-dir to keep it
+            return res
+        except ProfilerMissing as e:
+            return {"available": False, "reason": str(e), "runs": [{"end_to_end_ms": ms, "ops": []} for ms in e2e],
+                    "blocks": []}
+    finally:
+        if own:
+            shutil.rmtree(where, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -660,6 +1010,15 @@ def benchmark(args):
         result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
                        "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
     result["state_after"] = device_state()
+    if args.profile_runs > 0:  # after the timed window: profiling never touches the end-to-end figures
+        try:
+            result["profile"] = profile_runs(args.format, args.model, batches, args.threads, args.profile_warmup,
+                                             args.profile_runs, args.profile_dir)
+        except (OSError, RuntimeError, ValueError) as e:  # the timed result stands; the profile says what broke
+            traceback.print_exc(file=sys.stderr)
+            result["profile"] = {"available": False, "runs": [], "blocks": [],
+                                 "reason": "the profiled runs failed: %s: %s" % (type(e).__name__,
+                                                                                 " ".join(str(e).split())[:300])}
     return result
 
 
@@ -713,6 +1072,14 @@ def build_parser():
     p.add_argument("--power-rate-hz", type=float, default=50.0)
     p.add_argument("--idle-seconds", type=float, default=0.5)
     p.add_argument("--power-sensor", default="auto")
+    p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes or the parent changes")
+    p.add_argument("--strays", action="store_true", help="kill benchmark runners of this workdir and exit")
+    p.add_argument("--set-governors", metavar="JSON", help='{"*": "performance"} or {"cpu0": "ondemand", ...}')
+    p.add_argument("--jetson-clocks", choices=("store", "apply", "restore"))
+    p.add_argument("--state-file", help="jetson_clocks --store/--restore file")
+    p.add_argument("--profile-runs", type=int, default=0, help="per-operator profiled runs after the timed ones")
+    p.add_argument("--profile-warmup", type=int, default=5)
+    p.add_argument("--profile-dir", help="keep the profiler's files (ETDump) here; default: a removed temp dir")
     return p
 
 
@@ -739,8 +1106,18 @@ def main(argv=None):
         args = None
     if args is not None:
         try:
+            if args.watch_stdin:
+                start_watchdog()
             if args.probe:
                 result = probe()
+            elif args.strays:
+                result = {"ok": True, "found": find_strays()}
+            elif args.set_governors:
+                result = set_governors(json.loads(args.set_governors))
+            elif args.jetson_clocks:
+                if not args.state_file:
+                    raise RunFailed("--jetson-clocks needs --state-file")
+                result = jetson_clocks(args.jetson_clocks, args.state_file)
             else:
                 for name in ("model", "format", "sample_io"):
                     if getattr(args, name) is None:

@@ -5,10 +5,21 @@ Steps (each on a copy; Torch-Pruning's ``group.prune()`` is not atomic):
 1. bake the masks into the weights (:meth:`MaskedModel.baked`): dead units' rows, biases and batch-norm γ, β are 0;
 2. split stacked LSTMs into single-layer ones (each layer keeps its own live count);
 3. build Torch-Pruning's ``DependencyGraph`` and walk its coupled groups (conv → bn → conv, flatten boundaries,
-   residual adds, depthwise convs, LSTM → linear); per group, remove only the units that are exactly zero in
-   *every* coupled producer — a residual add keeps the union of live channels. Exception: a producer whose
-   output only feeds a depthwise conv may lose a channel the depthwise conv has dead (that channel is never read);
-4. never remove the network's final outputs; a layer with every unit dead raises (it would cut the network);
+   residual adds, depthwise convs, LSTM → linear); per group, remove a unit when either
+
+   * **row rule**: it is exactly zero in *every* coupled producer — a residual add keeps the union of live
+     channels. Exception: a producer whose output only feeds a depthwise conv may lose a channel the depthwise
+     conv has dead (that channel is never read); or
+   * **column rule**: it is never read — its column is zero in every coupled consumer's baked weights (FedMask's
+     group lasso, Eq. 9, drives mask columns to zero as well as rows), counting only the consumer's rows that
+     stay, and it reaches nothing else: every op between producer and consumers is channel-local (activations,
+     pooling, batch norm, adds, reshapes), none is the model's output. Its value (bias included) then never
+     reaches the output. An LSTM's units never qualify: the ops after it (the RNN op, ``x[:, -1]``) are not
+     channel-local, and its recurrence reads every unit back through the unmasked W_o. Removing a consumer's
+     rows can leave more columns unread, so the rules run to a fixed point;
+4. never remove the network's final outputs; a layer with every unit dead raises (it would cut the network); a
+   layer whose every unit is removable but not every one dead keeps its first unread unit (the consumers'
+   outputs are then their biases; a zero-width layer would not export);
 5. fold batch norm into the preceding conv (inference graph; ExecuTorch's XNNPACK lowering wants it).
 """
 
@@ -102,8 +113,13 @@ _ZERO_PRESERVING = re.compile(
     r"Mul|Add|Max|MaxPool2DWithIndices|Lstm\w*|MkldnnRnn\w*|Unsafe\w*|Index)Backward\d*")
 
 
+def _op_name(node) -> str:
+    """The autograd node name of a Torch-Pruning op node (e.g. ``ReluBackward0``)."""
+    return type(node.grad_fn).__name__ if node.grad_fn is not None else ""
+
+
 def _zero_preserving(node) -> bool:
-    name = type(node.grad_fn).__name__ if node.grad_fn is not None else ""
+    name = _op_name(node)
     if not _ZERO_PRESERVING.fullmatch(name):
         return False
     if name.startswith("Add") and len(node.inputs) < 2:  # x + constant
@@ -115,32 +131,76 @@ def _is_depthwise(m: nn.Module) -> bool:
     return isinstance(m, (nn.Conv1d, nn.Conv2d)) and m.groups > 1 and m.groups == m.in_channels == m.out_channels
 
 
+# Ops after which a unit's channel is still the same channel, independent of the others (element-wise, per-channel
+# pooling, reshapes Torch-Pruning maps the indices of): the column rule may look through them. Anything else
+# (softmax, a sum over channels, slicing, ...) may read a unit by another way than a consumer's column.
+_CHANNEL_LOCAL = re.compile(
+    r"(Relu|Hardtanh|Threshold|LeakyRelu|Gelu|Silu|Hardswish|Tanh|Sigmoid|Hardsigmoid|Elu|Softplus|MaxPool\w*|"
+    r"AvgPool\w*|AdaptiveAvgPool\w*|MaxPool2DWithIndices|View|Reshape\w*|UnsafeView|Flatten|T|Clone|Squeeze|"
+    r"Unsqueeze|Cat|Split\w*|Unbind|Mul|Add|Sub|Div|Neg)Backward\d*")
+
+
+def _channel_local(node) -> bool:
+    """Does this op node keep each channel (dim 1) to itself? A mean is channel-local only over dims ≥ 2."""
+    name = _op_name(node)
+    if name == "MeanBackward1":
+        ndim = len(node.grad_fn._saved_self_sym_sizes)
+        dims = {d % ndim for d in node.grad_fn._saved_dim}
+        return ndim > 2 and 0 not in dims and 1 not in dims
+    return bool(_CHANNEL_LOCAL.fullmatch(name))
+
+
+def _on_root(n_root: int, item, per_unit: torch.Tensor) -> torch.Tensor:
+    """Bool per root index: false where any of ``item``'s units mapped onto it is false in ``per_unit``
+    (a flatten maps one root channel onto many units)."""
+    out = torch.ones(n_root, dtype=torch.bool)
+    bad = ~per_unit[torch.as_tensor(item.idxs, dtype=torch.long)]
+    out[torch.as_tensor(item.root_idxs, dtype=torch.long)[bad]] = False
+    return out
+
+
 def _removable(dg: tp.DependencyGraph, group, names: dict[nn.Module, str], dead: dict[str, torch.Tensor],
-               n_root: int) -> torch.Tensor:
-    """Bool per root index of ``group``: exactly zero in every coupled producer (see module docstring)."""
+               n_root: int, removed: dict[nn.Module, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bool per root index of ``group``: (removable by either rule, removable by the row rule); see the module
+    docstring. ``removed``: output units the current plan removes, per producer (their rows don't read)."""
     ok = torch.ones(n_root, dtype=torch.bool)
+    unread = torch.ones(n_root, dtype=torch.bool)
+    readers, only_columns = 0, True  # the column rule needs consumers, and nothing else reading
     exempt: dict[nn.Module, torch.Tensor] = {}
     items = []
     for item in group:
         mod = item.dep.target.module
+        root = torch.as_tensor(item.root_idxs, dtype=torch.long)
         h = handler_for(mod) if isinstance(mod, nn.Module) else None
         is_out = dg.is_out_channel_pruning_fn(item.dep.handler) or _is_depthwise(mod) or \
             isinstance(mod, nn.modules.batchnorm._BatchNorm)
-        if not is_out:
+        if is_out and not item.dep.target.outputs:  # its output is the model's: read
+            only_columns = False
+        if not is_out:  # a consumer's input units
+            zero_in = None
+            if h is not None and mod in names:
+                zero_in = h.zero_inputs(mod, ~removed.get(mod, torch.zeros(h.out_units(mod), dtype=torch.bool)))
+            if zero_in is None:
+                only_columns = False
+            else:
+                readers += 1
+                unread &= _on_root(n_root, item, zero_in)
             continue
         if mod not in names:  # one of Torch-Pruning's op nodes (activation, add, reshape, ...)
             if not _zero_preserving(item.dep.target):
-                ok[torch.as_tensor(item.root_idxs, dtype=torch.long)] = False
+                ok[root] = False
+            only_columns &= _channel_local(item.dep.target)
             continue
         if h is None:  # a layer we know nothing about: keep every unit it touches
-            ok[torch.as_tensor(item.root_idxs, dtype=torch.long)] = False
+            ok[root] = False
+            only_columns = False
             continue
         zero = h.zero_units(names[mod], mod, dead.get(names[mod]))
         items.append((mod, zero, item))
         if _is_depthwise(mod):
             node = dg.module2node[mod]
             z_root = torch.zeros(n_root, dtype=torch.bool)
-            z_root[torch.as_tensor(item.root_idxs, dtype=torch.long)] = zero[torch.as_tensor(item.idxs)]
+            z_root[root] = zero[torch.as_tensor(item.idxs)]
             for up in _upstream_of_depthwise(dg, node):
                 exempt[up] = exempt.get(up, torch.ones(n_root, dtype=torch.bool)) & z_root
     for mod, zero, item in items:
@@ -152,7 +212,43 @@ def _removable(dg: tp.DependencyGraph, group, names: dict[nn.Module, str], dead:
         covered = torch.zeros(n_root, dtype=torch.bool)
         covered[torch.as_tensor(item.root_idxs, dtype=torch.long)] = True
         ok &= z_root | ~covered
-    return ok
+    if readers and only_columns:
+        return ok | unread, ok
+    return ok, ok
+
+
+def _plan(dg: tp.DependencyGraph, groups: list, names: dict[nn.Module, str],
+          dead: dict[str, torch.Tensor]) -> list[tuple[nn.Module, object, list[int]]]:
+    """Per group, ``(root, pruning fn, root indices to remove)``, run to a fixed point: a consumer's removed
+    rows read nothing, so they can leave more of its input units unread. Removal only grows from pass to pass
+    (the unit a layer keeps when all are unread is the same in every pass), so this ends."""
+    removed: dict[nn.Module, torch.Tensor] = {}
+    while True:
+        plans, now = [], {}
+        for group in groups:
+            root = group[0].dep.target.module
+            ok, by_row = _removable(dg, group, names, dead, len(group[0].idxs), removed)
+            if by_row.all():
+                producers = sorted({names[it.dep.target.module] for it in group
+                                    if dg.is_out_channel_pruning_fn(it.dep.handler) and
+                                    isinstance(it.dep.target.module, (nn.Conv1d, nn.Conv2d, nn.Linear, nn.LSTM))})
+                raise AllDeadLayerError(f"layer {names[root]!r}: every output unit is dead in all coupled layers "
+                                        f"({', '.join(producers)}); the compacted network would be cut there. "
+                                        f"Retrain with a lower pruning rate for it, or exclude it from masking")
+            if ok.all():  # every unit dead or unread, not all dead: keep the first unread one
+                ok[(~by_row).nonzero()[0]] = False
+            if ok.any():
+                plans.append((root, group[0].dep.handler, ok.nonzero().flatten().tolist()))
+            for item in group:
+                mod = item.dep.target.module
+                if dg.is_out_channel_pruning_fn(item.dep.handler) and isinstance(mod, nn.Module) and \
+                        handler_for(mod) is not None and mod in names:
+                    gone = now.setdefault(mod, torch.zeros(handler_for(mod).out_units(mod), dtype=torch.bool))
+                    gone[torch.as_tensor(item.idxs, dtype=torch.long)] = ok[torch.as_tensor(item.root_idxs,
+                                                                                             dtype=torch.long)]
+        if now.keys() == removed.keys() and all(torch.equal(now[m], removed[m]) for m in now):
+            return plans
+        removed = now
 
 
 def compact(masked: MaskedModel, example: tuple[torch.Tensor, ...] | torch.Tensor,
@@ -198,21 +294,9 @@ def compact(masked: MaskedModel, example: tuple[torch.Tensor, ...] | torch.Tenso
                 bn_pairs.append((names[src.module], names[mod]))
 
     ignored = [get_module(model, n) for n in protected]
-    plans = []
-    for group in dg.get_all_groups(ignored_layers=ignored,
-                                   root_module_types=(nn.Conv1d, nn.Conv2d, nn.Linear, nn.LSTM)):
-        root = group[0].dep.target.module
-        n_root = len(group[0].idxs)
-        ok = _removable(dg, group, names, dead, n_root)
-        if ok.all():
-            producers = sorted({names[it.dep.target.module] for it in group
-                                if dg.is_out_channel_pruning_fn(it.dep.handler)
-                                and isinstance(it.dep.target.module, (nn.Conv1d, nn.Conv2d, nn.Linear, nn.LSTM))})
-            raise AllDeadLayerError(f"layer {names[root]!r}: every output unit is dead in all coupled layers "
-                                    f"({', '.join(producers)}); the compacted network would be cut there. "
-                                    f"Retrain with a lower pruning rate for it, or exclude it from masking")
-        if ok.any():
-            plans.append((root, group[0].dep.handler, ok.nonzero().flatten().tolist()))
+    groups = list(dg.get_all_groups(ignored_layers=ignored,
+                                    root_module_types=(nn.Conv1d, nn.Conv2d, nn.Linear, nn.LSTM)))
+    plans = _plan(dg, groups, names, dead)
 
     kept_units = {n: torch.arange(t) for n, t in totals.items()}
     for root, fn, idxs in plans:

@@ -6,6 +6,9 @@ A handler says, for its layer kind:
 * ``zero_units(name, module, dead)``: which output units are *exactly zero whatever the input* — ``dead`` is the
   masks' verdict (:func:`trainer.models.masking.unit_alive`), and the baked weights must prove it (rows and bias
   zero), so a mask/weight disagreement keeps the unit rather than changing the output;
+* ``zero_inputs(module, rows)``: which input units (columns, input channels) the layer never reads — their
+  columns in the baked weights are zero in every row that stays (``rows``: bool per output unit). Group lasso
+  (FedMask Eq. 9) drives mask columns to zero as well as rows; a unit no consumer reads can go;
 * ``macs(module, inputs, output)``: multiply-accumulates of one forward call (the FLOP counter's per-layer term);
 * ``pruner``: the surgery that removes output units and matching input units — Torch-Pruning's own for conv,
   linear and batch norm (exact here), ours for the LSTM (Torch-Pruning's is broken: wrong index sizes, and it
@@ -43,6 +46,11 @@ class LayerHandler:
     def zero_units(self, name: str, module: nn.Module, dead: torch.Tensor | None) -> torch.Tensor:
         return torch.zeros(self.out_units(module), dtype=torch.bool)
 
+    def zero_inputs(self, module: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
+        """Bool per input unit: its column is zero in every output row ``rows`` keeps; None when the layer
+        does not read input units through columns (not a consumer the column rule can clear)."""
+        return None
+
     def macs(self, module: nn.Module, inputs: tuple, output) -> int:
         return 0
 
@@ -54,6 +62,12 @@ def _rows_zero(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return z
 
 
+def _cols_zero(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Bool per input unit (dim 1 of ``weight``, (out, in, *kernel)): zero in every row ``rows`` keeps."""
+    w = weight.detach()[rows]
+    return w.transpose(0, 1).reshape(w.shape[1], -1).eq(0).all(1)
+
+
 class LinearHandler(LayerHandler):
     def out_units(self, module: nn.Linear) -> int:
         return module.out_features
@@ -62,6 +76,9 @@ class LinearHandler(LayerHandler):
         if dead is None:
             return torch.zeros(module.out_features, dtype=torch.bool)
         return dead & _rows_zero(module.weight, module.bias)
+
+    def zero_inputs(self, module, rows):
+        return _cols_zero(module.weight, rows)
 
     def macs(self, module, inputs, output) -> int:
         return output.numel() // output.shape[0] * module.in_features  # per sample
@@ -87,6 +104,11 @@ class ConvHandler(LayerHandler):
         if dead is None:
             return torch.zeros(module.out_channels, dtype=torch.bool)
         return dead & _rows_zero(module.weight, module.bias)
+
+    def zero_inputs(self, module, rows):
+        if module.groups != 1:  # depthwise: channel j reads only input j, a per-channel op (the row rule's)
+            return None
+        return _cols_zero(module.weight, rows)
 
     def macs(self, module, inputs, output) -> int:
         per_out = module.in_channels // module.groups

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from devices.deploy import RUNNER_PATH, deploy, remote_path
 from devices.errors import DeviceError, RunTimeout
 from devices.inventory import DeviceSpec, local_device
 from devices.records import RunnerSettings
-from edgemask.errors import CorruptFileError, UnknownNameError
+from edgemask.errors import CorruptFileError, EdgemaskError, UnknownNameError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, load_manifest, write_manifest, write_sample_io
 
@@ -64,6 +65,32 @@ def test_local_connection_timeout_and_missing_program(local):
         LocalConnection(local).run(["sleep", "5"], timeout=0.2)
     with pytest.raises(DeviceError, match="no program"):
         LocalConnection(local).run(["/no/such/python3", "-V"])
+
+
+def test_a_local_timeout_kills_what_the_command_started_too(local, tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    with pytest.raises(RunTimeout):
+        LocalConnection(local).run([sys.executable, "-c", code], timeout=2.0)
+    pid = int(pid_file.read_text())
+    # the old code killed the command only: its `sleep 60` went on (what a runtime's helper would do)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]:
+        assert time.monotonic() < deadline, f"pid {pid} outlived the timed-out command"
+        time.sleep(0.05)
+
+
+def test_a_manifest_file_name_that_leaves_the_artifact_is_refused(local, tmp_path):
+    art = make_artifact(tmp_path / "art")
+    (tmp_path / "outside.onnx").write_bytes((art / "model.onnx").read_bytes())
+    doc = json.loads((art / "manifest.json").read_text())
+    doc["files"][0]["file"] = "../outside.onnx"
+    (art / "manifest.json").write_text(json.dumps(doc))
+    conn = LocalConnection(local)
+    with pytest.raises(EdgemaskError, match=r"\.\./outside\.onnx"):
+        run_benchmark(conn, local, art, "onnx")
+    assert conn.uploads == 0  # nothing outside the artifact was read or sent
 
 
 def test_remote_paths_stay_in_the_workdir(local):

@@ -3,13 +3,15 @@ stand-in in tests/fleet/test_fleet_arm64.py)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from devices.errors import DeviceError
 from devices.inventory import DeviceSpec
-from devices.setup import missing_items, packages_for, satisfies, setup_device, venv_python
+from devices.setup import missing_items, packages_for, pip_installs, satisfies, setup_device, venv_python
 
 
 def board(kind: str, runtimes: tuple[str, ...], **kw) -> DeviceSpec:
@@ -33,8 +35,42 @@ def test_a_pi_with_tflite_gets_tflite_runtime_and_numpy_below_2():
 
 def test_a_pi_with_executorch_gets_ai_edge_litert_for_tflite_and_numpy_2():
     pkgs = packages_for(board("rpi4", ("onnxruntime", "tflite", "executorch")))
-    assert [p.requirement for p in pkgs] == ["numpy", "onnxruntime", "ai-edge-litert", "executorch"]
+    assert [p.requirement for p in pkgs] == ["numpy", "onnxruntime", "ai-edge-litert", "executorch==1.4.1"]
     assert [p.module for p in pkgs] == ["numpy", "onnxruntime", "ai_edge_litert", "executorch.runtime"]
+
+
+def test_executorch_is_installed_without_its_export_time_dependencies():
+    # `pip install executorch` wants coremltools==9.0, which has no aarch64 wheel: the wheel goes in with
+    # --no-deps, after what its runtime imports (the torch its _portable_lib links, flatbuffers, ruamel.yaml,
+    # tabulate) is installed with their own dependencies
+    pkgs = packages_for(board("rpi4", ("onnxruntime", "tflite", "executorch")))
+    assert pip_installs(pkgs) == [
+        ["numpy", "onnxruntime", "ai-edge-litert", "torch==2.13.0", "flatbuffers", "ruamel.yaml", "tabulate"],
+        ["--no-deps", "executorch==1.4.1"],
+    ]
+    assert pip_installs(packages_for(board("rpi4", ("onnxruntime", "tflite")))) == [
+        ["numpy<2", "onnxruntime", "tflite-runtime"]]  # nothing without its dependencies: one pip call
+
+
+def _shell_list(text: str, name: str) -> list[str]:
+    """The lines of ``NAME="..."`` in a shell script."""
+    start = text.index(f'\n{name}="') + len(name) + 3
+    return text[start:text.index('"', start)].split()
+
+
+def test_the_fleet_pi_gets_the_wheels_setup_installs_on_a_pi():
+    # tests/fleet/fetch-wheels.sh pins the versions the arm64 stand-in is provisioned with (its root filesystem
+    # runs the same two pip calls); they must be the requirements setup gives a Pi, by name and split
+    script = (Path(__file__).resolve().parents[1] / "fleet" / "fetch-wheels.sh").read_text()
+    fleet = [_shell_list(script, "REQS"), ["--no-deps", *_shell_list(script, "NODEPS")]]
+    setup = pip_installs(packages_for(board("rpi4", ("onnxruntime", "tflite", "executorch"))))
+
+    def names(reqs):
+        return [re.split(r"[<>=]", r)[0] for r in reqs]
+
+    assert [names(r) for r in fleet] == [names(r) for r in setup]
+    pinned = {r for reqs in setup for r in reqs if "==" in r}  # setup's own pins are the fleet's versions
+    assert pinned == {"torch==2.13.0", "executorch==1.4.1"} and pinned <= {r for reqs in fleet for r in reqs}
 
 
 def test_a_tx2_gets_the_last_python_36_builds_and_nothing_it_cannot_run():

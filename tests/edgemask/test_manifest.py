@@ -94,6 +94,13 @@ MALFORMED = [
     ("object for a list", lambda r: _bad(r, "inputs", {}), "field 'inputs' is an object, expected a list"),
     ("string for a number", lambda r: _bad(r, "tolerance.max_abs_diff.onnx", "small"),
      "field 'tolerance.max_abs_diff.onnx' is a string (\"small\"), expected a number"),
+    # names that would lead a reader (profiling, deploy) out of the artifact directory (issue #19)
+    ("file out of the artifact", lambda r: _bad(r, "files.1.file", "../../etc/passwd"),
+     "field 'files[1].file': '../../etc/passwd' is not a plain name"),
+    ("absolute file", lambda r: _bad(r, "files.0.file", "/etc/passwd"),
+     "field 'files[0].file': '/etc/passwd' is not a plain name"),
+    ("sample_io out of the artifact", lambda r: _bad(r, "sample_io.file", ".."),
+     "field 'sample_io.file': '..' is not a plain name"),
 ]
 
 

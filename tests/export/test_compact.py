@@ -8,8 +8,8 @@ from torch import nn
 
 from export.compact import AllDeadLayerError, UnsupportedLayerError, compact, count_flops
 from export.verify import VerificationError, verify_compaction
-from export_helpers import MODEL_CASES, masked_case, randomize_norms, sample_input
-from trainer.models import MaskedModel, model_sites
+from export_helpers import MODEL_CASES, masked_case, random_masks, randomize_norms, sample_input
+from trainer.models import MaskedModel, build_model, model_sites
 from trainer.models.masking import all_ones_masks
 
 
@@ -169,3 +169,170 @@ def test_flop_counter_by_hand():
     assert count_flops(m, (torch.randn(1, 2, 8, 8),)) == 2 * (3456 + 768)
     lstm = nn.LSTM(5, 7, num_layers=2, batch_first=True)  # 10 steps × 4·7·(5+7) + 10 × 4·7·(7+7)
     assert count_flops(lstm, (torch.randn(1, 10, 5),)) == 2 * (10 * 4 * 7 * 12 + 10 * 4 * 7 * 14)
+
+
+# -- the column rule: a unit no consumer reads goes, whatever its row and bias ------------------------------
+
+def _ones_case(model: nn.Module) -> MaskedModel:
+    """``model`` with all-ones masks on every layer, the head included (FedMask masks and prunes it), and
+    non-zero biases (a removed unit's bias must not matter)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)) and m.bias is not None:
+                m.bias.copy_(torch.randn(m.bias.shape))
+    sites = model_sites(model)
+    return MaskedModel(model, sites, all_ones_masks(model, sites))
+
+
+def test_unit_read_by_no_consumer_is_removed_with_its_row_alive():
+    torch.manual_seed(0)
+    masked = _ones_case(build_model("mlp", (64,), 10).eval())  # 64-128-64-10
+    masked.masks["fc2.weight"][:, 5] = 0  # fc1's unit 5: row and bias live, never read by fc2 (its only consumer)
+    assert float(masked.base.fc1.bias[5].detach()) != 0 and bool(masked.baked().fc1.weight[5].ne(0).all())
+    x = sample_input("mlp", 8)
+    res = compact(masked, x[:1])
+    assert res.kept_units["fc1"].tolist() == [u for u in range(128) if u != 5]
+    assert res.module.fc1.out_features == 127 and res.module.fc2.in_features == 127
+    # fc1's row (64 weights + 1 bias) and fc2's column (64 weights); MACs 64 (fc1) + 64 (fc2), FLOPs = 2 x MACs
+    assert res.params_dense - res.params_compacted == 64 + 1 + 64
+    assert res.flops_dense - res.flops_compacted == 2 * (64 + 64)
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+    assert verify_compaction(masked, res, x) <= 1e-5
+
+
+def test_rows_a_removal_drops_leave_their_inputs_unread():
+    """The head's column k is dead, so fc2's unit k goes; fc1's unit j is read only by that row of fc2, so it
+    goes too (the rule runs to a fixed point)."""
+    torch.manual_seed(0)
+    masked = _ones_case(build_model("mlp", (64,), 10).eval())
+    j, k = 7, 3
+    masked.masks["out.weight"][:, k] = 0
+    masked.masks["fc2.weight"][:, j] = 0
+    masked.masks["fc2.weight"][k, j] = 1
+    x = sample_input("mlp", 8)
+    res = compact(masked, x[:1])
+    assert {s.name: s.kept for s in res.layers} == {"fc1": 127, "fc2": 63, "out": 10}
+    # fc1 row j (64 + 1); fc2 column j (64) and row k (128 + 1), sharing one element; the head's column k (10)
+    assert res.params_dense - res.params_compacted == 65 + 64 + 129 - 1 + 10
+    # MACs: fc1 64, fc2 128·64 − 127·63 = 191, out 10
+    assert res.flops_dense - res.flops_compacted == 2 * (64 + 191 + 10)
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+    assert verify_compaction(masked, res, x) <= 1e-5
+
+
+def test_unit_read_by_one_consumer_of_two_stays():
+    torch.manual_seed(0)
+    model = Block().eval()
+    randomize_norms(model)
+    x = torch.randn(4, 3, 6, 6)
+    masked = _ones_case(model)
+    full = compact(masked, x[:1])  # nothing to remove; batch norm folded
+    masked.masks["conv1.weight"][:, 2] = 0  # the stem's channel 2: unread by conv1, read by the shortcut
+    res = compact(masked, x[:1])
+    assert {s.name: s.kept for s in res.layers}["stem"] == 4
+    assert res.params_compacted == full.params_compacted
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+
+    masked.masks["sconv.weight"][:, 2] = 0  # now unread by both consumers: it goes
+    res = compact(masked, x[:1])
+    assert res.kept_units["stem"].tolist() == [0, 1, 3]
+    assert res.module.conv1.in_channels == res.module.sconv.in_channels == 3
+    # stem filter (3·3·3 + 1), conv1's input channel (8 filters × 3·3), the shortcut's (8 × 1)
+    assert full.params_compacted - res.params_compacted == 28 + 72 + 8
+    # per output pixel (6×6 = 36): stem 27 MACs, conv1 8·9, sconv 8
+    assert full.flops_compacted - res.flops_compacted == 2 * 36 * (27 + 72 + 8)
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+    assert verify_compaction(masked, res, x) <= 1e-5
+
+
+class IdentityBlock(nn.Module):
+    """stem -> ReLU -> h; z = ReLU(conv2(ReLU(conv1(h))) + h): h's channels feed conv1 and the residual add."""
+
+    head = ("out",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv1 = nn.Conv2d(4, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.out = nn.Linear(4, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        z = torch.relu(self.conv2(torch.relu(self.conv1(h))) + h)
+        return self.out(z.mean(dim=(2, 3)))
+
+
+def test_unit_feeding_a_residual_add_stays_until_the_sum_is_unread():
+    torch.manual_seed(0)
+    masked = _ones_case(IdentityBlock().eval())
+    x = torch.randn(4, 3, 6, 6)
+    masked.masks["conv1.weight"][:, 1] = 0  # unread by conv1, but added into z, which the head reads
+    res = compact(masked, x[:1])
+    assert res.params_compacted == res.params_dense
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+
+    masked.masks["conv1.weight"][:, 1] = 1
+    masked.masks["out.weight"][:, 1] = 0  # the sum's channel 1 is unread, but conv1 still reads h's channel 1
+    res = compact(masked, x[:1])
+    assert res.params_compacted == res.params_dense
+
+    masked.masks["conv1.weight"][:, 1] = 0  # unread everywhere: stem and conv2 lose channel 1 together
+    res = compact(masked, x[:1])
+    assert res.kept_units["stem"].tolist() == res.kept_units["conv2"].tolist() == [0, 2, 3]
+    assert res.module.conv1.in_channels == 3
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+    assert verify_compaction(masked, res, x) <= 1e-5
+
+
+def test_channel_unread_after_a_depthwise_conv_goes_with_its_expand_channel():
+    """project reads no input channel 3 or 10: the depthwise conv's channels go, and the expand conv's, which
+    feed only them; their batch-norm shifts (constant outputs) never reach the output either."""
+    masked = masked_case("tiny_mobilenet", kill=0.0)
+    masked.masks["block1.project.weight"][:, [3, 10]] = 0
+    x = sample_input("tiny_mobilenet", 4)
+    res = compact(masked, x[:1])
+    kept = {s.name: s.kept for s in res.layers}
+    assert kept["block1.dw"] == kept["block1.expand"] == 30
+    assert 3 not in res.kept_units["block1.expand"].tolist() and 10 not in res.kept_units["block1.dw"].tolist()
+    assert res.module.block1.project.in_channels == 30
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+    assert verify_compaction(masked, res, x) <= 1e-5
+
+
+def test_conv_channel_goes_only_when_every_flattened_position_is_unread():
+    torch.manual_seed(0)
+    model = build_model("vgg16", (3, 64, 64), 10, width=1 / 16).eval()  # conv13: 32 channels of 2×2 -> fc1
+    randomize_norms(model)
+    masks = random_masks(model, 0.0, 1)
+    masks["fc1.weight"][:, 4 * 5: 4 * 5 + 4] = 0  # channel 5: all four positions unread
+    masks["fc1.weight"][:, 4 * 7 + 1] = 0  # channel 7: one position unread, three read
+    masked = MaskedModel(model, model_sites(model), masks)
+    x = torch.randn(3, 3, 64, 64)
+    res = compact(masked, x[:1])
+    assert res.kept_units["conv13"].tolist() == [c for c in range(32) if c != 5]
+    assert res.module.fc1.in_features == 31 * 4
+    assert verify_compaction(masked, res, x) <= 1e-5
+
+
+def test_lstm_unit_unread_by_the_next_layer_stays():
+    """The last LSTM layer's units 2 and 6 are unread by fc1, but the recurrence reads them back (W_hh, with
+    the o-gate rows unmasked): removing them would change every later step."""
+    masked = masked_case("char_lstm", kill=0.0)
+    masked.masks["fc1.weight"][:, [2, 6]] = 0
+    x = sample_input("char_lstm", 6)
+    res = compact(masked, x[:1])
+    h = masked.base.lstm.hidden_size
+    assert {s.name: s.kept for s in res.layers}["lstm.layer1"] == h
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5
+
+
+def test_every_unit_unread_keeps_one():
+    torch.manual_seed(0)
+    masked = _ones_case(build_model("mlp", (64,), 10).eval())
+    masked.masks["out.weight"].zero_()  # nothing of fc2 is read: the head outputs its bias
+    x = sample_input("mlp", 4)
+    res = compact(masked, x[:1])
+    assert res.kept_units["fc2"].tolist() == [0]
+    assert len(res.kept_units["fc1"]) == 128  # fc2's kept row reads every one
+    assert _max_diff(res.module(x), masked(x)) <= 1e-5

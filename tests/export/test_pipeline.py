@@ -125,3 +125,48 @@ def test_unknown_client_and_format(run_dir, tmp_path):
         export_run(run_dir, tmp_path / "a", formats=("onnx", "caffe"), progress=False)
     with pytest.raises(EdgemaskError, match="client-009"):
         export_run(run_dir, tmp_path / "a", clients=["client-009"], formats=("onnx",), progress=False)
+
+
+def test_export_never_replaces_a_directory_it_did_not_write(run_dir, tmp_path):
+    from edgemask.errors import EdgemaskError
+
+    foreign = tmp_path / "a" / run_dir.name / "dense"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(EdgemaskError, match=f"{foreign} exists and is not an edgemask artifact directory"):
+        export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx",), progress=False)
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in foreign.parent.iterdir()) == ["dense"]  # no temporary, nothing else written
+
+
+def _hold(lock, ready, release):
+    from edgemask.fileio import exclusive_lock
+
+    with exclusive_lock(lock, "holder"):
+        ready.set()
+        release.wait(60)
+
+
+def test_second_export_of_a_run_leaves_at_once_or_waits_for_the_first(run_dir, tmp_path):
+    import multiprocessing as mp
+    import threading
+
+    from edgemask.errors import EdgemaskError
+
+    ctx = mp.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(tmp_path / "a" / f".{run_dir.name}.lock", ready, release))
+    holder.start()  # stands for another export of this run, still writing
+    try:
+        assert ready.wait(30)
+        with pytest.raises(EdgemaskError, match=f"artifacts/{run_dir.name} is in use by another edgemask "
+                                                "process"):
+            export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx",), progress=False)
+        assert not (tmp_path / "a" / run_dir.name).exists()
+        threading.Timer(1.0, release.set).start()  # the other export finishes after a second
+        out = export_run(run_dir, tmp_path / "a", clients=["client-000"], formats=("onnx",), progress=False,
+                         wait_s=60)
+    finally:
+        release.set()
+        holder.join(30)
+    assert [p.name for p in out] == ["dense", "client-000"] and all((p / "manifest.json").is_file() for p in out)

@@ -54,7 +54,7 @@ def x86_fresh(fleet_clean, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def aarch64_rootfs_dir(fleet_clean) -> Path:
-    """The cached bookworm arm64 root filesystem (built on first use: 3-5 minutes)."""
+    """The cached bookworm arm64 root filesystem with a Pi's runtimes (built on first use: ~20 minutes)."""
     try:
         require_host(aarch64=True)
     except FleetUnavailable as e:
@@ -64,14 +64,15 @@ def aarch64_rootfs_dir(fleet_clean) -> Path:
 
 @pytest.fixture(scope="session")
 def wheels_dir(fleet_clean) -> Path:
-    """aarch64 / cp311 wheels of numpy and onnxruntime (downloaded once into the fleet cache)."""
+    """aarch64 / cp311 wheels of a Pi's runtimes (downloaded once into the fleet cache: 2.8 GB)."""
     return aarch64_wheels()
 
 
 @pytest.fixture(scope="session")
 def arm64_device(aarch64_rootfs_dir, tmp_path_factory):
-    """A shared aarch64 stand-in (Raspberry Pi 4 profile): arm64 sshd, Python, numpy and onnxruntime under
-    qemu-user as a Cortex-A72, one CPU's worth of quota, an emulated INA226 hwmon sensor."""
+    """A shared aarch64 stand-in (Raspberry Pi 4 profile): arm64 sshd, Python, numpy, onnxruntime, ai-edge-litert
+    and ExecuTorch's runtime under qemu-user as a Cortex-A72, one CPU's worth of quota, an emulated INA226
+    hwmon sensor."""
     dev = _start(tmp_path_factory, "pi-a", "aarch64", cores=1.0, sensor="hwmon", lower=aarch64_rootfs_dir)
     yield dev
     dev.teardown()

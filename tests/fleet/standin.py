@@ -8,7 +8,9 @@ cgroup whose CPU quota makes it slower than the host, and with an EMULATED power
 - `x86_64` stand-ins run the host's sshd and the test's own Python.
 - `aarch64` stand-ins run a Debian bookworm arm64 root filesystem (`build-rootfs.sh`, cached under
   `CACHE_DIR`) in a chroot on an overlay, every binary under qemu-user (binfmt_misc) as a Cortex-A72, with a
-  fake aarch64 /proc/cpuinfo; its sshd, Python, numpy and onnxruntime are the arm64 builds.
+  fake aarch64 /proc/cpuinfo; its sshd and Python are the arm64 builds, and so are the runtimes a provisioned
+  Pi has (numpy, onnxruntime, ai-edge-litert, ExecuTorch's runtime with the torch it links), installed by the
+  pip calls `edgemask devices setup` runs on a Pi (`fetch-wheels.sh`, `build-rootfs.sh`).
 
 Faults act on the real link and the real server: `link_down()`, `rate_limit()` (tc tbf; this kernel has no
 netem), `loss()` (nftables `numgen random` drop) and `kill_sshd()`. Traffic goes only to the namespaces'
@@ -17,9 +19,11 @@ was killed before its teardown (namespaces, cgroups and nftables tables are name
 
 Cost, measured on the 2-core project machine: with a warm cache all of tests/fleet takes about 3 minutes
 (an x86 stand-in starts in ~1 s, the aarch64 one in ~1.5 s; importing numpy + onnxruntime under qemu ~9 s;
-`setup_device` from uploaded wheels ~85 s). Cold, the wheels download in seconds and the arm64 root
-filesystem took 20 minutes of wall time on a heavily shared host (6.5 min of CPU) before build-rootfs.sh
-stopped openssh-server from generating RSA host keys under emulation.
+`setup_device` from uploaded wheels ~85 s). Importing torch + ExecuTorch's runtime under qemu takes 50-90 s,
+so each .pte job costs about a minute whatever its timed runs. Cold, the 2.8 GB of wheels (PyPI's aarch64
+torch is a CUDA build and brings the CUDA runtime wheels) download in about a minute and the arm64 root
+filesystem (5.1 GB) took 21 minutes of wall time on a heavily shared host (6 min of CPU), a third of it
+pip installing the runtimes.
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ def _script_key(*paths: Path) -> str:
 
 
 def aarch64_wheels() -> Path:
-    """numpy + onnxruntime (+ deps) wheels for bookworm arm64 / CPython 3.11, downloaded once."""
+    """A Pi's runtime wheels (+ deps) for bookworm arm64 / CPython 3.11, downloaded once (fetch-wheels.sh)."""
     dest = CACHE_DIR / f"wheels-aarch64-cp311-{_script_key(WHEELS_SCRIPT)}"
     if not (dest / "requirements.txt").is_file():
         sh("sh", WHEELS_SCRIPT, dest, sys.executable, timeout=900)
@@ -97,7 +101,8 @@ def aarch64_wheels() -> Path:
 
 
 def arm64_rootfs() -> Path:
-    """The bookworm arm64 root filesystem, built once (3-5 min) and keyed by its build script and wheels."""
+    """The bookworm arm64 root filesystem with a Pi's runtimes, built once and keyed by its build script and
+    the wheel lists (fetch-wheels.sh)."""
     wheels = aarch64_wheels()
     dest = CACHE_DIR / f"bookworm-arm64-{_script_key(ROOTFS_SCRIPT, WHEELS_SCRIPT)}"
     if not (dest / ".complete").is_file():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from artifacts import make_artifact
+from processes import runner_pids, wait_until
 
 from devices.benchmark import run_benchmark
 from devices.connection import open_connection
@@ -24,14 +25,6 @@ from profiling.store import ResultsStore
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 QUICK = RunnerSettings(warmup_runs=1, warmup_seconds=0.0, min_runs=20, min_seconds=0.2, idle_seconds=0.0)
-
-
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_link_down_fails_clearly_then_recovers(x86_fresh):
@@ -133,7 +126,7 @@ def test_sshd_killed_mid_transfer_leaves_no_file_under_the_real_name(x86_fresh, 
     th = threading.Thread(target=upload)
     th.start()
     try:
-        _wait(lambda: any(p.stat().st_size > 100_000 for p in blobs_dir.glob(f".{digest}.*.part")), 30,
+        wait_until(lambda: any(p.stat().st_size > 100_000 for p in blobs_dir.glob(f".{digest}.*.part")), 30,
               "the upload to start")
         assert x86_fresh.kill_sshd()
         th.join(timeout=60)
@@ -164,7 +157,7 @@ def test_sshd_killed_mid_run_fails_naming_the_host_and_a_retry_succeeds(x86_fres
 
     th = threading.Thread(target=measure)
     th.start()
-    _wait(lambda: _runner_running(x86_fresh), 60, "the runner to start")
+    wait_until(lambda: _runner_pids(x86_fresh), 60, "the runner to start")
     time.sleep(1.0)
     assert x86_fresh.kill_sshd()
     th.join(timeout=60)
@@ -179,12 +172,38 @@ def test_sshd_killed_mid_run_fails_naming_the_host_and_a_retry_succeeds(x86_fres
     assert m.ok, m.error
 
 
-def _runner_running(dev) -> bool:
-    for pid in dev.cgroup.pids():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"--model" in cmd and b"--sample-io" in cmd:
-                return True
-        except OSError:
-            continue
-    return False
+def _runner_pids(dev) -> list[int]:
+    return runner_pids(pids=dev.cgroup.pids())
+
+
+def test_a_timed_out_job_leaves_no_runner_and_its_retry_runs_alone(x86_fresh, tmp_path):
+    ws = tmp_path / "ws"
+    make_artifact(ws / "artifacts" / "run-test" / "client-007")
+    spec = x86_fresh.spec()
+    cfg = parse_campaign({
+        "campaign": {"name": "timeouts", "formats": ["onnx"], "devices": [spec.name], "timeout_s": 8,
+                     "retries": 1, "retry_backoff_s": 0.1},
+        "artifacts": [{"run": "run-test", "clients": ["client-007"], "dense": False}],
+        "runner": {"warmup_runs": 1, "warmup_seconds": 0.0, "min_runs": 20, "min_seconds": 60.0, "idle_seconds": 0.0},
+    })
+    most = [0]
+    done = threading.Event()
+
+    def watch() -> None:  # how many runners are alive on the board at once
+        while not done.is_set():
+            most[0] = max(most[0], len(_runner_pids(x86_fresh)))
+            time.sleep(0.05)
+
+    th = threading.Thread(target=watch)
+    th.start()
+    try:
+        res = run_campaign(cfg, ws, progress=False, inventory={spec.name: spec})
+    finally:
+        done.set()
+        th.join()
+    [failed] = res.failed
+    assert failed.attempts == 2 and "ran past 8 s" in failed.reason
+    # the old code left the first runner timing for its 60 s and started the retry's beside it: 2 at once,
+    # and both still running after the campaign
+    assert most[0] == 1
+    wait_until(lambda: not _runner_pids(x86_fresh), 5, "no runner left on the stand-in")

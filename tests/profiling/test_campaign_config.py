@@ -36,6 +36,11 @@ def test_loads_every_field(tmp_path):
     (('clients = "all"', 'clients = "some"'), ["artifacts[0].clients"]),
     (('run = "run-a"\n', ''), ["artifacts[0].run", "missing"]),
     (('retries = 2', 'retries = true'), ["campaign.retries"]),
+    # a client id becomes artifacts/<run>/<client>: the old code accepted these and read outside the run
+    (('clients = "all"', 'clients = ["../other-run/client-000"]'), ["artifacts[0].clients", "not a plain name"]),
+    (('clients = "all"', 'clients = [".."]'), ["artifacts[0].clients", "'..'"]),
+    (('clients = "all"', 'clients = ["/etc"]'), ["artifacts[0].clients", "'/etc'"]),
+    (('name = "camp"', 'name = ".."'), ["campaign.name", "not a plain name"]),
 ])
 def test_errors_name_file_and_field(tmp_path, edit, words):
     text = pf.campaign_toml().replace(*edit)
@@ -104,3 +109,11 @@ def test_explicit_client_list(tmp_path):
     bad = text.replace('["client-002"]', '["client-009"]')
     with pytest.raises(ConfigError, match="client-009"):
         plan_jobs(parse_campaign(tomllib.loads(bad)), ws)
+
+
+def test_a_killed_exports_temporary_folder_is_not_a_client(tmp_path):
+    ws = pf.small_workspace(tmp_path, clients=("client-000",))
+    # what a kill -9 during export leaves: export's own temporary folder, manifest and all
+    pf.write_manifest(ws, "run-a", ".client-001.x7k2.partial", kind="compacted")
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(devices=("dev-a",), repetitions=1)))
+    assert {j.artifact for j in plan_jobs(cfg, ws)} == {"run-a/dense", "run-a/client-000"}

@@ -1,5 +1,6 @@
 """run_campaign with an injected benchmark: parallel devices, retries, recorded failures, resume."""
 
+import dataclasses
 import tomllib
 
 import pytest
@@ -89,19 +90,51 @@ def test_host_key_error_stops_that_device_only(tmp_path):
     assert not res.complete
 
 
-def test_a_runner_failure_is_a_measurement_not_a_retry(tmp_path):
-    ws, cfg = _setup(tmp_path, devices=("dev-a",), repetitions=1, retries=3)
-    calls = []
-
+def _refusing(calls):
     def bench(conn, spec, artifact_dir, fmt, variant="fp32", settings=None, timeout=600):
         calls.append(fmt)
         return Measurement(device=spec.name, artifact="x", format=fmt, variant=variant, threads=1, ok=False,
-                           error="output check failed: max abs diff 0.3")
+                           error="output check failed: max abs diff 0.3", latency_ms=(7.0,))
+    return bench
 
-    res = _run(cfg, ws, bench, devices=("dev-a",))
-    assert len(calls) == 6 and len(res.recorded) == 6 and not res.failed
-    df = ResultsStore.open(res.store_path).to_dataframe()
-    assert (~df["ok"]).all() and df["error"].str.contains("output check failed").all()
+
+def test_a_runner_failure_is_stored_counted_failed_and_not_retried_in_the_run(tmp_path):
+    # the old code counted these 6 as measured ("6 measured, 0 failed", exit 0) and never ran them again
+    ws, cfg = _setup(tmp_path, devices=("dev-a",), repetitions=1, retries=3)
+    calls = []
+    res = _run(cfg, ws, _refusing(calls), devices=("dev-a",))
+    assert len(calls) == 6 and len(res.recorded) == 0 and len(res.failed) == 6 and not res.complete
+    assert {f.status for f in res.failed} == {"failed"} and all(f.attempts == 1 for f in res.failed)
+    with ResultsStore.open(res.store_path) as store:
+        df = store.to_dataframe()
+        assert (~df["ok"]).all() and df["error"].str.contains("output check failed").all()
+        assert store.done_job_ids() == set()
+        assert set(store.job_status().values()) == {"failed"}
+
+
+def test_failed_jobs_are_rerun_on_resume_and_given_up_after_retries_runs(tmp_path):
+    ws, cfg = _setup(tmp_path, devices=("dev-a",), repetitions=1, retries=1)
+    calls = []
+    first = _run(cfg, ws, _refusing(calls), devices=("dev-a",))
+    second = _run(cfg, ws, _refusing(calls), devices=("dev-a",))  # failed once <= retries: run again
+    assert len(calls) == 12 and len(second.failed) == 6 and second.already_done == 0
+    third = _run(cfg, ws, _refusing(calls), devices=("dev-a",))  # failed in 2 runs > retries = 1: given up
+    assert len(calls) == 12 and {f.status for f in third.failed} == {"given up"} and not third.complete
+    assert "failed in 2 runs" in third.failed[0].reason
+    with ResultsStore.open(first.store_path) as store:
+        assert store.failed_runs() == {j: 2 for j in store.job_status()}
+        assert len(store.superseded()) == 6  # the first run's rows, kept when the second replaced them
+        assert len(store.measurements()) == 6  # one current row per job, never two
+
+    healthy = pf.FakeBenchmark()  # raising retries lets a fixed board try them again
+    fixed = _run(dataclasses.replace(cfg, retries=2), ws, healthy, devices=("dev-a",))
+    assert fixed.complete and len(fixed.recorded) == 6 and len(healthy.calls) == 6
+    with ResultsStore.open(first.store_path) as store:
+        rows = store.measurements()
+        assert len(rows) == 6 and all(m.ok for _, m in rows)  # the good ones replaced the failed rows
+        assert len(store.superseded()) == 12  # every failed sample is still there
+        assert len(_run(cfg, ws, healthy, devices=("dev-a",)).recorded) == 0  # measured is final
+        assert store.failures().empty  # all resolved
 
 
 def test_resume_runs_only_missing_jobs(tmp_path):

@@ -10,8 +10,9 @@ import profiling
 import profiling_fakes as pf
 from devices.records import Measurement
 from profiling.campaign import parse_campaign, plan_jobs, read_manifest
-from profiling.report import write_report
+from profiling.report import summary_table, write_report
 from profiling.store import ResultsStore
+from profiling.verdict import VerdictRules
 
 SAMPLES = (1.0, 2.0, 3.0, 4.0, 10.0)
 
@@ -51,10 +52,15 @@ def _images(page: str) -> list[bytes]:
     return [base64.b64decode(m) for m in re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)]
 
 
+# rules the fixture's 5 samples over 20 ms, CV 0.88, meet: every setting VALID
+LENIENT = VerdictRules(min_runs=5, min_seconds=0.01, cv_threshold=1.0)
+
+
 def test_report_has_the_values_and_embedded_plots(tmp_path):
     ws, results = _campaign(tmp_path)
-    html_path, md_path = write_report(results, ws)
+    html_path, md_path = write_report(results, ws, rules=LENIENT)
     page, md = html_path.read_text(), md_path.read_text()
+    assert md.startswith("# Campaign camp\n\n**2 of 2 settings VALID.**")
     # hand-computed: compacted p50 3, p90 7.6, p99 9.76; dense p50 10 -> speedup 3.33×; FLOPs 10000/2000 -> 5×
     for value in ("3.000", "7.600", "9.760", "10.000", "3.33×", "5.00×", "66.7%"):
         assert value in page, value
@@ -67,9 +73,29 @@ def test_report_has_the_values_and_embedded_plots(tmp_path):
     assert len(imgs) == 4 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in imgs)
     assert "http://" not in page.replace("http://www.w3.org", "") and "<script" not in page  # self-contained
     assert sorted(p.name for p in (results / "plots").iterdir()) == [
-        "accuracy_vs_communication.png", "energy.png", "latency.png", "speedup_vs_bound.png"]
+        "accuracy_vs_communication.png", "energy.png", "latency.png", "speedup.png"]
     assert "(plots/latency.png)" in md
-    assert "high-cv" in page  # [1,2,3,4,10] has CV 0.88
+    assert "†" not in md  # no comparison rests on an INVALID setting
+
+
+def test_invalid_settings_lead_the_summary_and_carry_their_flag(tmp_path):
+    ws, results = _campaign(tmp_path)
+    _, md_path = write_report(results, ws)  # default rules: 5 runs < 50, 20 ms < 1 s, CV 0.88 > 0.1
+    md = md_path.read_text()
+    assert md.startswith("# Campaign camp\n\n**0 of 2 settings VALID; INVALID for too-few-runs (2), "
+                         "too-short (2), high-cv (1).**")
+    runtime = md[md.index("## Runtime per application"):md.index("## Every artifact")]
+    assert "| fedmask | compacted | 1 | 0/1 |" in runtime  # measured columns averaged over VALID settings only
+    assert "3.000" not in runtime and "3.33×" not in runtime
+    detail = md[md.index("## Every artifact"):]
+    assert "| 3.33× † |" in detail and "| 75.0% † |" in detail  # speedup, memory saved: shown, flagged
+    assert "high-cv: CV 88.4 % > 10 %" in detail
+    assert "† rests on an INVALID setting" in md
+    text = summary_table(results)
+    assert text.splitlines()[0] == "0 of 2 settings VALID; INVALID for too-few-runs (2), too-short (2), high-cv (1)"
+    row = next(line for line in text.splitlines() if line.startswith("run-a/client-000"))
+    assert row.split()[5:] == ["5", "3.000", "9.760", "88.4%", "3.33×", "†", "5.00×", "2.50×", "INVALID",
+                               "too-few-runs;too-short;high-cv"]
 
 
 def test_report_says_why_energy_and_history_are_missing(tmp_path):
@@ -79,7 +105,6 @@ def test_report_says_why_energy_and_history_are_missing(tmp_path):
     assert len(_images(page)) == 2  # latency and speedup only
     assert "energy is missing on dev-a for 2 of 2 settings: no power sensor: no INA3221 rails" in page
     assert "no training history for run run-a" in md
-    assert "energy-missing" in page
 
 
 def test_accuracy_curve_from_long_history():

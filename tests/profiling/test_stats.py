@@ -1,11 +1,13 @@
 """Statistics against hand-computed values."""
 
+import json
 import math
 
 import pandas as pd
 import pytest
 
 from profiling import stats
+from profiling.verdict import VerdictRules
 
 SAMPLES = [1.0, 2.0, 3.0, 4.0, 10.0]
 
@@ -58,6 +60,7 @@ def _row(artifact, kind, latency, *, rep=0, device="d", power=(3.0, 3.0), window
                 load_ms=5.0, first_inference_ms=6.0, peak_rss_kb=20_000, rss_growth_kb=rss,
                 output_max_abs_diff=1e-7, output_check_passed=check, accuracy=0.9,
                 power_source="ina" if power else None, energy_missing_reason=reason,
+                state_before=json.dumps(state or {}), state_after=json.dumps(state or {}),
                 throttled=stats.throttled(state or {}))
 
 
@@ -82,12 +85,12 @@ def test_summarize_pools_repetitions_and_compares_to_dense():
     assert c["energy_mj"] == pytest.approx(600.0)
     assert c["energy_above_idle_mj"] == pytest.approx(400.0)
     assert c["energy_reduction"] == pytest.approx(0.0)
-    assert c["flag_high_cv"] and "high-cv" in c["flags"]  # CV ≈ 0.84
-    assert not s.loc["r/dense", "flag_high_cv"]
+    assert "high-cv" in c["invalid_rules"]  # CV ≈ 0.84
+    assert "high-cv" not in s.loc["r/dense", "invalid_rules"]
     assert s.loc["r/dense", "speedup"] == pytest.approx(1.0)
 
 
-def test_summarize_flags_throttling_failed_checks_missing_energy():
+def test_summarize_gives_each_setting_its_verdict_and_flags_missing_energy():
     df = pd.DataFrame([
         _row("r/dense", "dense", [5.0, 5.0], flops=(1000, 1000)),
         _row("r/client-000", "compacted", [2.0, 2.0], state={"throttled": "0x50000"}),
@@ -95,17 +98,24 @@ def test_summarize_flags_throttling_failed_checks_missing_energy():
         _row("r/client-002", "compacted", [2.0, 2.0], power=(), reason="no power sensor on d"),
         _row("r/client-003", "compacted", [2.0, 2.0], ok=False),
     ])
-    s = stats.summarize(df).set_index("artifact")
-    assert s.loc["r/client-000", "flags"] == "throttled"
-    assert s.loc["r/client-001", "flags"] == "output-check-failed"
-    assert s.loc["r/client-002", "flags"] == "energy-missing"
+    s = stats.summarize(df, rules=VerdictRules(min_runs=2)).set_index("artifact")
+    assert s.loc["r/client-000", "invalid_rules"] == "throttled"
+    assert s.loc["r/client-001", "invalid_rules"] == "output-check-failed"
+    assert s.loc["r/client-002", "verdict"] == "VALID"  # energy is a measurement, not a validity rule
+    assert s.loc["r/client-002", "flag_energy_missing"]
     assert s.loc["r/client-002", "energy_missing_reason"] == "no power sensor on d"
     assert math.isnan(s.loc["r/client-002", "energy_mj"])
-    assert s.loc["r/client-003", "flags"] == "failed" and s.loc["r/client-003", "n_failed"] == 1
-    assert s.loc["r/dense", "flags"] == ""
+    assert s.loc["r/client-003", "reasons"] == "failed: 1 of 1 repetition(s) failed: boom"
+    assert s.loc["r/client-003", "n_failed"] == 1
+    assert s.loc["r/dense", "verdict"] == "VALID"
+    # comparisons rest on both verdicts
+    assert s["comparison_valid"].to_dict() == {"r/client-000": False, "r/client-001": False, "r/client-002": True,
+                                               "r/client-003": False, "r/dense": True}
+    assert s.loc["r/client-002", "speedup"] == pytest.approx(2.5)
+    assert s.loc["r/client-002", "param_ratio"] == pytest.approx(2.5)  # 100 / 40 parameters
 
 
 def test_cv_threshold_is_a_parameter():
     df = pd.DataFrame([_row("r/dense", "dense", [1.0, 1.08, 0.92], flops=(1, 1))])  # CV = 0.08
-    assert not stats.summarize(df, cv_threshold=0.1).iloc[0]["flag_high_cv"]
-    assert stats.summarize(df, cv_threshold=0.05).iloc[0]["flag_high_cv"]
+    assert stats.summarize(df, cv_threshold=0.1).iloc[0]["invalid_rules"] == "too-few-runs"
+    assert stats.summarize(df, cv_threshold=0.05).iloc[0]["invalid_rules"] == "too-few-runs;high-cv"

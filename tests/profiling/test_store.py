@@ -116,3 +116,68 @@ def test_not_a_database(tmp_path):
     bad.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(CorruptFileError, match=str(bad)):
         ResultsStore.open(bad)
+
+
+_SCHEMA_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE measurements (
+    job_id TEXT NOT NULL UNIQUE, artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL,
+    device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
+    ok INTEGER NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL, measurement TEXT NOT NULL);
+CREATE TABLE failures (
+    id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, artifact TEXT NOT NULL, format TEXT NOT NULL,
+    variant TEXT NOT NULL, device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
+    reason TEXT NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '1');
+"""
+
+
+def test_a_schema_1_store_is_migrated_and_its_failed_rows_are_no_longer_done(tmp_path):
+    # what the old code wrote for a Ctrl-C: ok = 0 "runner exited with rc=-2", and it took that job as done
+    path = tmp_path / "r.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(_SCHEMA_1)
+    cut = Job("run-a/client-001", "onnx", "fp32", "dev-a", 2, 0)
+    for job, m in ((JOB, _measurement()), (cut, _measurement(ok=False, error="runner exited with rc=-2"))):
+        db.execute("INSERT INTO measurements VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                   (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
+                    int(m.ok), 1, "2026-11-22T10:00:00Z", json.dumps(m.to_dict())))
+    db.commit()
+    db.close()
+    with ResultsStore.open(path) as store:
+        assert store.done_job_ids() == {JOB.job_id}
+        assert store.job_status() == {JOB.job_id: "measured"}
+        assert [j for j, _ in store.measurements()] == [JOB, cut]  # nothing lost
+        assert store.record(cut, _measurement(latency_ms=(5.0,))) is True  # the resume measures it
+        assert store.done_job_ids() == {JOB.job_id, cut.job_id}
+        [(_, old)] = store.superseded()
+        assert old.error == "runner exited with rc=-2"
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
+
+
+def test_a_newer_schema_is_refused_with_one_line(tmp_path):
+    from edgemask.errors import CorruptFileError
+
+    path = tmp_path / "r.sqlite"
+    ResultsStore.open(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = '9' WHERE key = 'schema'")
+    db.commit()
+    db.close()
+    with pytest.raises(CorruptFileError, match=r"store schema 9, this edgemask reads 2") as e:
+        ResultsStore.open(path)
+    assert "\n" not in str(e.value)
+
+
+def test_interrupted_and_failed_are_told_apart_and_only_failed_runs_count(tmp_path):
+    other = Job("run-a/client-001", "onnx", "fp32", "dev-a", 2, 0)
+    with ResultsStore.open(tmp_path / "r.sqlite") as store:
+        store.record_failure(JOB, "RunInterrupted: local: python was interrupted", 1, status="interrupted")
+        store.record_failure(other, "DeviceError: link dropped", 3)
+        store.record_failure(other, "DeviceError: link dropped", 3)
+        assert store.job_status() == {JOB.job_id: "interrupted", other.job_id: "failed"}
+        assert store.failed_runs() == {other.job_id: 2}
+        assert store.done_job_ids() == set()
+        assert store.record(JOB, _measurement()) is True
+        assert store.job_status()[JOB.job_id] == "measured"
+        assert list(store.failures()["job_id"]) == [other.job_id] * 2

@@ -6,7 +6,8 @@ import torch
 
 import pytest
 
-from trainer.accounting import dense_reference, forward_flops, forward_flops_many, kept_counts, layer_positions
+from trainer.accounting import (ForwardFlops, dense_reference, forward_flops, forward_flops_many,
+                                forward_flops_split, forward_flops_split_many, kept_counts, layer_positions)
 from trainer.models import build_model, model_sites
 from trainer.models.masking import all_ones_masks
 
@@ -51,6 +52,47 @@ def test_dead_lstm_hidden_units_cost_nothing_anywhere():
     assert forward_flops(model, sites, masks, pos) == expect
 
 
+def test_structured_flops_count_only_whole_dead_units():
+    # 64 -> 4 -> 3 -> 10. fc1 unit 1 dead (its row), 10 scattered zeros in fc1 row 0, 1 in fc2 (row 0, column 0).
+    model = build_model("mlp", (1, 8, 8), 10, hidden=(4, 3))
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+    masks = all_ones_masks(model, sites)
+    masks["fc1.weight"][1] = 0
+    masks["fc1.weight"][0, :10] = 0
+    masks["fc2.weight"][0, 0] = 0
+    # element: fc1 3·64 − 10, fc2 3 rows × 3 live columns − 1, out 10 × 3
+    # structured: fc1 3 live rows × 64, fc2 3 × 3 (the scattered zero still runs), out 10 × 3
+    assert forward_flops_split(model, sites, masks, pos) == ForwardFlops(2 * (182 + 8 + 30), 2 * (192 + 9 + 30))
+    masks["fc2.weight"][2] = 0  # fc2 unit 2 dead too: its row and column 2 of out go in both counts
+    assert forward_flops_split(model, sites, masks, pos) == ForwardFlops(2 * (182 + 5 + 20), 2 * (192 + 6 + 20))
+    dense = 2 * (64 * 4 + 4 * 3 + 3 * 10)
+    assert forward_flops_split(model, sites, all_ones_masks(model, sites), pos) == ForwardFlops(dense, dense)
+
+
+def test_structured_flops_of_conv_filters_and_lstm_units():
+    model = build_model("cnn", (1, 8, 8), 10)  # conv1 16×1×3×3 at 8×8, pool, conv2 32×16×3×3 at 4×4, out 10×32
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+    masks = all_ones_masks(model, sites)
+    masks["conv1.weight"][:4] = 0  # 4 dead filters
+    masks["conv2.weight"][:8] = 0  # 8 dead filters
+    masks["conv1.weight"][5, 0, 0, 0] = 0  # scattered zeros in live filters over live channels
+    masks["conv2.weight"][10, 5, 1, 1] = 0
+    structured = 2 * (12 * 9 * 64 + 24 * 12 * 9 * 16 + 10 * 24)
+    assert forward_flops_split(model, sites, masks, pos) == ForwardFlops(structured - 2 * (64 + 16), structured)
+    lstm = build_model("char_lstm", (5,), 7, hidden=4, embed=3, fc=(6,))
+    sites = model_sites(lstm)
+    pos = layer_positions(lstm, sites, torch.zeros(1, 5, dtype=torch.long))
+    masks = all_ones_masks(lstm, sites)
+    for w in ("lstm.weight_ih_l1", "lstm.weight_hh_l1"):  # layer-2 hidden unit 0 dead
+        masks[w][8] = 0
+    masks["lstm.weight_hh_l0"][0, 0] = 0  # scattered: an i-gate element of a live unit
+    # 5 steps × 4 gates × units × (inputs + units): layer 1 4 × (3 + 4), layer 2 3 × (4 + 3); fc1 3 × 6, out 6 × 7
+    structured = 2 * 5 * (16 * 7 + 12 * 7) + 2 * (3 * 6 + 6 * 7)
+    assert forward_flops_split(lstm, sites, masks, pos) == ForwardFlops(structured - 2 * 5, structured)
+
+
 MANY = [("mlp", (1, 8, 8), {"hidden": (16, 12)}), ("cnn", (1, 8, 8), {"widths": (4, 6)}),
         ("tiny_mobilenet", (1, 8, 8), {"width": 4, "expand": 2}),  # depthwise convs, batch norm, residuals
         ("char_lstm", (5,), {"hidden": 4, "embed": 3, "fc": (6,)})]  # no vmap rule: one client after another
@@ -73,6 +115,9 @@ def test_many_clients_at_once_count_what_each_counts_alone(name, shape, args):
     alone = [forward_flops(model, sites, m, pos) for m in masks]
     assert len(set(alone)) == len(alone)  # the cases differ, so a mix-up between clients would show
     assert forward_flops_many(model, sites, masks, pos) == alone
+    split = [forward_flops_split(model, sites, m, pos) for m in masks]
+    assert forward_flops_split_many(model, sites, masks, pos) == split
+    assert all(f.element <= f.structured for f in split)
     assert forward_flops_many(model, sites, masks, pos, memory_budget=1) == alone  # one client per chunk
     assert forward_flops_many(model, sites, [], pos) == []
 

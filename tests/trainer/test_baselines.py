@@ -312,6 +312,15 @@ def test_fedmask_beats_fedavg_with_32x_less_upload(fedmask_vs_fedavg):
     assert 30 < fa["bytes_up"] / fm["bytes_up"] < 34
     assert fm["vs_fedavg"]["bytes_up"] == pytest.approx(fm["bytes_up"] / fa["bytes_up"])
     assert fm["vs_fedavg"]["flops_train"] < 1.0  # pruned and dead units cost nothing
+    # the structured figure (whole dead units only) is the paper's computation cost: never below element sparsity
+    assert fm["vs_fedavg"]["flops_train"] <= fm["vs_fedavg"]["flops_train_structured"] <= 1.0
+    assert fm["flops_train_structured"] == pytest.approx(fm["vs_fedavg"]["flops_train_structured"]
+                                                         / fa["vs_fedavg"]["flops_train"] * fa["flops_train"])
+    h = fedmask_vs_fedavg["fedmask"][0].history
+    rows = {m: [r["value"] for r in h if r["metric"] == m] for m in ("flops_fwd", "flops_fwd_structured")}
+    assert len(rows["flops_fwd"]) == len(rows["flops_fwd_structured"]) > 0
+    assert all(e <= s for e, s in zip(rows["flops_fwd"], rows["flops_fwd_structured"]))
+    assert sum(rows["flops_fwd"]) < sum(rows["flops_fwd_structured"])  # 80 % of the last 2 layers pruned
 
 
 def reloaded_accuracies(path):

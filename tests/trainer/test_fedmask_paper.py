@@ -40,20 +40,30 @@ def fedmask_digits():
 
 
 def test_personalization_preserving_aggregation_on_hand_built_masks():
-    # 3 clients, 5 elements. Element 4 is kept by client 0 alone: its value stays client 0's.
-    masks = [torch.tensor([1., 0, 1, 1, 1]), torch.tensor([1., 1, 0, 0, 0]), torch.tensor([0., 1, 1, 1, 1])]
-    keeps = [torch.tensor([1., 1, 1, 0, 1]), torch.tensor([1., 1, 0, 1, 0]), torch.tensor([0., 1, 1, 1, 0])]
-    out = personalization_preserving(masks, keeps)
-    # kept by: e0 {0,1} -> (1+1)/2; e1 {0,1,2} -> (0+1+1)/3; e2 {0,2} -> (1+1)/2; e3 {1,2} -> (0+1)/2; e4 {0} -> own
-    torch.testing.assert_close(out[0], torch.tensor([1., 2 / 3, 1, 0, 1]))
-    torch.testing.assert_close(out[1], torch.tensor([1., 2 / 3, 0, .5, 0]))
-    torch.testing.assert_close(out[2], torch.tensor([0., 2 / 3, 1, .5, 0]))
-    assert binarize(out[1]).tolist() == [1, 1, 0, 1, 0]  # what is sent back: 1 bit per element
+    # 3 uploads, 6 elements. Element 4 is kept by upload 0 alone: its value; element 5 by none: the previous global.
+    masks = [torch.tensor([1., 0, 1, 1, 1, 0]), torch.tensor([1., 1, 0, 0, 0, 0]), torch.tensor([0., 1, 1, 1, 1, 0])]
+    keeps = [torch.tensor([1., 1, 1, 0, 1, 0]), torch.tensor([1., 1, 0, 1, 0, 0]), torch.tensor([0., 1, 1, 1, 0, 0])]
+    previous = torch.tensor([0., 0, 0, 0, 0, 1])
+    out, kept = personalization_preserving(previous, masks, keeps)
+    # kept by: e0 {0,1} -> (1+1)/2; e1 {0,1,2} -> (0+1+1)/3; e2 {0,2} -> (1+1)/2; e3 {1,2} -> (0+1)/2; e4 {0} -> 1
+    torch.testing.assert_close(out, torch.tensor([1., 2 / 3, 1, .5, 1, 1]))
+    assert kept.tolist() == [True] * 5 + [False]
+    assert binarize(out).tolist() == [1, 1, 1, 1, 1, 1]  # the global mask: 1 bit per element
+
+
+def _hand_global(previous, sent, keeps):
+    """§3.6 element by element: the mean over the uploads that keep it, binarized at 0.5; else ``previous``."""
+    out = previous.clone().reshape(-1)
+    for e in range(out.numel()):
+        vals = [float(m.reshape(-1)[e]) for m, k in zip(sent, keeps) if k.reshape(-1)[e] == 1]
+        if vals:
+            out[e] = 1.0 if sum(vals) / len(vals) >= 0.5 else 0.0
+    return out.reshape(previous.shape)
 
 
 def test_server_aggregate_is_personalization_preserving_for_pruned_and_unpruned_layers():
-    # Fig. 7-8 on the clients' one-shot structures; a layer nobody pruned is averaged over all K clients, and all of
-    # them then hold one and the same tensor (no per-client copy)
+    # Fig. 7-8 on the clients' one-shot structures, every client sampled; a layer nobody pruned is averaged over all
+    # K clients, and all of them then start from one and the same tensor (no per-client copy)
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
     algo = FedMask(c, build_dataset(c.data, c.run.seed))
     algo.setup()
@@ -63,16 +73,50 @@ def test_server_aggregate_is_personalization_preserving_for_pruned_and_unpruned_
     updates = [ClientUpdate(cid, 10, sent[cid], 0, 0, 0.0) for cid in algo.client_ids]
     algo.aggregate(0, updates)
     s = algo.args.init_scale
-    for w in algo.keep[algo.client_ids[0]]:
+    for w in ("fc1.weight", "out.weight"):
         keeps = [algo.keep[cid][w] for cid in algo.client_ids]
-        expect = personalization_preserving([sent[cid][w] for cid in algo.client_ids], keeps)
-        for k, cid in enumerate(algo.client_ids):
-            want = binarize(expect[k]) * keeps[k]
-            assert torch.equal(algo.masks[cid][w], want), (cid, w)
-            assert torch.equal(algo.start[cid][w], (s * (2 * want - 1)) * keeps[k])  # Alg. 1 line 14
+        want = _hand_global(torch.ones_like(keeps[0]), [sent[cid][w] for cid in algo.client_ids], keeps)
+        assert torch.equal(algo.global_mask[w], want), w
+        for k, cid in enumerate(algo.client_ids):  # Alg. 1 lines 11 and 14: ±s from m^T ⊙ m_k, 0 where pruned
+            assert torch.equal(algo.local_task(cid, 1).trainable[w], (s * (2 * want * keeps[k] - 1)) * keeps[k])
     a, b = algo.client_ids[:2]
-    assert algo.masks[a]["fc1.weight"] is algo.masks[b]["fc1.weight"]  # not pruned: one tensor for all
-    assert not torch.equal(algo.masks[a]["out.weight"], algo.masks[b]["out.weight"])  # pruned: personal
+    assert algo.start_scores(a)["fc1.weight"] is algo.start_scores(b)["fc1.weight"]  # not pruned: one tensor
+    assert not torch.equal(algo.start_scores(a)["out.weight"], algo.start_scores(b)["out.weight"])  # pruned: own
+
+
+def test_every_client_starts_from_the_one_global_mask_under_partial_participation():
+    # Alg. 1 line 11: a selected device starts from m^T ⊙ m_k, the *current* global mask under its own structure,
+    # whether or not it was sampled in the rounds that formed m^T. 4 devices, 2 sampled a round.
+    c = cfg(clients=4, prune_rate=0.2, prune_last=2, lambda_r=0.002)
+    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo.setup()
+    ids, s = algo.client_ids, algo.args.init_scale
+    own = {cid: {w: m.clone() for w, m in algo.masks[cid].items()} for cid in ids}  # m_k from ClientPruning
+    g = torch.Generator().manual_seed(1)
+    glob = {w: torch.ones_like(m) for w, m in algo.masks[ids[0]].items()}  # m^0 = 1 (Alg. 1 line 2)
+    covered = {w: torch.zeros_like(m) for w, m in glob.items()}
+    for rnd, sampled in enumerate((ids[:2], ids[2:], ids[1:3])):
+        sent = {cid: {w: (torch.rand(k.shape, generator=g) < 0.5).float() * k for w, k in algo.keep[cid].items()}
+                for cid in sampled}
+        algo.aggregate(rnd, [ClientUpdate(cid, 10, sent[cid], 0, 0, 0.0) for cid in sampled])
+        for w in glob:
+            keeps = [algo.keep[cid][w] for cid in sampled]
+            glob[w] = _hand_global(glob[w], [sent[cid][w] for cid in sampled], keeps)
+            covered[w] = torch.clamp(covered[w] + sum(keeps), max=1)
+        for cid in ids:  # sampled this round or not: the next start derives from the current global mask
+            start = algo.local_task(cid, rnd + 1).trainable
+            for w, keep in algo.keep[cid].items():
+                m = torch.where(covered[w] == 1, glob[w], own[cid][w]) * keep  # never kept by an upload: m^0 ⊙ m_k
+                assert torch.equal(start[w], (s * (2 * m - 1)) * keep), (rnd, cid, w)
+        # hence two devices' starts agree wherever both keep an element that some upload has kept
+        for a, b in ((ids[0], ids[3]), (ids[1], ids[2])):
+            sa, sb = algo.start_scores(a), algo.start_scores(b)
+            for w in glob:
+                both = (algo.keep[a][w] * algo.keep[b][w] * covered[w]) == 1
+                assert torch.equal(sa[w][both], sb[w][both]), (rnd, a, b, w)
+    # the unpruned layer: every device's start is the global mask, e.g. device 0 after rounds it did not join
+    assert torch.equal(algo.local_task(ids[0], 3).trainable["fc1.weight"], s * (2 * glob["fc1.weight"] - 1))
+    assert not torch.equal(glob["fc1.weight"], own[ids[0]]["fc1.weight"])  # not its stale ClientPruning mask
 
 
 def test_uploads_computed_together_are_each_clients_own():

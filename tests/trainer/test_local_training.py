@@ -35,3 +35,38 @@ def test_per_sample_is_pytorchs_bits_and_the_mean_is_what_vmap_computes():
         assert torch.equal(g_ours, g_theirs)
         eager = torch.stack([F.cross_entropy(x[i], y[i]) for i in range(7)])  # a cascaded sum: the last bit may differ
         torch.testing.assert_close(ours, eager)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_weight_decay_never_moves_frozen_elements_in_either_loop(momentum):
+    # LocalTask: elements with grad_keep 0 are frozen. torch.optim.SGD(weight_decay=...) would add wd·p inside
+    # step(), after the gradients were masked, and decay them; both loops use d = (∇ + wd·p) ⊙ keep instead.
+    from trainer.algorithms.base import LocalTask
+    from trainer.batched import local_train_batched
+    from trainer.local_training import local_train
+    from trainer.sampling import batch_order
+
+    def forward(p, c, x, b):  # w is trained by the data; v only decays (its data gradient is exactly 0)
+        return x @ p["w"] + 0.0 * p["v"].sum()
+
+    g = torch.Generator().manual_seed(3)
+    keep = {"w": (torch.rand(6, 3, generator=g) < 0.5).float(), "v": torch.tensor([1.0, 0.0, 1.0, 0.0])}
+    tasks = [LocalTask({"w": torch.randn(6, 3, generator=g), "v": torch.randn(4, generator=g)}, forward,
+                       lr=0.1, grad_keep=keep) for _ in range(2)]
+    data = [(torch.randn(20, 6, generator=g), torch.randint(0, 3, (20,), generator=g)) for _ in tasks]
+    orders = [batch_order(20, 1, 0, 0, i) for i in range(2)]  # 3 steps of batch 8 (8, 8, 4)
+    lr, wd = 0.1, 0.05
+    factor, buf = 1.0, 0.0  # by hand: v_t = factor_t · v_0 on kept elements (SGD on the loss wd/2·v²)
+    for step in range(3):
+        d = wd * factor
+        buf = d if step == 0 else momentum * buf + d
+        factor -= lr * (buf if momentum else d)
+    sequential = [local_train(t, x, y, o, 8, momentum, wd) for t, (x, y), o in zip(tasks, data, orders)]
+    batched = local_train_batched(tasks, data, orders, 8, momentum, wd)
+    for task, res in zip(tasks * 2, sequential + batched):
+        for name, k in keep.items():
+            frozen = k == 0
+            assert torch.equal(res.trained[name][frozen], task.trainable[name][frozen]), name  # bit for bit
+        v0, v = task.trainable["v"], res.trained["v"]
+        torch.testing.assert_close(v[keep["v"] == 1], factor * v0[keep["v"] == 1], rtol=1e-6, atol=1e-7)
+        assert not torch.equal(res.trained["w"][keep["w"] == 1], task.trainable["w"][keep["w"] == 1])

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -98,3 +101,34 @@ def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
 def test_build_model_unknown_name_lists_models():
     with pytest.raises(UnknownNameError, match="valid names: .*mlp"):
         build_model("resnet9000", (1, 8, 8), 10)
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads_and_validates(path):
+    """Every file in configs/ passes the loader (sections, fields, names), its algorithm's argument check and
+    its model builder's signature; the embedded datasets (no files needed) are built."""
+    from trainer.algorithms import ALGORITHMS
+    from trainer.algorithms.base import parse_args
+    from trainer.data import build_dataset
+    from trainer.models import MODELS
+
+    cfg = TrainConfig.load(path)
+    parse_args(ALGORITHMS.get(cfg.algorithm.name).Args, cfg.algorithm.args, cfg.algorithm.name)
+    inspect.signature(MODELS.get(cfg.model.name)).bind((1,), 2, **cfg.model.args)
+    if cfg.data.name in ("digits", "synthetic"):
+        ds = build_dataset(cfg.data, cfg.run.seed)
+        assert len(ds.clients) == cfg.data.num_clients
+
+
+def test_the_paper_settings_are_shipped():
+    names = {p.name for p in CONFIGS}
+    assert {"perfedmask-cifar10-c1.toml", "perfedmask-cifar10-c01.toml", "fedpews-synthetic32k-n4.toml"} <= names
+    n4 = TrainConfig.load(Path(CONFIGS[0]).parent / "fedpews-synthetic32k-n4.toml")
+    assert (n4.data.num_clients, n4.algorithm.args["lambda_div"]) == (4, 0.0)
+    assert TrainConfig.load(Path(CONFIGS[0]).parent / "fedselect-cifar10-resnet18.toml").training.rounds == 200
+    assert [TrainConfig.load(Path(CONFIGS[0]).parent / f"perfedmask-cifar10-{c}.toml").training.participation
+            for c in ("c1", "c01")] == [1.0, 0.1]
+    assert TrainConfig.load(Path(CONFIGS[0]).parent / "ic-cifar10-fedmask.toml").data.samples_per_client == 25

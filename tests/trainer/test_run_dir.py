@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from edgemask.errors import CorruptFileError, EdgemaskError
+from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
 from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
 from trainer.local_training import evaluate
-from trainer.run_dir import ClientState, load_client, load_run, save_client
+from trainer.run_dir import ClientState, load_client, load_run, save_client, write_run
 from trainer.simulation import simulate
 
 
@@ -105,3 +106,93 @@ def test_mask_that_does_not_fit_the_model_is_refused(written_run, tmp_path):
                 ClientState({"fc1.weight": torch.ones(3, 3)}, {}))
     with pytest.raises(CorruptFileError, match="does not fit"):
         load_run(copy).build_model("client-000")
+
+
+def _strip_metadata(path) -> None:
+    """Rewrite a client file with the same tensors and no metadata (what a hand-made or foreign file looks like)."""
+    from safetensors.numpy import load_file, save_file
+
+    save_file(load_file(str(path)), str(path))
+
+
+def test_client_file_without_its_mask_metadata_is_refused_not_read_as_dense(written_run, tmp_path):
+    import shutil
+
+    res, path = written_run
+    copy = tmp_path / "run"
+    shutil.copytree(path, copy)
+    f = copy / "clients" / "client-000.safetensors"
+    _strip_metadata(f)
+    # read without its masks, FedMask's client-000 would be the dense model; FedAvg's (no masks) likewise unproven
+    with pytest.raises(CorruptFileError) as e:
+        load_run(copy).build_model("client-000")
+    assert str(e.value).startswith(f"{f}: no 'mask_shapes' metadata") and "\n" not in str(e.value)
+    load_run(copy).build_model("client-001")  # the other clients still load
+
+
+def test_client_file_with_undescribed_tensors_is_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    f = tmp_path / "c.safetensors"
+    save_file({"fc1.weight": np.ones((3, 3), np.float32)}, str(f), metadata={"mask_shapes": "{}"})
+    with pytest.raises(CorruptFileError, match="tensor 'fc1.weight' is neither a recorded mask"):
+        load_client(f)
+
+
+def _write(path, run=None):
+    res = run or simulate(small_config("fedavg").replace(training=TrainingConfig(rounds=0, batch_size=64)))
+    return res, write_run(path, res.config, res.algorithm.shared_state(),
+                          {c: res.algorithm.client_state(c) for c in res.algorithm.client_ids}, [], res.summary)
+
+
+def test_write_run_never_removes_what_is_not_a_run(tmp_path):
+    foreign = tmp_path / "runs" / "mine"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(EdgemaskError, match="exists and is not an edgemask run directory; edgemask replaces only"):
+        _write(foreign)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in foreign.parent.iterdir()) == ["mine"]  # no temporary left beside it
+    with pytest.raises(ConfigError, match="run id of"):
+        _write(tmp_path / "runs" / "..")
+
+
+def test_write_run_replaces_a_run_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "runs" / "r"
+    res, _ = _write(path)
+    (path / "clients" / "client-009.safetensors").write_bytes(b"stale")  # not in the new run: must go
+    _write(path, res)
+    assert sorted(p.name for p in (path / "clients").iterdir()) == [f"client-00{i}.safetensors" for i in range(4)]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r"]
+
+
+def test_run_lock_refuses_a_second_writer_and_clears_a_killed_ones_temporaries(tmp_path):
+    from trainer.run_dir import run_lock
+
+    path = tmp_path / "runs" / "r"
+    path.parent.mkdir(parents=True)
+    stale = path.parent / ".r.abcd_123.partial"  # the pattern atomic_dir makes: a killed writer's leftovers
+    other = path.parent / ".r.b.abcd_123.partial"  # run "r.b"'s temporary: not ours to remove
+    for d in (stale, other):
+        d.mkdir()
+    with run_lock(path):
+        assert not stale.exists() and other.exists()
+        with pytest.raises(EdgemaskError, match=r"run r is in use by another edgemask process \(lock .*\.r\.lock\)"):
+            with run_lock(path):
+                pass
+
+
+def test_a_writer_killed_between_its_renames_loses_no_run(tmp_path):
+    """atomic_dir renames the old run aside, then the new one in: a kill between the two leaves the old run as
+    ``.r.<random>.old`` and no ``r``. The next writer, under the lock, renames it back instead of removing it."""
+    from trainer.run_dir import run_lock
+
+    path = tmp_path / "runs" / "r"
+    _write(path)
+    before = sorted(p.name for p in path.rglob("*"))
+    aside = path.parent / ".r.k1ll3d_x.old"
+    path.rename(aside)
+    (path.parent / ".r.k1ll3d_x.partial").mkdir()  # the new run, half written
+    with run_lock(path):
+        assert sorted(p.name for p in path.rglob("*")) == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [".r.lock", "r"]

@@ -65,7 +65,8 @@ class LocalTask:
     Everything that differs between clients must be in ``trainable``, ``constants`` or ``buffers`` — never
     captured in the closures — so the loop can stack clients and train them together (torch.func.vmap);
     the closures may capture what every client shares (e.g. FedMask's frozen weights).
-    ``grad_keep`` zeroes the gradient of frozen elements (pruned mask entries, PerFedMask's frozen params).
+    ``grad_keep`` zeroes the update of frozen elements, weight decay included (pruned mask entries, PerFedMask's
+    frozen params): they never move.
     Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm
     keeps (the default task holds the global model itself: no per-client copy before training).
     """

@@ -12,15 +12,21 @@ Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
   and columns, so masks die in whole units that export can remove.
 * LSTM partial mask (Table 3): W_o (the o-gate rows) real-valued and trained, shared by averaging; masks on the
   i, f, g gates.
-* Personalization-preserving aggregation (§3.6, Fig. 7-8): an element is averaged over the clients whose pruned
-  structure keeps it, where two or more do; other elements unchanged; each client gets its own mask back
-  (binarized at 0.5, so the downlink is 1 bit per element too). That mask is where the device's next local
-  update starts; the device infers with its latest locally trained mask, which is what personalized accuracy
-  is measured on and what the run directory stores.
+* Personalization-preserving aggregation (§3.6, Fig. 7-8) into the server's one global mask m^T (Alg. 1 lines
+  2 and 12): each element averaged over the round's uploads whose pruned structure keeps it (kept by one alone:
+  that upload's value, the paper's "unchanged"), binarized at 0.5 (Eq. 3); an element no upload keeps stays as
+  it was. Every selected device, sampled in the round the mask was formed or not, starts its next local update
+  from the *current* m^T under its own structure, m^T ⊙ m_k (Alg. 1 line 11), so the downlink is 1 bit per
+  element too. The device infers with its latest locally trained mask, which is what personalized accuracy is
+  measured on and what the run directory stores.
 
 Choices the paper leaves open, stated here: the real-valued mask starts at m^r = s·(2m − 1) for the binary
-mask m it is initialized from (Alg. 1 lines 14, 22), s = ``init_scale``; so σ(m^r) ≥ 0.5 ⇔ m = 1. Batch-norm
-running statistics are local to each client. Bytes up and down: every mask element, 1 bit, packed.
+mask m it is initialized from (Alg. 1 lines 14, 22), s = ``init_scale``; so σ(m^r) ≥ 0.5 ⇔ m = 1, and 0 where
+pruned. In m^T ⊙ m_k, m_k's role is the structure (which elements the device keeps): on an element some upload
+has kept, the start is m^T's value; on an element no upload has kept yet (before the first aggregation, or a
+pruned-layer element only unsampled devices keep), m^T is still m^0 = 1, so the start is m_k itself, the
+device's ClientPruning mask. Batch-norm running statistics are local to each client. Bytes up and down: every
+mask element, 1 bit, packed.
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ class FedMask(Algorithm):
         pruned = {w for s in pruned_sites for w in s.weights}
         self.pruned = [w for w in masked if w in pruned]  # the masks with a one-shot pruning structure
         self.keep: dict[str, dict[str, torch.Tensor]] = {}
-        self.masks: dict[str, dict[str, torch.Tensor]] = {}
+        self.masks: dict[str, dict[str, torch.Tensor]] = {}  # m_k: ClientPruning's binary mask (Alg. 1 line 6)
         self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
         ones = {w: torch.ones(shapes[w]) for w in masked}  # one tensor every client holds: stacked as a view
         first = self._start_scores(ones, ones)
@@ -118,11 +124,15 @@ class FedMask(Algorithm):
             self.keep[cid] = keep
             self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
             self.buffers[cid] = res.buffers
-        # The mask each device infers with: its latest locally trained binary mask. The server's
-        # personalized aggregate (self.masks) is where its next local update starts (Alg. 1 line 11), as the
-        # real-valued scores self.start.
+        # The mask each device infers with: its latest locally trained binary mask.
         self.local = {cid: dict(m) for cid, m in self.masks.items()}
-        self.start = {cid: self._start_scores(self.masks[cid], self.keep[cid]) for cid in self.client_ids}
+        # The server's global mask m^T (Alg. 1 line 2: m^0 = 1), and per mask where some upload has kept an
+        # element (None: nowhere yet). A device's next start is m^T ⊙ m_k (:meth:`start_scores`); before any
+        # aggregation that is its own m_k, as real-valued scores (Alg. 1 line 14) computed once here.
+        self.global_mask = {w: ones[w] for w in masked}
+        self.covered: dict[str, torch.Tensor | None] = {w: None for w in masked}
+        self.first_start = {cid: self._start_scores(self.masks[cid], self.keep[cid]) for cid in self.client_ids}
+        self.shared_start: dict[str, torch.Tensor] = {}  # an unpruned mask's start, m^T for every device
 
     # -- the local task -------------------------------------------------------------------------------
     def _weight_rows(self, w: str) -> torch.Tensor:
@@ -201,9 +211,26 @@ class FedMask(Algorithm):
             params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
         return params
 
+    def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
+        """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the
+        server's current global mask under the device's structure, m^T ⊙ m_k (see the module docstring for an
+        element no upload has kept yet), as ±``init_scale``, 0 where pruned. An unpruned mask every upload keeps
+        whole, so after the first aggregation all devices start from one tensor (stacked as a view)."""
+        keep, first, start = self.keep[cid], self.first_start[cid], {}
+        for w, m_k in self.masks[cid].items():
+            covered = self.covered[w]
+            if w in self.shared_start:
+                start[w] = self.shared_start[w]
+            elif covered is None:  # m^0 ⊙ m_k = m_k
+                start[w] = first[w]
+            else:
+                mask = torch.where(covered, self.global_mask[w], m_k) * keep[w]
+                start[w] = self._start_scores({w: mask}, {w: keep[w]})[w]
+        return start
+
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         keep = self.keep[cid]
-        return self._task(cid, self.start[cid], {w: keep[w] for w in self.pruned})
+        return self._task(cid, self.start_scores(cid), {w: keep[w] for w in self.pruned})
 
     def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         return self.client_updates(rnd, [(cid, result)])[0]
@@ -232,24 +259,24 @@ class FedMask(Algorithm):
                             samples_seen=result.samples_seen, extra={"o": o})
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
-        for w in self.keep[self.client_ids[0]]:
+        """m^{T+1} from the round's uploads (Alg. 1 line 12, §3.6): one global mask, each element averaged over
+        the uploads that keep it and binarized (Eq. 3, τ = 0.5); elements no upload keeps stay m^T."""
+        for w in self.global_mask if updates else ():
+            masks = stack_rows([u.payload[w] for u in updates])
             if w not in self.pruned:
-                # Every client keeps every element: §3.6's average over the clients that keep an element is the
-                # plain average everywhere (personalization_preserving with all-ones structures, the same ops), so
-                # all K clients get one mask, held as one tensor (the next round stacks it as a view).
-                masks = stack_rows([u.payload[w] for u in updates])
+                # Every upload keeps every element: §3.6's average over the clients that keep it is the plain
+                # average, written so (the same bits), and the whole mask is covered.
                 merged = binarize(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
-                start = self._start_scores({w: merged}, {})[w]
-                for u in updates:
-                    self.masks[u.client_id][w] = merged
-                    self.start[u.client_id][w] = start
+                self.global_mask[w] = merged
+                if self.covered[w] is None:
+                    self.covered[w] = torch.ones(merged.shape, dtype=torch.bool)
+                self.shared_start[w] = self._start_scores({w: merged}, {})[w]
                 continue
             keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
-            merged = binarize(personalization_preserving([u.payload[w] for u in updates], keep)) * keep
-            start = self._start_scores({w: merged}, {w: keep})[w]  # all K clients' next m^r in one op
-            for u, m, st in zip(updates, merged.unbind(0), start.unbind(0)):
-                self.masks[u.client_id][w] = m
-                self.start[u.client_id][w] = st
+            merged, kept = personalization_preserving(self.global_mask[w], masks, keep)
+            self.global_mask[w] = binarize(merged)
+            covered = self.covered[w]
+            self.covered[w] = kept if covered is None else covered | kept
         real_o = self._real_output_gates()
         if real_o:
             avg = average_state([u.extra["o"] for u in updates], [u.num_samples for u in updates])

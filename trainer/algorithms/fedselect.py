@@ -15,20 +15,25 @@ Each round, every sampled client k, starting from its model θ_0 = θ_k^{t−1}:
 
 Choices stated here: a client not sampled in a round keeps its personal parameters and takes θ_G on its shared
 ones (Alg. 2's m_G branch only matters under partial participation); a never-sampled client uses θ_G. Batch-norm
-running statistics are averaged like FedAvg's. The paper's backbone is an ImageNet-pretrained ResNet18, which
-cannot be downloaded here: ``init_weights`` loads a local file (safetensors, or a ``torch.load``-able state dict
-read with ``weights_only=True``; torchvision's ResNet names are mapped to the zoo's), from scratch by default.
+running statistics are the client's own: its local training resumes from them, and it is evaluated and saved
+(its personalized model) with them; the server averages them like FedAvg's for the clients never sampled.
+The paper's backbone is an ImageNet-pretrained ResNet18, which cannot be downloaded here: ``init_weights`` loads a
+local file (safetensors, or a ``torch.load``-able state dict read with ``weights_only=True``; torchvision's ResNet
+names are mapped to the zoo's), from scratch by default.
 The paper's setting: 10 clients, s = 2 or 4 classes each, 20 train / 100 test samples per class
 (``data.options`` ``train_per_class``/``test_per_class``), L = 5, E = 5, LocalAlt 5 epochs, p ∈ {0.25, 0.5, 0.75}.
 """
 
 from __future__ import annotations
 
+import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
@@ -101,12 +106,19 @@ def load_init_weights(path: str, params: Tensors, buffers: Tensors) -> tuple[int
     f = Path(path)
     if not f.is_file():
         raise ConfigError(f"fedselect: algorithm.args.init_weights {path!r}: file not found")
-    if f.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        state = load_file(str(f))
-    else:
-        state = torch.load(str(f), map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state) if isinstance(state, dict) else state
+    try:  # torch.load's weights_only refuses a pickle that would run code; that refusal is one line here
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            state = load_file(str(f))
+        else:
+            with warnings.catch_warnings():  # torch warns (2 lines) of a pickle protocol it then refuses
+                warnings.simplefilter("ignore", UserWarning)
+                state = torch.load(str(f), map_location="cpu", weights_only=True)
+            state = state.get("state_dict", state) if isinstance(state, dict) else state
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, SafetensorError) as e:
+        raise ConfigError(f"fedselect: algorithm.args.init_weights {path!r}: cannot be read as a state dict of "
+                          f"tensors ({type(e).__name__}; a pickle is read only if it holds nothing but tensors); "
+                          "give a .safetensors file") from None
     if not isinstance(state, dict):
         raise ConfigError(f"fedselect: {path}: not a state dict of tensors")
     loaded, skipped = 0, []
@@ -152,7 +164,7 @@ class FedSelect(Algorithm):
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         theta0 = {k: v.clone() for k, v in self.client_model(cid).items()}
-        buf0 = self.buffers.get(cid, self.global_buffers)
+        buf0 = self.client_buffers(cid)
         ones = {k: torch.ones_like(v, dtype=torch.bool) for k, v in theta0.items()}
         self.round_state[cid] = {"theta0": theta0, "buf0": buf0, "mask": ones}
         return self._task(theta0, buf0, ones, self.args.E)  # GradLTN iteration 0, m_0 = 1
@@ -204,13 +216,21 @@ class FedSelect(Algorithm):
             src = trained.get(cid, self.models.get(cid, self.global_params))
             self.models[cid] = {k: torch.where(self.personal[cid][k], src[k], g) for k, g in self.global_params.items()}
 
+    def client_buffers(self, cid: str) -> Tensors:
+        """The batch-norm statistics of the client's personalized model: its own from its last local training
+        (where the next one resumes), the server's average for a client never sampled."""
+        return self.buffers.get(cid, self.global_buffers)
+
     def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.client_model(cid), self.global_buffers, self.call)
+        return EvalModel(self.client_model(cid), self.client_buffers(cid), self.call)
 
     def client_state(self, cid: str) -> ClientState:
+        """The personal parameters (where m_k keeps any element) and the client's own buffers: with the shared
+        model they rebuild exactly the model it was evaluated with."""
         if cid not in self.personal:
             return ClientState()
-        return ClientState(params={k: v for k, v in self.models[cid].items() if self.personal[cid][k].any()})
+        personal = {k: v for k, v in self.models[cid].items() if self.personal[cid][k].any()}
+        return ClientState(params={**personal, **self.client_buffers(cid)})
 
     def summary_extra(self) -> dict:
         total = sum(v.numel() for v in self.global_params.values())

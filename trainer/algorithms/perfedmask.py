@@ -6,7 +6,10 @@ Vectors", ICLR 2023; the poster's equations).
 * Device n can train at most ψ_n parameters; a fraction ν of the devices can train the whole body
   (ψ_n = d_w), the others ``budget``·d_w (or per-device fractions ``budgets``).
 * Before training the server picks layer-wise masking vectors m̃_n ∈ {0,1}^|Λ| by P^mask:
-      min Σ_n ( d_w max_j (k̃_n)_j − Σ_j (m̃_n)_j + ε_n )
+      min Σ_n ( d_w max_j (k̃_n)_j − Σ_j |π_j| (k̃_n)_j + ε_n )
+  — the bias term of the poster's convergence bound, Σ_n (d_w γ_n − Σ_l (k_n)_l), written per layer: the
+  poster's printed P^mask has Σ_j (m̃_n)_j, which counts layers whatever their size; we follow the bound
+  (see :func:`pmask_objective`)
       s.t. (k̃_n)_j = (m̃_n)_j / Σ_n' (m̃_n')_j,  Σ_j |π_j| (m̃_n)_j = ψ_n − ε_n,  m̃ binary, ε_n ≥ 0,
   solved exactly as a mixed-integer linear program (:func:`solve_pmask`, HiGHS through ``scipy.optimize.milp``).
 * Local update: w_n = w_g − η m_n ⊙ Σ ∇f_n — masked parameters are frozen (``grad_keep``), not removed.
@@ -16,7 +19,8 @@ Vectors", ICLR 2023; the poster's equations).
   before and after, with each device's trainable parameters and forward/backward FLOPs (the poster's tables).
 
 Linearization (ours): with z_jc = 1 ⇔ layer j is trained by exactly c devices (c = 0..N, one-hot),
-Σ_n m_nj = Σ_c c z_jc and (k̃_n)_j = m_nj Σ_c z_jc / c. The max becomes one auxiliary γ_n per device with
+Σ_n m_nj = Σ_c c z_jc and (k̃_n)_j = m_nj Σ_c z_jc / c, so Σ_n (k̃_n)_j = 1 − z_j0 and the weighted sum is
+Σ_j |π_j| (1 − z_j0), linear in z. The max becomes one auxiliary γ_n per device with
 γ_n ≥ Σ_{c≥1} z_jc / c + m_nj − 1 for every j (tight when m_nj = 1, vacuous when 0); ε_n is the budget slack.
 Layers Λ: every module that owns body parameters (a conv, a linear, a batch norm). Backward FLOPs per sample:
 a masked layer costs its weight gradient (= its forward) when trained, and its input gradient (= its forward)
@@ -25,6 +29,7 @@ when a trained layer lies before it in definition order (the gradient must flow 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +49,7 @@ class PerFedMaskArgs:
     budgets: list | None = None  # per-device ψ_n / d_w, in client order (overrides nu and budget)
     finetune_epochs: int = 5  # head fine-tuning after training
     finetune_lr: float = -1.0  # -1: training.lr
+    milp_time_limit: float = 60.0  # seconds for P^mask's MILP; past it, HiGHS's best choice so far (warned)
 
 
 def layer_groups(names: list[str]) -> dict[str, list[str]]:
@@ -55,17 +61,25 @@ def layer_groups(names: list[str]) -> dict[str, list[str]]:
 
 
 def pmask_objective(m: np.ndarray, sizes: np.ndarray, psi: np.ndarray) -> float:
-    """P^mask's objective for a binary (N, J) choice with Σ_j |π_j| m_nj ≤ ψ_n (ε_n the slack)."""
+    """P^mask's objective Σ_n (d_w max_j k̃_nj − Σ_j |π_j| k̃_nj + ε_n) for a binary (N, J) choice ``m`` with
+    Σ_j |π_j| m_nj ≤ ψ_n (ε_n the slack); ``sizes`` (J,) = |π_j|, ``psi`` (N,) = ψ_n.
+
+    The poster's bound (Theorem) has the bias term Σ_n (d_w γ_n − Σ_{l=1}^{d_w} (k_n)_l), a sum over the d_w
+    parameters; with layer-wise masks every parameter l of layer j has (k_n)_l = k̃_nj, so the sum is
+    Σ_j |π_j| k̃_nj: a layer weighs by its parameter count (the poster's P^mask prints Σ_j m̃_nj, which would
+    reward covering a bias vector as much as a conv kernel)."""
     d_w = float(sizes.sum())
     count = m.sum(0)  # (J,) devices per layer
     k = np.where(count > 0, m / np.maximum(count, 1), 0.0)  # (N, J)
     eps = psi - m @ sizes
-    return float(np.sum(d_w * k.max(1) - m.sum(1) + eps))
+    return float(np.sum(d_w * k.max(1) - k @ sizes + eps))
 
 
 def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) -> tuple[np.ndarray, float]:
-    """Solve P^mask exactly (see the module docstring). ``sizes[j]`` = |π_j|, ``psi[n]`` = ψ_n.
-    Returns the (N, J) binary masking vectors and the optimal objective value."""
+    """Solve P^mask (see the module docstring). ``sizes[j]`` = |π_j|, ``psi[n]`` = ψ_n.
+    Returns the (N, J) binary masking vectors and their objective value: the optimum, or where the MILP runs
+    past ``time_limit`` seconds the best feasible choice HiGHS has found, with a RuntimeWarning giving its
+    relative MIP gap (the exact solve grows fast with N·J)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import lil_matrix
 
@@ -83,8 +97,8 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
     for n in range(N):
         cost[ig(n)] = d_w
         cost[ie(n)] = 1.0
-        for j in range(J):
-            cost[im(n, j)] = -1.0
+    for j in range(J):  # −Σ_n Σ_j |π_j| k̃_nj = −Σ_j |π_j| (1 − z_j0) = |π_j| z_j0 − d_w (the constant dropped)
+        cost[iz(j, 0)] = s[j]
     rows = N + 2 * J + N * J
     A = lil_matrix((rows, nv))
     lo, hi = np.zeros(rows), np.zeros(rows)
@@ -120,8 +134,13 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
     ub[: nm + nz] = 1.0
     res = milp(cost / d_w, constraints=LinearConstraint(A.tocsr(), lo, hi), integrality=integrality,
                bounds=Bounds(np.zeros(nv), ub), options={"time_limit": time_limit})
-    if res.x is None or not res.success:
+    if res.x is None or not (res.success or res.status == 1):  # 1: a limit reached, res.x the incumbent
         raise ConfigError(f"perfedmask: P^mask has no solution ({res.message}); check the budgets ψ_n ≥ 0")
+    if not res.success:
+        gap = getattr(res, "mip_gap", float("nan"))
+        warnings.warn(f"perfedmask: P^mask's MILP stopped at its time limit ({time_limit:g} s) with a relative "
+                      f"gap of {gap:.1%} to the optimum; using the best masking vectors found. Raise "
+                      f"algorithm.args.milp_time_limit for a closer choice", RuntimeWarning, stacklevel=2)
     m = np.round(res.x[:nm]).reshape(N, J).astype(np.int64)
     return m, pmask_objective(m, s, p)
 
@@ -159,7 +178,7 @@ class PerFedMask(Algorithm):
             full = set(rng.permutation(N)[: int(round(self.args.nu * N))].tolist())
             frac = [1.0 if i in full else self.args.budget for i in range(N)]
         self.psi = [f * d_w for f in frac]
-        m, self.objective = solve_pmask(sizes, self.psi)
+        m, self.objective = solve_pmask(sizes, self.psi, self.args.milp_time_limit)
         names = list(self.layers)
         self.layer_masks = {cid: {names[j]: int(m[i, j]) for j in range(len(names))}
                             for i, cid in enumerate(self.client_ids)}

@@ -1,7 +1,7 @@
 """Partitioners: split (labels) across clients. Pure functions over numpy index arrays.
 
-- ``pathological``: each client gets ``classes_per_client`` classes (McMahan et al.'s shards as used by FedMask,
-  LotteryFL), with a balance rate between its classes (FedMask §4.5, Fig. 13).
+- ``pathological``: each client gets ``classes_per_client`` classes drawn per client (FedMask §4.1 after
+  LotteryFL), unbalanced by a balance rate between its classes (FedMask §4.5, Fig. 13), optionally capped.
 - ``dirichlet``: class proportions per client drawn from Dir(α) (FedPeWS §5.1).
 - ``iid``: a uniform random split.
 Natural splits (one writer / subject / role per client) are done by the loaders that know the users.
@@ -14,42 +14,71 @@ import numpy as np
 from edgemask.errors import ConfigError
 
 
+def _draw_classes(classes: np.ndarray, num_clients: int, k: int, rng: np.random.Generator) -> list[list[int]]:
+    """Per device, ``k`` distinct classes: the ``k`` least used so far, ties broken at random, in a random order.
+
+    Each device draws its own classes (FedMask §4.1: "this two classes can be varied across devices"), so pairs
+    vary from device to device, while picking the least used keeps every class's number of holders within 1 of
+    every other's at all times (if the spread is ≤ 1 before a device draws, raising the k lowest keeps it ≤ 1).
+    Returns ``num_clients`` lists of ``k`` class labels; a device's first class is its major one.
+    """
+    used = np.zeros(len(classes), dtype=np.int64)
+    out = []
+    for _ in range(num_clients):
+        tie = rng.random(len(classes))
+        pick = np.lexsort((tie, used))[:k]  # fewest holders first, random among equals
+        used[pick] += 1
+        out.append([int(classes[j]) for j in rng.permutation(pick)])
+    return out
+
+
 def pathological(
     labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator,
-    balance_rate: float = 1.0,
+    balance_rate: float = 1.0, samples_per_client: int | None = None,
 ) -> list[np.ndarray]:
-    """Give each client ``classes_per_client`` distinct classes; split each class's samples over its holders.
+    """FedMask §4.1's non-IID split (following LotteryFL [33]): each device holds ``classes_per_client`` classes,
+    drawn per device, with unbalanced volumes.
 
-    Classes are assigned round-robin over a shuffled class order so every class is used about equally.
-    With ``balance_rate`` r < 1 a client's first class keeps all its share and every other class keeps a
-    fraction r of its share (the ratio between the smaller and the larger class volume is r).
+    Classes: :func:`_draw_classes` (pairs vary across devices; every class has the same number of holders ± 1).
+    Each class's samples are shuffled and cut into equal shares, one per holder. Volumes, with r =
+    ``balance_rate`` the ratio between a minor class's volume and the major one's (FedMask §4.5, Fig. 13):
+    uncapped, a device's first (major) class keeps its whole share and every other class ``max(1, round(r·
+    share))`` of its own share; with a cap C = ``samples_per_client`` (Table 4: 25 samples per device on
+    average for IC-CIFAR10), ``b = min(major share, C / (1 + (k-1)·r))``, each minor class keeps
+    ``max(1, round(r·b))`` and the major class ``C - (k-1)·minor`` (at most its share), so a device holds at
+    most C. Returns one sorted index array per device, disjoint.
     """
     classes = np.unique(labels)
-    if classes_per_client > len(classes):
-        raise ConfigError(
-            f"data.classes_per_client = {classes_per_client} but the dataset has only {len(classes)} classes"
-        )
+    k = classes_per_client
+    if k > len(classes):
+        raise ConfigError(f"data.classes_per_client = {k} but the dataset has only {len(classes)} classes")
     if not 0 < balance_rate <= 1:
         raise ConfigError(f"data.balance_rate must be in (0, 1], got {balance_rate}")
-    order = rng.permutation(classes)
-    assignment = [
-        [order[(c * classes_per_client + j) % len(order)] for j in range(classes_per_client)]
-        for c in range(num_clients)
-    ]
-    holders: dict[int, list[int]] = {int(k): [] for k in classes}
-    for c, ks in enumerate(assignment):
-        for k in ks:
-            holders[int(k)].append(c)
-    parts: list[list[int]] = [[] for _ in range(num_clients)]
-    for k, hs in holders.items():
-        if not hs:
-            continue
-        idx = rng.permutation(np.flatnonzero(labels == k))
-        for h, chunk in zip(hs, np.array_split(idx, len(hs))):
-            first = assignment[h][0] == k
-            keep = len(chunk) if first else max(1, int(round(len(chunk) * balance_rate)))
-            parts[h].extend(chunk[:keep].tolist())
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    if samples_per_client is not None and samples_per_client < k:
+        raise ConfigError(f"data.samples_per_client = {samples_per_client} is fewer than data.classes_per_client "
+                          f"= {k}: a device needs at least one sample of each of its classes")
+    assignment = _draw_classes(classes, num_clients, k, rng)
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for d, ks in enumerate(assignment):
+        for c in ks:
+            holders[c].append(d)
+    share: dict[tuple[int, int], np.ndarray] = {}  # (device, class) -> that device's share of the class
+    for c, hs in holders.items():
+        if hs:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            share.update({(d, c): chunk for d, chunk in zip(hs, np.array_split(idx, len(hs)))})
+    parts = []
+    for d, (major, *minors) in enumerate(assignment):
+        if samples_per_client is None:
+            keep = [share[d, major]] + [share[d, c][:max(1, int(round(len(share[d, c]) * balance_rate)))]
+                                        for c in minors]
+        else:
+            b = min(len(share[d, major]), samples_per_client / (1 + (k - 1) * balance_rate))
+            n_minor = max(1, int(round(b * balance_rate)))
+            n_major = min(len(share[d, major]), samples_per_client - (k - 1) * n_minor)
+            keep = [share[d, major][:n_major]] + [share[d, c][:n_minor] for c in minors]
+        parts.append(np.sort(np.concatenate(keep).astype(np.int64)))
+    return parts
 
 
 def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
@@ -84,7 +113,8 @@ PARTITIONERS = ("pathological", "dirichlet", "iid", "natural")
 def partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:
     """Dispatch on ``cfg.partition`` for datasets without natural users."""
     if cfg.partition == "pathological":
-        return pathological(labels, cfg.num_clients, cfg.classes_per_client, rng, cfg.balance_rate)
+        return pathological(labels, cfg.num_clients, cfg.classes_per_client, rng, cfg.balance_rate,
+                            cfg.samples_per_client)
     if cfg.partition == "dirichlet":
         return dirichlet(labels, cfg.num_clients, cfg.alpha, rng)
     if cfg.partition == "iid":

@@ -176,33 +176,35 @@ def fedpews_mlp(input_shape: tuple[int, ...], num_classes: int,
 
 
 class FedPeWSCNN(nn.Module):
-    """FedPeWS's CNN: three conv 3×3 + ReLU + 2×2 max pool, then FC → classes (flatten boundary)."""
+    """FedPeWS's CNN, App. B.1 Table 5 (CIFAR-MNIST and {Path-OCT-Tissue}MNIST): conv 3×3 padding 1 + ReLU +
+    max pool 2×2 stride 2 per width (Table 5: 32-64-128, "every convolutional layer is followed by a max pooling
+    layer"), flatten, one FC to the classes. On Table 5's input (3, 32, 32): (32, 16, 16) -> (64, 8, 8) ->
+    (128, 4, 4) -> flatten 2048 -> FC 2048×20. Pooling is ceil-mode, so a 28×28 input (MedMNIST) ends
+    at 4×4 as well (28 -> 14 -> 7 -> 4)."""
 
     head = ("out",)
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, widths: tuple[int, ...] = (32, 64, 64),
-                 hidden: int = 128) -> None:
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, widths: tuple[int, ...] = (32, 64, 128)
+                 ) -> None:
         super().__init__()
         c, h, w = input_shape
         for i, cout in enumerate(widths):
             setattr(self, f"conv{i + 1}", nn.Conv2d(c, cout, 3, padding=1))
             c, h, w = cout, (h + 1) // 2, (w + 1) // 2  # ceil-mode pooling
         self.depth = len(widths)
-        self.fc1 = nn.Linear(c * h * w, hidden)
-        self.out = nn.Linear(hidden, num_classes)
+        self.out = nn.Linear(c * h * w, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i in range(self.depth):
             x = torch.relu(getattr(self, f"conv{i + 1}")(x))
             x = torch.max_pool2d(x, 2, ceil_mode=True)  # (B, C, ⌈H/2⌉, ⌈W/2⌉)
-        x = torch.relu(self.fc1(x.flatten(1)))
-        return self.out(x)
+        return self.out(x.flatten(1))
 
 
 @MODELS.register("fedpews_cnn")
-def fedpews_cnn(input_shape: tuple[int, ...], num_classes: int, widths: tuple[int, ...] = (32, 64, 64),
-                hidden: int = 128) -> FedPeWSCNN:
-    return FedPeWSCNN(tuple(input_shape), num_classes, tuple(widths), hidden)
+def fedpews_cnn(input_shape: tuple[int, ...], num_classes: int, widths: tuple[int, ...] = (32, 64, 128)
+                ) -> FedPeWSCNN:
+    return FedPeWSCNN(tuple(input_shape), num_classes, tuple(widths))
 
 
 class InvertedResidual(nn.Module):

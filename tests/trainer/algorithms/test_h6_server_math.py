@@ -25,30 +25,63 @@ def test_perfedmask_kn_weighting_by_hand():
 
 
 def _brute_force(sizes, psi):
+    """The optimal value of P^mask and every (N, J) choice attaining it, by enumerating all 2^(N·J) choices."""
     s, p = np.array(sizes, float), np.array(psi, float)
-    best = None
+    scored = []
     for bits in itertools.product([0, 1], repeat=len(sizes) * len(psi)):
         m = np.array(bits).reshape(len(psi), len(sizes))
-        if np.any(m @ s > p):  # ε_n ≥ 0
-            continue
-        o = pmask_objective(m, s, p)
-        best = o if best is None or o < best else best
-    return best
+        if np.all(m @ s <= p):  # ε_n ≥ 0
+            scored.append((pmask_objective(m, s, p), bits))
+    best = min(o for o, _ in scored)
+    return best, {b for o, b in scored if o == pytest.approx(best)}
 
 
-@pytest.mark.parametrize("sizes,psi", [([3, 5, 2, 4], [14, 7, 5]), ([4, 1, 6], [11, 6, 2]), ([2, 2, 3], [7, 7, 3])])
+@pytest.mark.parametrize("sizes,psi", [([3, 5, 2, 4], [14, 7, 5]), ([4, 1, 6], [11, 6, 2]), ([2, 2, 3], [7, 7, 3]),
+                                       ([1, 1, 1, 8], [8, 3])])
 def test_pmask_milp_equals_brute_force(sizes, psi):
     m, obj = solve_pmask(sizes, psi)
-    assert obj == pytest.approx(_brute_force(sizes, psi))
+    best, argmins = _brute_force(sizes, psi)
+    assert obj == pytest.approx(best)
+    assert tuple(m.ravel().tolist()) in argmins  # the chosen vectors themselves are optimal
     assert np.all(m @ np.array(sizes) <= np.array(psi))  # the budgets hold
     assert set(np.unique(m)) <= {0, 1}
+
+
+def test_pmask_weighs_a_layer_by_its_parameter_count():
+    # Layers of 1, 1 and 4 parameters (d_w = 6), budgets ψ = (4, 2). Counting layers (Σ_j m̃_nj) picked the two
+    # small layers on both devices and never trained the 4-parameter one. Weighted by |π_j| (the poster's bound):
+    # device 0 trains the big layer alone: 6·1 − 4·1 + 0 = 2, device 1 nothing: 0 − 0 + 2 = 2, total 4; the
+    # two-small-layers choice costs (6·½ − 1 + 2) + (6·½ − 1 + 0) = 6. Brute force: the only optimum.
+    m, obj = solve_pmask([1, 1, 4], [4, 2])
+    assert m.tolist() == [[0, 0, 1], [0, 0, 0]]
+    assert obj == pytest.approx(4.0)
+    assert _brute_force([1, 1, 4], [4, 2]) == (pytest.approx(4.0), {(0, 0, 1, 0, 0, 0)})
+    assert pmask_objective(np.array([[1, 1, 0], [1, 1, 0]]), np.array([1.0, 1, 4]), np.array([4.0, 2])) == 6.0
+
+
+def test_pmask_past_its_time_limit_uses_the_incumbent_and_warns(monkeypatch):
+    # HiGHS at its time limit: status 1, success False, x = the best feasible point found. A fake of milp (the
+    # real one's answer relabelled) stands for a solve too large to run out the clock in a test.
+    import scipy.optimize
+
+    real = scipy.optimize.milp
+
+    def timed_out(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res.status, res.success, res.message, res.mip_gap = 1, False, "Time limit reached.", 0.25
+        return res
+
+    monkeypatch.setattr(scipy.optimize, "milp", timed_out)
+    with pytest.warns(RuntimeWarning, match="time limit .* gap of 25.0%"):
+        m, obj = solve_pmask([1, 1, 4], [4, 2], time_limit=5)
+    assert m.tolist() == [[0, 0, 1], [0, 0, 0]] and obj == pytest.approx(4.0)
 
 
 def test_pmask_objective_by_hand():
     # two devices, layers of 2 and 3 params; device 0 trains both, device 1 the second: k̃ = [[1, 1/2], [0, 1/2]]
     m = np.array([[1, 1], [0, 1]])
-    # d_w = 5: device 0: 5·1 − 2 + (5 − 5) = 3; device 1: 5·0.5 − 1 + (4 − 3) = 2.5
-    assert pmask_objective(m, np.array([2.0, 3.0]), np.array([5.0, 4.0])) == pytest.approx(5.5)
+    # d_w = 5: device 0: 5·1 − (2·1 + 3·½) + (5 − 5) = 1.5; device 1: 5·½ − 3·½ + (4 − 3) = 2
+    assert pmask_objective(m, np.array([2.0, 3.0]), np.array([5.0, 4.0])) == pytest.approx(3.5)
 
 
 # -- FedPeWS ----------------------------------------------------------------------------------------------

@@ -37,6 +37,58 @@ def test_pathological_balance_rate_is_the_ratio_between_a_clients_classes():
     assert all(np.bincount(y[p])[np.unique(y[p])].tolist() == [100, 100] for p in balanced)
 
 
+def _classes(y, parts):
+    return [tuple(sorted(np.unique(y[p]).tolist())) for p in parts]
+
+
+def test_pathological_pairs_vary_across_devices_and_classes_are_used_equally():
+    # FedMask §4.1 / Table 4: 400 devices, 2 of CIFAR-10's 10 classes each. Dealing the classes round-robin over
+    # one shuffled order gave 5 distinct pairs (5 groups of 80 identical devices); drawn per device, the pairs
+    # cover almost all of the C(10, 2) = 45.
+    y = _labels(per_class=6000)
+    parts = pathological(y, 400, 2, np.random.default_rng(0), balance_rate=0.5)
+    pairs = _classes(y, parts)
+    assert all(len(set(p)) == 2 for p in pairs)
+    assert len(set(pairs)) >= 40
+    # every class has the same number of holders ± 1 (here 400 × 2 / 10 = 80 exactly), also when it does not divide
+    assert np.bincount(np.concatenate(pairs), minlength=10).tolist() == [80] * 10
+    uneven = np.bincount(np.concatenate(_classes(y, pathological(y, 37, 3, np.random.default_rng(5)))),
+                         minlength=10)
+    assert uneven.sum() == 111 and uneven.max() - uneven.min() <= 1
+
+
+def test_pathological_volumes_are_unbalanced_by_the_balance_rate():
+    # 4 classes × 12 samples, 4 devices × 2 classes: every class has 2 holders, a share of 6 each. The major
+    # class keeps its 6, the minor one round(6 × 0.5) = 3; the major class of each device is a different class
+    # only by chance, but each device holds one class 6 times and the other 3 times.
+    y = _labels(num_classes=4, per_class=12)
+    parts = pathological(y, 4, 2, np.random.default_rng(3), balance_rate=0.5)
+    assert [sorted(np.bincount(y[p])[np.unique(y[p])].tolist()) for p in parts] == [[3, 6]] * 4
+    every = np.concatenate(parts)
+    assert len(np.unique(every)) == len(every)  # disjoint
+
+
+def test_pathological_cap_keeps_the_balance_rate():
+    # cap C = 7, r = 0.5: b = min(6, 7 / 1.5) = 4.67, minor round(2.33) = 2, major 7 - 2 = 5.
+    y = _labels(num_classes=4, per_class=12)
+    parts = pathological(y, 4, 2, np.random.default_rng(3), balance_rate=0.5, samples_per_client=7)
+    assert [sorted(np.bincount(y[p])[np.unique(y[p])].tolist()) for p in parts] == [[2, 5]] * 4
+    # IC-CIFAR10 (Table 4: 25 samples per device): 400 devices, r = 0.5 -> 17 + 8 on every device
+    y = _labels(per_class=6000)
+    parts = pathological(y, 400, 2, np.random.default_rng(0), balance_rate=0.5, samples_per_client=25)
+    assert {tuple(sorted(np.bincount(y[p])[np.unique(y[p])].tolist())) for p in parts} == {(8, 17)}
+    with pytest.raises(ConfigError, match="samples_per_client = 1 is fewer"):
+        pathological(y, 4, 2, np.random.default_rng(0), samples_per_client=1)
+
+
+def test_pathological_is_deterministic_by_seed():
+    y = _labels(per_class=300)
+    a, b = (pathological(y, 50, 2, np.random.default_rng(7), 0.5, 20) for _ in range(2))
+    assert all(np.array_equal(p, q) for p, q in zip(a, b))
+    c = pathological(y, 50, 2, np.random.default_rng(8), 0.5, 20)
+    assert _classes(y, a) != _classes(y, c)
+
+
 def test_pathological_rejects_more_classes_than_exist():
     with pytest.raises(ConfigError, match="classes_per_client"):
         pathological(_labels(num_classes=3), 4, 5, np.random.default_rng(0))

@@ -1,0 +1,71 @@
+"""Tidy data beside the store: ``results.parquet`` (one row per setting) and ``samples.parquet`` (one row per raw
+sample), so ``pandas.read_parquet`` is all a user needs. Columns are documented in ``docs/contracts.md``.
+
+Tidy in Wickham's sense (each variable a column, each observation a row): a setting is one observation of the
+statistics table; one timed inference (or one power reading) is one observation of the samples table, in the same
+long format as a run's ``history.parquet`` (``metric``, ``value``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from edgemask.fileio import atomic_path
+
+RESULTS_PARQUET = "results.parquet"
+SAMPLES_PARQUET = "samples.parquet"
+
+# The artifact and setting, first in both tables (results.parquet and samples.parquet join on SETTING_KEYS).
+ID_COLUMNS = ["run_id", "client_id", "algorithm", "kind", "model", "dataset", "format", "variant", "device",
+              "threads", "artifact"]
+SETTING_KEYS = ["artifact", "format", "variant", "device", "threads"]
+VERDICT_COLUMNS = ["verdict", "valid", "invalid_rules", "reasons", "not_checked", "comparison_valid"]
+# Raw sample lists of ResultsStore.to_dataframe() -> the metric name they get in samples.parquet.
+SAMPLE_METRICS = {"latency_ms": "latency_ms", "power_w": "power_w"}
+
+
+def results_frame(summary: pd.DataFrame) -> pd.DataFrame:
+    """``profiling.stats.summarize``'s table with the identifying and verdict columns first."""
+    first = [c for c in [*ID_COLUMNS, *VERDICT_COLUMNS] if c in summary.columns]
+    return summary[first + [c for c in summary.columns if c not in first]].reset_index(drop=True)
+
+
+def samples_frame(measurements: pd.DataFrame) -> pd.DataFrame:
+    """One row per raw sample of ``ResultsStore.to_dataframe()``: the artifact and setting columns, ``job_id``,
+    ``repetition``, ``metric`` (``latency_ms`` or ``power_w``), ``sample`` (its index within the repetition,
+    in the order taken) and ``value``. Failed repetitions hold no samples, so they have no rows."""
+    keys = [*ID_COLUMNS, "job_id", "repetition"]
+    parts = []
+    for column, metric in SAMPLE_METRICS.items():
+        lengths = measurements[column].map(len).to_numpy() if len(measurements) else np.zeros(0, int)
+        part = measurements.loc[measurements.index.repeat(lengths), keys].reset_index(drop=True)
+        part["metric"] = metric
+        part["sample"] = np.concatenate([np.arange(n) for n in lengths]) if lengths.sum() else np.zeros(0, int)
+        values = [np.asarray(x, dtype=np.float64) for x in measurements[column]]
+        part["value"] = np.concatenate(values) if lengths.sum() else np.zeros(0)
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True)
+    out["sample"] = out["sample"].astype("int64")
+    return out
+
+
+def write_tidy(results_dir: str | Path, summary: pd.DataFrame, measurements: pd.DataFrame, *,
+               csv: bool = False) -> list[Path]:
+    """Write ``results.parquet`` and ``samples.parquet`` (and ``results.csv``, ``samples.csv`` when ``csv``)
+    into ``results_dir``, each atomically; return the paths written."""
+    results_dir = Path(results_dir)
+    written = []
+    for name, table in (("results", results_frame(summary)), ("samples", samples_frame(measurements))):
+        path = results_dir / f"{name}.parquet"
+        with atomic_path(path) as tmp:
+            table.to_parquet(tmp, index=False)
+        written.append(path)
+        if csv:
+            path = results_dir / f"{name}.csv"
+            with atomic_path(path) as tmp:
+                table.to_csv(tmp, index=False)
+            written.append(path)
+    return written
