@@ -77,7 +77,7 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
     timings["report"] = time.perf_counter() - t0
 
     print()
-    print(summary(runs, results_dir, ws.artifacts))
+    print(summary(runs, results_dir))
     print(f"\nworkspace: {ws.root}\n  runs:      {ws.runs}\n  artifacts: {ws.artifacts}\n"
           f"  results:   {results_dir}\n  report:    {html}\n  summary:   {md}")
     print("stage wall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
@@ -86,76 +86,29 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
 
 # What the FedAvg and FedMask dense baselines are: FedMask's "dense" is the frozen random weights it masks, run
 # without a mask; it is the right latency baseline (the same network before compaction), not an accuracy one.
-DENSE_LABELS = {"fedavg": "FedAvg's global model", "fedmask": "frozen random weights, no mask"}
-CV_STEADY = 0.10  # the report's threshold (profiling.stats.DEFAULT_CV_THRESHOLD)
-
 LEGEND = """\
 What the numbers are:
   mean pers. acc    each client's accuracy on its own test split after training, averaged over the clients
   bytes comm.       bytes uploaded + downloaded over all rounds (FedMask: 1 bit per mask element); vs FedAvg's
-  acc (test, n)     the exported file run in its runtime on the first n samples of a test split: the client's
-                    own; a dense baseline's, client-000's. FedMask's dense baseline is its frozen random
-                    weights without a mask: near or below chance, as expected (the mask is the model)
-  params            parameters of the exported model (compacted: dead units removed)
-  bytes ÷, FLOPs ÷  the dense baseline's file bytes and FLOPs over this model's: the speedup a memory-bound
-                    or a compute-bound model would get (a batch-1 MLP is memory-bound)
-  p50 ms            median batch-1 latency on this machine (local device, 1 runtime thread), over `runs` runs
-  CV                standard deviation / mean of those runs; above 10 % the setting is flagged high-cv
-                    (usually a busy machine: rerun on an idle one before quoting the numbers)
-  speedup           the dense baseline's p50 (same run, same format) / this p50"""
+  setting           <run>/<client> measured on a device: `dense` is the run's uncompacted model. FedMask's
+                    dense model is its frozen random weights without a mask (the mask is the model): the right
+                    latency baseline (the same network before compaction), not an accuracy one
+  p50, p99 ms       median and 99th-percentile batch-1 latency on this machine (local device, 1 runtime thread)
+  CV                standard deviation / mean of the timed runs
+  speedup           the dense baseline's p50 (same run, format, device, threads) / this p50; marked † when
+                    either verdict is INVALID (then it is not a number to quote)
+  FLOP bound        dense FLOPs / compacted FLOPs: the speedup if time followed FLOPs
+  param bytes       dense / compacted parameter bytes: the speedup a memory-bound model would get
+  verdict           VALID when every rule above holds; INVALID names the rules that failed (a busy machine
+                    shows as high-cv: rerun on an idle one before quoting the numbers)"""
 
 
-def summary(runs: dict[str, Path], results_dir: Path, artifacts: Path) -> str:
-    """The demo's closing summary: per algorithm and format, then per measured setting, then what each number
-    is. The one place the summary is assembled: the report's per-setting verdict table slots in here."""
-    return "\n\n".join([summary_table(runs, results_dir), setting_table(results_dir, artifacts), LEGEND])
+def summary(runs: dict[str, Path], results_dir: Path) -> str:
+    """The demo's closing summary: training per algorithm, then the report's verdict-led table of every measured
+    setting (:func:`profiling.report.summary_table`, the same rows as summary.md), then what each number is."""
+    from profiling.report import summary_table as settings_table
 
-
-def setting_table(results_dir: Path, artifacts: Path) -> str:
-    """One line per measured setting (artifact × format): accuracy on its named samples, size and FLOP ratios
-    against its run's dense baseline, p50, CV and the measured speedup; then how many settings are steady and
-    how many compacted clients beat their baseline."""
-    import numpy as np
-
-    from edgemask.manifest import load_manifest
-    from profiling.stats import cv
-    from profiling.store import load_results
-
-    df = load_results(results_dir)
-    df = df[df["ok"]].copy()
-    df["p50"] = [float(np.median(x)) for x in df["latency_ms"]]
-    df["cv"] = [cv(x) for x in df["latency_ms"]]
-    key = ["run_id", "format", "variant", "device", "threads"]
-    dense = df[df["kind"] == "dense"].set_index(key)
-    head = ("artifact", "format", "acc (test, n)", "params", "bytes ÷", "FLOPs ÷", "p50 ms", "CV", "runs",
-            "speedup")
-    lines, steady, faster, compacted = [head], 0, 0, 0
-    for _, r in df.sort_values(["run_id", "format", "kind", "client_id"], key=_dense_first).iterrows():
-        base = dense.loc[tuple(r[k] for k in key)]
-        f = load_manifest(artifacts / r["run_id"] / r["client_id"]).file_for(r["format"], r["variant"])
-        name = f"{r['run_id']}/{r['client_id']}"
-        if r["kind"] == "dense":
-            name += f" ({DENSE_LABELS.get(r['algorithm'], 'dense baseline')})"
-        speedup = base["p50"] / r["p50"]
-        steady += r["cv"] <= CV_STEADY
-        if r["kind"] != "dense":
-            compacted += 1
-            faster += speedup > 1
-        lines.append((name, r["format"], f"{f.accuracy:.3f} ({f.accuracy_samples})", f"{r['params_compacted']:,}",
-                      f"{base['model_bytes'] / r['model_bytes']:.2f}×", f"{base['flops_dense'] / r['flops_compacted']:.2f}×",
-                      f"{r['p50']:.3f}", f"{r['cv']:.1%}" + ("" if r["cv"] <= CV_STEADY else " high-cv"),
-                      str(len(r["latency_ms"])), f"{speedup:.2f}×"))
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
-    row = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
-    out = [row(lines[0]), "  ".join("-" * w for w in widths), *map(row, lines[1:])]
-    out.append(f"{steady} of {len(df)} settings steady (CV ≤ {CV_STEADY:.0%}); "
-               f"{faster} of {compacted} compacted clients faster than their dense baseline")
-    return "\n".join(out)
-
-
-def _dense_first(col):
-    return col.map({"dense": "0"}).fillna(col) if col.name == "kind" else col
+    return "\n\n".join([summary_table(runs, results_dir), settings_table(results_dir), LEGEND])
 
 
 def summary_table(runs: dict[str, Path], results_dir: Path) -> str:

@@ -120,12 +120,25 @@ INVALID_LEGEND = (f"{INVALID_MARK} rests on an INVALID setting (this one or its 
                   "not to be quoted")
 
 
+# Algorithms whose dense artifact is the frozen random weights the masks select from: without its mask it is near
+# chance, so the tables say what it is (a latency baseline, the same network before compaction, not an accuracy one).
+FROZEN_DENSE = {"fedmask": "frozen random weights, no mask"}
+
+
+def _artifact_labels(df: pd.DataFrame) -> list[str]:
+    """Each row's artifact name, with what a dense baseline is where that is not the trained model."""
+    kinds = df["kind"] if "kind" in df else [None] * len(df)
+    algos = df["algorithm"] if "algorithm" in df else [None] * len(df)
+    return [f"{a} ({FROZEN_DENSE[al]})" if k == "dense" and al in FROZEN_DENSE else str(a)
+            for a, k, al in zip(df["artifact"], kinds, algos)]
+
+
 def _formatted(df: pd.DataFrame, columns: list[tuple]) -> pd.DataFrame:
     out = {}
     for col, title, fn, *guard in columns:
         if col not in df:
             continue
-        cells = [fn(v) for v in df[col]]
+        cells = _artifact_labels(df) if col == "artifact" else [fn(v) for v in df[col]]
         if guard:
             cells = [c if ok or c == "—" else f"{c} {INVALID_MARK}" for c, ok in zip(cells, df[guard[0]])]
         out[title] = cells

@@ -24,10 +24,12 @@ def test_demo_end_to_end(tmp_path):
     # FedMask's dense baseline is named for what it is, and every number is explained
     assert "demo-fedmask/dense (frozen random weights, no mask)" in p.stdout
     assert "What the numbers are:" in p.stdout
-    # one line per setting (8 clients + 2 baselines, 2 formats), and the count of steady and faster ones;
-    # whether every client is faster is the idle machine's question (a busy one moves a p50 by ±20 %)
-    assert re.search(r"^\d+ of 20 settings steady \(CV ≤ 10%\); \d+ of 16 compacted clients faster than their "
-                     r"dense baseline$", p.stdout, re.M), p.stdout[-3000:]
+    # the report's verdict-led table: how many of the 20 settings (8 clients + 2 baselines, 2 formats) are VALID
+    # first, then one row per setting. Whether every one is VALID is the idle machine's question (a busy one
+    # makes CVs high), so the count is read, not pinned; each INVALID row names its rules.
+    assert re.search(r"^\d+ of 20 settings VALID", p.stdout, re.M), p.stdout[-3000:]
+    rows = [line for line in p.stdout.splitlines() if line.startswith("demo-fedmask/client-")]
+    assert len(rows) == 16 and all(" VALID" in r or "INVALID " in r for r in rows), rows
 
     for run in ("demo-fedavg", "demo-fedmask"):
         for f in ("config.toml", "model.safetensors", "history.parquet", "summary.json"):

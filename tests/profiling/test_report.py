@@ -123,3 +123,14 @@ def test_accuracy_curve_from_long_history():
 def test_public_names_resolve():
     for name in profiling.__all__:
         assert getattr(profiling, name) is not None
+
+
+def test_fedmasks_dense_baseline_is_named_for_what_it_is(tmp_path):
+    """FedMask's dense artifact is its frozen random weights without a mask (near chance): the terminal table and
+    summary.md say so beside its name, the compacted clients keep their plain names."""
+    ws, results = _campaign(tmp_path)  # the fixture's run is a fedmask run
+    _, md_path = write_report(results, ws, rules=LENIENT)
+    md, text = md_path.read_text(), summary_table(results, rules=LENIENT)
+    for out in (md, text):
+        assert "run-a/dense (frozen random weights, no mask)" in out
+        assert "run-a/client-000 (" not in out
