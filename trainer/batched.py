@@ -47,9 +47,10 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import EvalModel, LocalResult, LocalTask, Row, StackedRows
 from trainer.batched_ops import BatchedLayers, vmap_clients
+from trainer.batched_rows import Row, StackedRows
 from trainer.local_training import cross_entropy, draw_noise, evaluate, local_train, noise_generator, step_plan
+from trainer.records import EvalModel, LocalResult, LocalTask
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory

@@ -11,7 +11,7 @@ is a :class:`TaskMessage`: the task's tensors (trainable, constants, buffers, gr
 (forward, regularizer, loss, project) never travel: the ClientApp builds the same algorithm from the same config,
 once per process (:class:`ClientSide`: a Ray actor keeps it for the whole run; a deployment's SuperNode starts a
 process per message, which builds it again), takes the closures of ``algo.local_task(cid, rnd)`` (or ``next_phase`` for a later
-phase) — closures capture only what every client shares (:class:`~trainer.algorithms.base.LocalTask`) — puts the
+phase) — closures capture only what every client shares (:class:`~trainer.records.LocalTask`) — puts the
 received tensors in, and runs :func:`~trainer.local_training.local_train` in the batch orders the round loop uses.
 
 Nodes and clients: the node with ``partition-id`` p of ``num-partitions`` P (Flower's node config; the simulation
@@ -42,8 +42,9 @@ import torch
 
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.workspace import check_name
-from trainer.algorithms.base import Algorithm, LocalResult, LocalTask
+from trainer.algorithms.base import Algorithm
 from trainer.config import TrainConfig
+from trainer.records import LocalResult, LocalTask
 from trainer.run_dir import run_lock
 from trainer.simulation import SimulationResult, build_algorithm, simulate, train_phase_on_host
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # trainer.algorithms' package imports this module (cross_entropy): no import cycle at run time
-    from trainer.algorithms.base import LocalResult, LocalTask
+from trainer.records import LocalResult, LocalTask
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -112,8 +109,6 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
             with torch.no_grad():
                 for name, v in task.project(params).items():
                     params[name].copy_(v)
-    from trainer.algorithms.base import LocalResult
-
     trained = {n: v.detach() for n, v in params.items()}
     return LocalResult(trained, buffers, total / max(seen, 1), seen, int(len(y)))
 

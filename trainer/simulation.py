@@ -13,12 +13,13 @@ import torch
 
 from edgemask.workspace import check_name
 from trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
-from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
+from trainer.algorithms import ALGORITHMS, Algorithm
 from trainer.allocator import tune_host_allocator
 from trainer.batched import evaluate_many, local_train_batched, resolve_device
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
+from trainer.records import LocalResult, LocalTask
 from trainer.run_dir import run_lock, write_run
 from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 

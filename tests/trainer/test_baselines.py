@@ -10,7 +10,7 @@ import torch
 from trainer import batched_ops
 from trainer.accounting import tensor_bytes
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.base import LocalTask
+from trainer.records import LocalTask
 from trainer.algorithms.perfedavg import fo_maml_loss
 from trainer.batched import local_train_batched
 from trainer.algorithms.topk import top_k_sparsify

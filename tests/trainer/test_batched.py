@@ -15,7 +15,7 @@ from torch.func import functional_call
 from edgemask.errors import EdgemaskError
 from trainer import batched_ops
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.base import LocalTask
+from trainer.records import LocalTask
 from trainer.batched import compatible_groups, local_train_batched, step_indices, step_plans
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
 from trainer.data import DataConfig

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from trainer.accounting import tensor_bytes
 from trainer.aggregation import personalization_preserving
-from trainer.algorithms.base import ClientUpdate
+from trainer.records import ClientUpdate
 from trainer.algorithms.fedmask import FedMask, group_lasso
 from trainer.config import TrainConfig
 from trainer.data import build_dataset

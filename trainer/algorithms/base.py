@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -48,184 +48,10 @@ from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
 from trainer.models.masking import effective_params
 from trainer.models.stateless import stateless_call
-from trainer.run_dir import ClientState
+from trainer.batched_rows import Row, stacked_uploads
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
-Tensors = dict[str, torch.Tensor]
 MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (Algorithm.masked_model)
-Forward = Callable[[Tensors, Tensors, torch.Tensor, Tensors], torch.Tensor]
-
-
-@dataclass
-class LocalTask:
-    """What one client trains in one round.
-
-    ``forward(trainable, constants, x, buffers)`` maps the trainable tensors and a batch ``(B, *input_shape)``
-    to logits ``(B, classes)``; ``regularizer(trainable, constants)`` adds to the data loss (e.g. FedMask's
-    group lasso, Eq. 10); ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
-    Everything that differs between clients must be in ``trainable``, ``constants`` or ``buffers`` — never
-    captured in the closures — so the loop can stack clients and train them together (torch.func.vmap);
-    the closures may capture what every client shares (e.g. FedMask's frozen weights).
-    ``grad_keep`` zeroes the update of frozen elements, weight decay included (pruned mask entries, PerFedMask's
-    frozen params): they never move.
-    Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm
-    keeps (the default task holds the global model itself: no per-client copy before training).
-    """
-
-    trainable: dict[str, torch.Tensor]
-    forward: Forward
-    regularizer: Callable[[Tensors, Tensors], torch.Tensor] | None = None
-    constants: dict[str, torch.Tensor] = field(default_factory=dict)
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    epochs: int = 1
-    lr: float = 0.05
-    grad_keep: dict[str, torch.Tensor] = field(default_factory=dict)
-    max_steps: int | None = None  # stop after this many steps (each of ``batches_per_step`` minibatches)
-    # per-tensor learning rates overriding ``lr`` (FedPeWS's mask rate η_s next to the weights' η_ℓ)
-    lrs: dict[str, float] = field(default_factory=dict)
-    # ``loss(trainable, constants, x, y, buffers)``: the data loss of a step, replacing
-    # cross-entropy(forward(...), y). With ``batches_per_step`` k > 1, ``x`` and ``y`` are tuples of the step's k
-    # minibatches (Per-FedAvg's first-order MAML step: inner step on D, outer step on D').
-    loss: Callable[[Tensors, Tensors, Any, Any, Tensors], torch.Tensor] | None = None
-    # How many consecutive minibatches of the client's batch order one optimizer step consumes (needs ``loss``):
-    # the order's minibatches (over all epochs) are taken k at a time; a last incomplete group wraps around to
-    # the round's first minibatches, so every sample is used and the step count is ceil(minibatches / k).
-    batches_per_step: int = 1
-    # ``project(trainable) -> {name: tensor}``: after every optimizer step, the named trainable tensors are
-    # replaced by the returned ones (a projection, e.g. BNN's clip of the shadow weights to [-1, 1]). Must be
-    # per-client (it runs under vmap on stacked clients in the batched loop); ``None``: no projection.
-    project: Callable[[Tensors], Tensors] | None = None
-    # Random numbers a step needs (FedPeWS's Bernoulli masks): ``{name: shape}``; before every step both loops put
-    # fresh uniform [0, 1) tensors of these shapes into the constants the loss, forward and regularizer receive,
-    # drawn from the client's own generator (seeded with ``seed``, which the round loop sets per client, round and
-    # phase), so a client's draws do not depend on which clients train with it, nor on the loop.
-    noise: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    seed: int = 0
-
-
-@dataclass
-class EvalModel:
-    """A client's personalized model for evaluation: ``forward(params, buffers, x)`` maps a batch to logits.
-    As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
-    function (one object for every client of a kind, e.g. a bound method) captures no tensor, so the loop can
-    stack clients and evaluate them together on the training device (:func:`trainer.batched.evaluate_many`). A
-    tensor every client shares (the global weights of a masked model, :meth:`Algorithm.masked_model`) goes in
-    ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
-
-    params: dict[str, torch.Tensor]
-    buffers: dict[str, torch.Tensor]
-    forward: Callable[[Tensors, Tensors, torch.Tensor], torch.Tensor]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The client's logits for a batch ``x``."""
-        return self.forward(self.params, self.buffers, x)
-
-
-class StackedRows:
-    """One batched chunk's trained tensors, ``{name: (C, *shape)}`` (detached, on the CPU), for its C clients'
-    :class:`LocalResult` and :class:`ClientUpdate` to hold a :class:`Row` of until their dict is asked for. The
-    per-client views are made together, once, on the first request for one (C × the tensors, ~1 µs each: for
-    100 MLP clients 0.6 ms of a 10 ms round); FedAvg's aggregate asks for none and reads the stack itself
-    (:meth:`Algorithm.average_params`)."""
-
-    __slots__ = ("tensors", "count", "row_bytes", "_views")
-
-    def __init__(self, tensors: dict[str, torch.Tensor], count: int) -> None:
-        self.tensors, self.count = tensors, count
-        self.row_bytes = tensor_bytes(tensors) // max(count, 1)  # one client's, on the wire
-        self._views: list[tuple[torch.Tensor, ...]] | None = None
-
-    def row(self, i: int) -> dict[str, torch.Tensor]:
-        """Client ``i``'s tensors: views of its rows (a new dict each call, the same tensors)."""
-        if self._views is None:
-            self._views = list(zip(*[v.unbind(0) for v in self.tensors.values()])) if self.tensors else \
-                [()] * self.count
-        return dict(zip(self.tensors, self._views[i]))
-
-
-class Row:
-    """A dict not made yet: row ``index`` of ``stack``'s tensors, then ``rest`` (a result's ``trained``; an
-    upload's ``payload``, the weights then the buffers)."""
-
-    __slots__ = ("stack", "index", "rest")
-
-    def __init__(self, stack: StackedRows, index: int, rest: dict[str, torch.Tensor] | None = None) -> None:
-        self.stack, self.index, self.rest = stack, index, rest or {}
-
-    def made(self) -> dict[str, torch.Tensor]:
-        return {**self.stack.row(self.index), **self.rest} if self.rest else self.stack.row(self.index)
-
-
-class MadeOnRead:
-    """A dict attribute that may hold an unmade :class:`Row` (kept in the slot ``_<name>``): made on first
-    read, the dict from then on; :meth:`row` of the owner gives the Row while it is not made."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.slot = f"_{name}"
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        value = getattr(obj, self.slot)
-        if type(value) is Row:
-            value = value.made()
-            setattr(obj, self.slot, value)
-        return value
-
-    def __set__(self, obj: Any, value: dict[str, torch.Tensor]) -> None:
-        setattr(obj, self.slot, value)
-
-    def unmade(self, obj: Any) -> Row | None:
-        value = getattr(obj, self.slot)
-        return value if type(value) is Row else None
-
-
-class LocalResult:
-    """What one client's local training gave: its ``trained`` tensors and ``buffers``, its mean training loss,
-    the samples it saw, and the samples it holds. The batched loop hands ``trained`` over as a :class:`Row` of
-    its stack, made into the dict on first access; :meth:`row` is that row while the dict is not made."""
-
-    __slots__ = ("_trained", "buffers", "loss", "samples_seen", "num_samples")
-
-    def __init__(self, trained: dict[str, torch.Tensor] | Row, buffers: dict[str, torch.Tensor], loss: float,
-                 samples_seen: int, num_samples: int) -> None:
-        self._trained = trained
-        self.buffers, self.loss, self.samples_seen, self.num_samples = buffers, loss, samples_seen, num_samples
-
-    trained = MadeOnRead()
-
-    def row(self) -> Row | None:
-        """The unmade :class:`Row` ``trained`` is, else ``None`` (a dict: made, replaced, or never a row)."""
-        return LocalResult.trained.unmade(self)
-
-    def __repr__(self) -> str:
-        return (f"LocalResult(trained={list(self.row().stack.tensors) if self.row() else self.trained}, "
-                f"loss={self.loss}, samples_seen={self.samples_seen}, num_samples={self.num_samples})")
-
-
-class ClientUpdate:
-    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size. FedAvg's
-    upload of a batched result is a :class:`Row` of the stack until ``payload`` is read (:meth:`row`)."""
-
-    __slots__ = ("client_id", "num_samples", "_payload", "bytes_up", "bytes_down", "train_loss", "samples_seen",
-                 "extra")
-
-    def __init__(self, client_id: str, num_samples: int, payload: dict[str, torch.Tensor] | Row, bytes_up: int,
-                 bytes_down: int, train_loss: float, samples_seen: int = 0,
-                 extra: dict[str, Any] | None = None) -> None:
-        self.client_id, self.num_samples, self._payload = client_id, num_samples, payload
-        self.bytes_up, self.bytes_down, self.train_loss, self.samples_seen = (bytes_up, bytes_down, train_loss,
-                                                                               samples_seen)
-        self.extra = extra if extra is not None else {}
-
-    payload = MadeOnRead()
-
-    def row(self) -> Row | None:
-        """The unmade :class:`Row` ``payload`` is, else ``None``."""
-        return ClientUpdate.payload.unmade(self)
-
-    def __repr__(self) -> str:
-        return (f"ClientUpdate({self.client_id!r}, num_samples={self.num_samples}, bytes_up={self.bytes_up}, "
-                f"bytes_down={self.bytes_down}, train_loss={self.train_loss}, samples_seen={self.samples_seen})")
 
 
 @dataclass(frozen=True)
@@ -453,18 +279,3 @@ def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
             raise ConfigError(f"algorithm {algo!r}: argument {k!r} must be {type(d).__name__}, got {v!r}")
         kw[k] = v
     return typ(**kw)
-
-
-def stacked_uploads(updates: list[ClientUpdate]) -> StackedRows | None:
-    """The stack whose rows 0, 1, …, in order, the updates' unread payloads are (the batched loop's one chunk of
-    FedAvg uploads; the buffers after the rows, under other names), else ``None``: the server may read its
-    tensors for the uploads' (a payload once read may have been changed)."""
-    first = updates[0].row() if updates else None
-    if first is None or first.stack.count != len(updates):
-        return None
-    stack = first.stack
-    for i, u in enumerate(updates):
-        row = u.row()
-        if row is None or row.stack is not stack or row.index != i or not stack.tensors.keys().isdisjoint(row.rest):
-            return None
-    return stack

@@ -28,7 +28,8 @@ import torch
 
 from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, stack_rows, weighted_average
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)

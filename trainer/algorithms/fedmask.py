@@ -39,10 +39,10 @@ import torch
 
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, personalization_preserving, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.masks import binarize
 from trainer.models.masking import MaskSite, effective_params
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
 

@@ -29,8 +29,9 @@ import torch
 
 from trainer.accounting import tensor_bytes
 from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.local_training import step_plan
+from trainer.records import ClientUpdate, LocalResult
 
 NORM_KEY = "fednova:a_norm"  # the upload's ‖a_i‖₁ (a float32 scalar)
 

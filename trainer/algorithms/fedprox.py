@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import LocalTask
 
 
 @dataclass(frozen=True)

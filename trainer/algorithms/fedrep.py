@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS
 from trainer.algorithms.fedper import FedPer
+from trainer.records import LocalResult, LocalTask
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from safetensors import SafetensorError
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.run_dir import ClientState
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 Tensors = dict[str, torch.Tensor]
 

@@ -32,10 +32,10 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.aggregation import average_state
 from trainer.models import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)

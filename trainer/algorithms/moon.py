@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.local_training import cross_entropy
 from trainer.models.stateless import stateless_call
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 GLOBAL, PREV = "moon:glob:", "moon:prev:"  # the constants' prefixes: w^t and w_i^{t−1} (parameters and buffers)
 

@@ -28,9 +28,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, EvalModel, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.local_training import cross_entropy
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, EvalModel, LocalTask
 
 
 @dataclass(frozen=True)

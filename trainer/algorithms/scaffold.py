@@ -31,8 +31,9 @@ import torch
 
 from trainer.accounting import tensor_bytes
 from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.algorithms.fednova import local_steps, momentum_norm
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 C_PREFIX, CI_PREFIX, DC_PREFIX = "scaffold:c:", "scaffold:ci:", "scaffold:dc:"
 

@@ -19,7 +19,8 @@ import torch
 
 from trainer.accounting import tensor_bytes, topk_bytes
 from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, LocalResult
 
 
 @dataclass(frozen=True)
