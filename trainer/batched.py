@@ -49,8 +49,10 @@ from torch.nn.utils.rnn import pad_sequence
 from edgemask.errors import ConfigError
 from trainer.batched_ops import BatchedLayers, vmap_clients
 from trainer.batched_rows import Row, StackedRows
-from trainer.local_training import cross_entropy, draw_noise, evaluate, local_train, noise_generator, step_plan
+from trainer.local_training import draw_noise, evaluate, local_train, noise_generator
+from trainer.losses import cross_entropy
 from trainer.records import EvalModel, LocalResult, LocalTask
+from trainer.sampling import step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from trainer.local_training import cross_entropy
+from trainer.losses import cross_entropy
 
 
 def test_cross_entropy_by_hand():

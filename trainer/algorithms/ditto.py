@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.algorithms.fedprox import with_proximal
+from trainer.losses import with_proximal
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 

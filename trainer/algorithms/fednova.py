@@ -22,33 +22,14 @@ than FedAvg); the server's rate is 1 (no server momentum).
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import torch
 
 from trainer.accounting import tensor_bytes
-from trainer.aggregation import stack_rows
+from trainer.aggregation import local_steps, momentum_norm, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.local_training import step_plan
 from trainer.records import ClientUpdate, LocalResult
 
 NORM_KEY = "fednova:a_norm"  # the upload's ‖a_i‖₁ (a float32 scalar)
-
-
-@functools.lru_cache(maxsize=4096)
-def local_steps(num_train: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
-    """τ: how many optimizer steps the local-training loop takes on ``num_train`` samples (its own plan; asked
-    for every client every round, so remembered)."""
-    return len(step_plan([np.arange(num_train)], epochs, max_steps, batch_size))
-
-
-def momentum_norm(tau: int, rho: float) -> float:
-    """‖a‖₁ of τ steps of SGD with momentum ρ: Σ_{j=1..τ} (1 − ρ^j)/(1 − ρ) = [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ);
-    τ when ρ = 0."""
-    if rho == 0.0:
-        return float(tau)
-    return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
 
 
 def normalized_average(x: dict[str, torch.Tensor], ys: list[dict[str, torch.Tensor]], norms: list[float],

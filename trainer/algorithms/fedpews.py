@@ -37,8 +37,7 @@ import torch
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.algorithms.fedprox import with_proximal
-from trainer.local_training import cross_entropy
+from trainer.losses import cross_entropy, with_proximal
 from trainer.models.masking import MaskSite
 from trainer.models.registry import head_names
 from trainer.records import ClientUpdate, LocalResult, LocalTask

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.aggregation import mask_weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.algorithms.perfedmask import mask_weighted_average
 from trainer.models.masking import MaskSite, effective_params
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask

@@ -28,7 +28,7 @@ from torch import nn
 
 from edgemask.errors import ConfigError
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.local_training import cross_entropy
+from trainer.losses import cross_entropy
 from trainer.models.stateless import stateless_call
 from trainer.records import ClientUpdate, LocalResult, LocalTask
 

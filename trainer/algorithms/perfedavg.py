@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.local_training import cross_entropy
+from trainer.losses import cross_entropy
 from trainer.records import ClientState, EvalModel, LocalTask
 
 

@@ -12,7 +12,8 @@ import torch
 
 from trainer.accounting import tensor_bytes
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.fednova import NORM_KEY, momentum_norm, normalized_average
+from trainer.aggregation import momentum_norm
+from trainer.algorithms.fednova import NORM_KEY, normalized_average
 from trainer.algorithms.moon import contrastive_loss, representation_call
 from trainer.algorithms.scaffold import DC_PREFIX, client_control_update
 from trainer.batched import local_train_batched
