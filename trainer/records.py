@@ -13,7 +13,7 @@ made into a dict when first read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -135,6 +135,17 @@ class ClientUpdate:
     def __repr__(self) -> str:
         return (f"ClientUpdate({self.client_id!r}, num_samples={self.num_samples}, bytes_up={self.bytes_up}, "
                 f"bytes_down={self.bytes_down}, train_loss={self.train_loss}, samples_seen={self.samples_seen})")
+
+
+class LocalTrainer(Protocol):
+    """The framework's local training, offered to an algorithm that trains outside the rounds (FedMask's one-shot
+    pruning epoch, Per-FedAvg's adaptation step): ``tasks[i]`` on ``data[i] = (x, y)`` in ``orders[i]`` (one
+    sample order per epoch), one :class:`LocalResult` per task, in order. The round loop's own engines implement
+    it (:func:`trainer.simulation.host_trainer`): an algorithm never imports them."""
+
+    def __call__(self, tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
+                 orders: list[list[Any]], batch_size: int, momentum: float = 0.0,
+                 weight_decay: float = 0.0) -> list[LocalResult]: ...
 
 
 @dataclass

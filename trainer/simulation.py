@@ -19,7 +19,7 @@ from trainer.batched import evaluate_many, local_train_batched, resolve_device
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
-from trainer.records import LocalResult, LocalTask
+from trainer.records import LocalResult, LocalTask, LocalTrainer
 from trainer.run_dir import run_lock, write_run
 from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 
@@ -43,11 +43,25 @@ class SimulationResult:
         return write_run(run_dir, self.config, self.algorithm.shared_state(), clients, self.history, self.summary)
 
 
+def host_trainer(cfg: TrainConfig) -> LocalTrainer:
+    """The :class:`~trainer.records.LocalTrainer` an algorithm is built with: its tasks trained on this host, all
+    together (:func:`trainer.batched.local_train_batched`) with ``training.batched``, else one after another."""
+    t = cfg.training
+
+    def train(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]], orders: list[list[Any]],
+              batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> list[LocalResult]:
+        if t.batched:
+            return local_train_batched(tasks, data, orders, batch_size, momentum, weight_decay, t.device)
+        return [local_train(task, x, y, o, batch_size, momentum, weight_decay)
+                for task, (x, y), o in zip(tasks, data, orders)]
+    return train
+
+
 def build_algorithm(cfg: TrainConfig) -> Algorithm:
     """``cfg``'s dataset and algorithm, set up (``algo.setup()``) from the seeds, in training mode: the same
     instance on every host that builds it from the same config (a Flower client builds its own)."""
     ds = build_dataset(cfg.data, cfg.run.seed)
-    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds)
+    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds, host_trainer(cfg))
     torch.manual_seed(cfg.run.seed + 1)
     algo.model.train()
     algo.setup()

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -43,13 +43,15 @@ from torch import nn
 from edgemask.errors import ConfigError
 from edgemask.registry import Registry
 from trainer.accounting import tensor_bytes
-from trainer.config import TrainConfig
 from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
 from trainer.models.masking import effective_params
 from trainer.models.stateless import stateless_call
 from trainer.batched_rows import Row, stacked_uploads
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask, LocalTrainer
+
+if TYPE_CHECKING:  # an annotation only: the config validates algorithm names against ALGORITHMS
+    from trainer.config import TrainConfig
 
 MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (Algorithm.masked_model)
 
@@ -69,9 +71,10 @@ class Algorithm:
     name: ClassVar[str] = "base"
     Args: ClassVar[type] = NoArgs
 
-    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset) -> None:
+    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset, train: LocalTrainer | None = None) -> None:
         self.cfg = cfg
         self.dataset = dataset
+        self._train = train
         self.args = parse_args(self.Args, cfg.algorithm.args, cfg.algorithm.name)
         torch.manual_seed(cfg.run.seed)  # the shared initial (or frozen) weights come from the seed
         self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
@@ -92,6 +95,17 @@ class Algorithm:
         """The dense float32 global model with its buffers on the wire (FedAvg's downlink); its shapes are fixed
         for the run, so this is counted once."""
         return tensor_bytes({**self.global_params, **self.global_buffers})
+
+    def train_tasks(self, tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
+                    orders: list[list[Any]], batch_size: int, momentum: float = 0.0,
+                    weight_decay: float = 0.0) -> list[LocalResult]:
+        """Local training outside the rounds, by the framework's engines (the :class:`LocalTrainer` this
+        algorithm was built with: :func:`trainer.simulation.build_algorithm` gives it the host's)."""
+        if self._train is None:
+            raise RuntimeError(f"algorithm {self.name!r} trains outside the rounds but was built without a "
+                               f"LocalTrainer: build it with trainer.simulation.build_algorithm, or pass "
+                               f"train=trainer.simulation.host_trainer(cfg)")
+        return self._train(tasks, data, orders, batch_size, momentum, weight_decay)
 
     def client_data(self, cid: str):
         return self.dataset.client(cid)

@@ -43,6 +43,7 @@ from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.masks import binarize
 from trainer.models.masking import MaskSite, effective_params
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.sampling import batch_order
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
 
@@ -79,10 +80,6 @@ class FedMask(Algorithm):
     Args = FedMaskArgs
 
     def setup(self) -> None:
-        from trainer.batched import local_train_batched
-        from trainer.local_training import local_train
-        from trainer.sampling import batch_order
-
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
         shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
@@ -101,18 +98,13 @@ class FedMask(Algorithm):
             task.epochs = 1
             return task
 
-        # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, every
-        # client together when training is batched (as the rounds are), else one after another.
+        # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, plain
+        # SGD, by the framework's engines (every client together when training is batched, as the rounds are).
         data = [self.client_data(cid) for cid in self.client_ids]
         orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i) for i, d in enumerate(data)]
-        if t.batched:
-            tasks = [pruning_task(cid) for cid in self.client_ids]
-            pairs = zip(tasks, local_train_batched(tasks, [(d.train_x, d.train_y) for d in data], orders,
-                                                   t.batch_size, device=t.device))
-        else:  # one client's task alive at a time
-            pairs = ((task, local_train(task, d.train_x, d.train_y, o, t.batch_size))
-                     for task, d, o in ((pruning_task(cid), d, o) for cid, d, o in zip(self.client_ids, data, orders)))
-        for cid, (task, res) in zip(self.client_ids, pairs):
+        tasks = [pruning_task(cid) for cid in self.client_ids]
+        results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data], orders, t.batch_size)
+        for cid, task, res in zip(self.client_ids, tasks, results):
             keep = {}
             for w in masked:
                 if w in pruned:

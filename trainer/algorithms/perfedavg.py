@@ -92,16 +92,14 @@ class PerFedAvg(Algorithm):
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
         """Every client's adaptation step at once, by the batched loop: a local task of one step of size α
         (``lr = alpha``, no momentum or decay) over the client's whole training set (one minibatch of all its
-        samples) is exactly :func:`adapt`; a client without training data takes no step."""
-        from trainer.batched import local_train_batched
-
+        samples) is exactly :func:`adapt`; a client without training data takes no step. The framework's engines
+        train them (:meth:`~trainer.algorithms.base.Algorithm.train_tasks`)."""
         data = [self.client_data(cid) for cid in cids]
         tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
                            lr=self.args.alpha) for _ in cids]
         whole = max([d.num_train for d in data] + [1])
-        results = local_train_batched(tasks, [(d.train_x, d.train_y) for d in data],
-                                      [[np.arange(d.num_train)] for d in data], whole,
-                                      device=self.cfg.training.device)
+        results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data],
+                                   [[np.arange(d.num_train)] for d in data], whole)
         for cid, res in zip(cids, results):
             self.personal[cid] = res.trained
         return [EvalModel(self.personal[cid], self.global_buffers, self.call) for cid in cids]
