@@ -12,8 +12,8 @@ from trainer.records import LocalTask
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """``F.cross_entropy(logits, y)`` over a batch ``(B, classes)`` written out: log-softmax, the target's entry,
     and for ``"mean"`` the sum over the batch divided by B. Under ``vmap`` PyTorch computes exactly these ops (its
-    decomposition of ``nll_loss``, which has no batching rule: the same bits, tested), but through Python machinery
-    costing milliseconds a call, and its first call imports sympy (~0.8 s). Per sample (``"none"``) this is
+    decomposition of ``nll_loss``, which has no batching rule: the same bits, tested), but through slow Python
+    machinery on every call, and its first call imports sympy. Per sample (``"none"``) this is
     F.cross_entropy's bits; the eager mean (a cascaded sum) can differ in the last bit, so a task's own loss uses
     this in both loops."""
     per_sample = -logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
