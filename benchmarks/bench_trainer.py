@@ -52,7 +52,7 @@ def bench(algo_name: str, model: str, model_args: dict, ds: FederatedDataset, ba
             d = algo.client_data(cid)
             task = algo.local_task(cid, rnd)
             res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, rnd, i), batch, 0.9)
-            ups.append(algo.client_update(cid, rnd, res))
+            ups.append(algo.client_updates(rnd, [(cid, res)])[0])
             fwd = forward_flops(algo.model, algo.sites, algo.eval_masks(cid), pos)
             flops += (fwd + algo.backward_flops(cid, fwd)) * res.samples_seen
         algo.aggregate(rnd, ups)

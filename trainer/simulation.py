@@ -107,10 +107,11 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         algo.model.eval()
         accs = []
         tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
-        if cfg.training.batched and algo.evaluates_batched():  # every client's model at once
-            scores = evaluate_many(algo.eval_models(list(algo.client_ids)), tests, device=cfg.training.device)
-        else:  # one after another: the reference (or an algorithm with its own eval_forward)
-            scores = [evaluate(algo.eval_forward(cid), x, y) for cid, (x, y) in zip(algo.client_ids, tests)]
+        models = algo.eval_models(list(algo.client_ids))
+        if cfg.training.batched:  # every client's model at once
+            scores = evaluate_many(models, tests, device=cfg.training.device)
+        else:  # one after another: the reference
+            scores = [evaluate(model, x, y) for model, (x, y) in zip(models, tests)]
         for cid, (acc, loss) in zip(algo.client_ids, scores):
             record(rnd, cid, "accuracy", acc)
             record(rnd, cid, "test_loss", loss)
@@ -227,7 +228,7 @@ def train_phase_on_host(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple
 
 def train_clients(algo: Algorithm, cids: list[str], rnd: int,
                   train_phase: PhaseTrainer | None = None) -> list[tuple[str, LocalResult]]:
-    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phase``) included; the result's
+    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phases``) included; the result's
     ``samples_seen`` sums the phases. One client after another (the reference) or, with ``training.batched`` or a
     ``train_phase``, each phase's clients together (:func:`trainer.batched.local_train_batched`, or wherever
     ``train_phase`` trains them): the same results."""
@@ -241,15 +242,13 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
         for cid in cids:
             (res,) = run([(cid, algo.local_task(cid, rnd))], 0)
             phase, seen = 1, res.samples_seen
-            while (task := algo.next_phase(cid, rnd, phase, res)) is not None:  # multi-phase local training
+            while (task := algo.next_phases(rnd, phase, [(cid, res)])[0]) is not None:  # more phases
                 (res,) = run([(cid, task)], phase)
                 phase, seen = phase + 1, seen + res.samples_seen
             res.samples_seen = seen
             out.append((cid, res))
         return out
     first = run([(cid, algo.local_task(cid, rnd)) for cid in cids], 0)
-    if type(algo).next_phase is Algorithm.next_phase:  # one phase: nothing more to ask each client
-        return list(zip(cids, first))
     results = dict(zip(cids, first))
     seen = {cid: r.samples_seen for cid, r in results.items()}
     pending, phase = list(cids), 1

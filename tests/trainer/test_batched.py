@@ -348,7 +348,7 @@ def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
         assert not isinstance(got, str), f"phase {phase}: {got}"
         res = local_train(task, data.train_x, data.train_y, batch_order(data.num_train, task.epochs, 0, 0, 0), 8)
         phase += 1
-        task = algo.next_phase(cid, 0, phase, res)
+        task = algo.next_phases(0, phase, [(cid, res)])[0]
     assert phase >= 1
 
 
@@ -365,7 +365,6 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
     algo = _built(algorithm, model)
     trained = train_clients(algo, algo.client_ids, 0)  # one round: personal state where the algorithm keeps one
     algo.aggregate(0, algo.client_updates(0, trained))
-    assert algo.evaluates_batched()
     models = algo.eval_models(list(algo.client_ids))
     tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
     for idx in eval_groups(models):

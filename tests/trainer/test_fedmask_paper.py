@@ -121,7 +121,7 @@ def test_every_client_starts_from_the_one_global_mask_under_partial_participatio
 
 
 def test_uploads_computed_together_are_each_clients_own():
-    # client_updates binarizes all clients' stacked scores at once (Eq. 3); client_update does one client
+    # client_updates binarizes all clients' stacked scores at once (Eq. 3); a list of one client gives each alone
     from trainer.simulation import train_clients
 
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
@@ -130,7 +130,7 @@ def test_uploads_computed_together_are_each_clients_own():
     results = train_clients(algo, list(algo.client_ids), 0)  # batched: the scores are rows of one tensor
     together = algo.client_updates(0, results)
     local_together = {cid: dict(m) for cid, m in algo.local.items()}
-    alone = [algo.client_update(cid, 0, res) for cid, res in results]
+    alone = [algo.client_updates(0, [(cid, res)])[0] for cid, res in results]
     for t, a in zip(together, alone):
         assert t.client_id == a.client_id and (t.bytes_up, t.bytes_down) == (a.bytes_up, a.bytes_down)
         assert list(t.payload) == list(a.payload)
@@ -152,7 +152,7 @@ def test_fedmask_upload_is_exactly_the_packed_masks(fedmask_digits):
     task.max_steps = 1
     d = algo.client_data(cid)
     res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, 0), 16)
-    upd = algo.client_update(cid, 0, res)
+    upd = algo.client_updates(0, [(cid, res)])[0]
     # 64-128-64-10 MLP: fc1 128×64, fc2 64×128, out 10×64 -> ⌈8192/8⌉ + ⌈8192/8⌉ + ⌈640/8⌉
     assert upd.bytes_up == 1024 + 1024 + 80 == upd.bytes_down
     dense = tensor_bytes(algo.global_params)
@@ -257,7 +257,7 @@ def test_lstm_partial_mask_trains_the_output_gate_and_masks_the_others():
         task = algo.local_task(cid, 0)
         d = algo.client_data(cid)
         res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, i), 8)
-        updates.append(algo.client_update(cid, 0, res))
+        updates.append(algo.client_updates(0, [(cid, res)])[0])
     o = [u.extra["o"][f"o:{w}"] for u in updates]
     assert not torch.equal(o[0], before[3 * H:])
     algo.aggregate(0, updates)

@@ -1,33 +1,35 @@
-"""The algorithm interface: a few hooks around the one round loop (``trainer.simulation``) and the one
-local-training loop (``trainer.local_training``). An algorithm never writes a loop of its own.
+"""The algorithm interface: a few hooks around the one round loop (``trainer.simulation``) and the local-training
+engines (``trainer.local_training``, ``trainer.batched``). An algorithm says what it is; it never writes a loop of
+its own, nor chooses how its clients are trained. A hook that concerns several clients takes them as a list, in
+order (the engines train, upload and evaluate a round's clients together): there is no one-client twin to keep in
+step.
 
-Hooks, in the order the loop calls them:
+The hooks, in the order the round loop calls them:
 
 * ``setup()`` — once, before round 0 (e.g. FedMask's one-shot pruning on every client);
 * ``round_clients(rnd, sampled)`` — who trains this round (default: the sampled ones; Standalone: everyone);
-* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`LocalTask`;
-* ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`
-  (``client_updates(rnd, results)`` asks for the round's clients together; by default one by one);
+* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`~trainer.records.LocalTask`;
+* ``next_phases(rnd, phase, results)`` — another local-training phase in the same round for each client, given
+  its previous phase's result (GradLTN's pruning iterations, FedRep's head-then-body, Ditto's personal model);
+  ``None`` ends that client's round (default: one phase);
+* ``client_updates(rnd, results)`` — the round's trained tensors become the uploads
+  (:class:`~trainer.records.ClientUpdate`, costed in bytes);
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
-* ``eval_model(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation (an
-  :class:`EvalModel`: the loop evaluates many clients together) and its masks for FLOPs;
+* ``eval_models(cids)`` — each client's personalized model for evaluation (:class:`~trainer.records.EvalModel`);
+* ``eval_masks(cid)`` — the client's binary masks, for its FLOPs and kept parameters (default: none, dense);
 * ``client_state(cid)`` / ``shared_state()`` — what the run directory stores.
 
-Optional hooks (defaults keep the behaviour above):
+Optional hooks, whose defaults do nothing special:
 
-* ``next_phase(cid, rnd, phase, result)`` — another local-training phase in the same round, started after the
-  previous one (GradLTN's pruning iterations, LocalAlt, FedRep's head-then-body, Ditto's personal model);
-  ``None`` ends the client's round and the last result goes to ``client_update`` (``next_phases(rnd, phase,
-  results)`` asks for a phase's clients together; by default one by one);
-* ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
 * ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
+* ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
 * ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less);
-* ``eval_models(cids)`` — every listed client's :class:`EvalModel`, asked for together by the batched loop
-  (Per-FedAvg adapts them all in one batched step); by default each one's ``eval_model``;
-* ``eval_forward(cid)`` — the personalized model as a plain function of a batch, by default
-  :meth:`Algorithm.eval_model`'s. An algorithm whose evaluation cannot be written as an :class:`EvalModel`
-  overrides this instead, and the loop evaluates its clients one after another.
+* ``summary_extra()`` — the algorithm's own entries in ``summary.json``.
+
+The defaults implement FedAvg; the helpers below the hooks (:meth:`Algorithm.fedavg_upload`,
+:meth:`~Algorithm.average_params`, :meth:`~Algorithm.masked_model`, :meth:`~Algorithm.train_tasks`, …) are
+what an algorithm builds its hooks from. docs/adding-an-algorithm.md walks through FedProx.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ class Algorithm:
     def local_epochs(self) -> int:
         return self.cfg.training.local_epochs
 
-    # -- hooks -----------------------------------------------------------------------------------------
+    # -- hooks (see the module docstring) --------------------------------------------------------------
     def setup(self) -> None:
         """Called once before the first round."""
 
@@ -135,6 +137,7 @@ class Algorithm:
         return sampled
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
+        """What client ``cid`` trains in round ``rnd`` (FedAvg: the global model, the run's settings)."""
         return LocalTask(  # the global tensors themselves: the loops copy what they train (see LocalTask)
             trainable=dict(self.global_params),
             forward=self.forward_of_params,
@@ -142,8 +145,61 @@ class Algorithm:
             epochs=self.local_epochs, lr=self.cfg.training.lr,
         )
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        # the batch-norm running statistics travel with the weights, so they are costed too
+    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
+        """Phase ``phase`` (≥ 1) of each ``(client, previous phase's result)``'s local training this round, in
+        order; ``None`` ends that client's round and its last result goes to :meth:`client_updates` (the
+        default: one phase for everyone)."""
+        return [None] * len(results)
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """The round's uploads, one per ``(client, result)``, in order (FedAvg: :meth:`fedavg_upload`)."""
+        return [self.fedavg_upload(cid, res) for cid, res in results]
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        """The server's update from the round's uploads (FedAvg: the sample-weighted average)."""
+        self.average_params(updates, list(self.global_params))
+        self.average_buffers(updates)
+
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        """The model each of ``cids`` is evaluated with, in order (FedAvg: the global one for all)."""
+        return [self.global_model()] * len(cids)
+
+    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        """The client's current binary masks (empty: dense)."""
+        return {}
+
+    def client_state(self, cid: str) -> ClientState:
+        """What the run directory stores of client ``cid`` (its masks and personal parameters)."""
+        return ClientState()
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """What the run directory stores for every client (``model.safetensors``)."""
+        return {**self.global_params, **self.global_buffers}
+
+    # -- optional hooks ------------------------------------------------------------------------------------
+    def finetune_task(self, cid: str) -> LocalTask | None:
+        """After the last round: what client ``cid`` fine-tunes (``None``, the default: nothing)."""
+        return None
+
+    def finetune_result(self, cid: str, result: LocalResult) -> None:
+        """Keep the outcome of :meth:`finetune_task` (it becomes the client's personalized model)."""
+
+    def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
+        return lambda x: self.call(self.global_params, self.global_buffers, x)
+
+    def backward_flops(self, cid: str, fwd: int) -> int:
+        """Backward FLOPs of one sample given its forward FLOPs: input gradients + weight gradients ≈ 2×."""
+        return 2 * fwd
+
+    def summary_extra(self) -> dict[str, Any]:
+        """The algorithm's own entries in ``summary.json``."""
+        return {}
+
+    # -- helpers for the hooks: uploads, aggregation, models ---------------------------------------------
+    def fedavg_upload(self, cid: str, result: LocalResult) -> ClientUpdate:
+        """FedAvg's upload of one result: the trained tensors and the batch-norm running statistics (which travel
+        with the weights, so they are costed too); the dense model comes back down."""
         row = result.row()
         if row is not None:  # the batched loop's row: uploaded as a row too, its size the stack's per client
             payload = Row(row.stack, row.index, result.buffers)
@@ -156,16 +212,6 @@ class Algorithm:
                             train_loss=result.loss,
                             samples_seen=result.samples_seen)
 
-    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
-        """:meth:`client_update` of each of the round's clients, in order. An algorithm may compute them
-        together (FedMask binarizes all clients' stacked scores in one op); the loop calls this."""
-        return [self.client_update(cid, rnd, res) for cid, res in results]
-
-    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
-        self.average_params(updates, list(self.global_params))
-        self.average_buffers(updates)
-
-    # -- upload and aggregation helpers for subclasses ------------------------------------------------
     def partial_update(self, cid: str, result: LocalResult, keys: list[str]) -> ClientUpdate:
         """An upload of only ``keys`` (e.g. the body in FedPer/FedBABU) plus the batch-norm buffers; the same
         tensors come back down."""
@@ -202,22 +248,9 @@ class Algorithm:
         avg = average_state(states, weights, keys)
         self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
 
-    def eval_model(self, cid: str) -> EvalModel:
-        """The model client ``cid`` is evaluated with (default: the global one)."""
+    def global_model(self) -> EvalModel:
+        """The global model as an :class:`EvalModel` (every client's, in FedAvg)."""
         return EvalModel(self.global_params, self.global_buffers, self.call)
-
-    def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        """:meth:`eval_model` of each of ``cids`` (the batched loop asks for them together)."""
-        return [self.eval_model(cid) for cid in cids]
-
-    def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Client ``cid``'s model as a function of a batch: :meth:`eval_model`'s, unless overridden."""
-        return self.eval_model(cid)
-
-    def evaluates_batched(self) -> bool:
-        """Whether :meth:`eval_forward` is :meth:`eval_model`'s (not overridden), so clients can be evaluated
-        together."""
-        return type(self).eval_forward is Algorithm.eval_forward
 
     def masked_model(self, masks: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> EvalModel:
         """The global weights under a client's ``masks`` (:func:`~trainer.models.masking.effective_params`) as an
@@ -234,47 +267,9 @@ class Algorithm:
         masks = {k[len(MASK_PREFIX):]: v for k, v in params.items() if k.startswith(MASK_PREFIX)}
         return self.call(effective_params(weights, masks, self.sites), buffers, x)
 
-    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
-        """The client's current binary masks (empty: dense)."""
-        return {}
-
     def trained_numel(self, cid: str) -> int:
         """How many elements the client optimizes locally (for the backward FLOPs of the update)."""
         return sum(v.numel() for v in self.global_params.values())
-
-    def client_state(self, cid: str) -> ClientState:
-        return ClientState()
-
-    def shared_state(self) -> dict[str, torch.Tensor]:
-        return {**self.global_params, **self.global_buffers}
-
-    def summary_extra(self) -> dict[str, Any]:
-        return {}
-
-    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
-        """Phase ``phase`` (≥ 1) of client ``cid``'s local training this round, given the previous phase's
-        result; ``None`` (the default) ends the round for this client."""
-        return None
-
-    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
-        """:meth:`next_phase` of each ``(client, result)``, in order; the batched loop asks for the clients of a
-        phase together, and an algorithm may compute them at once (FedSelect's GradLTN pruning)."""
-        return [self.next_phase(cid, rnd, phase, res) for cid, res in results]
-
-    def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
-        return lambda x: self.call(self.global_params, self.global_buffers, x)
-
-    def finetune_task(self, cid: str) -> LocalTask | None:
-        """After the last round: what client ``cid`` fine-tunes (``None``, the default: nothing)."""
-        return None
-
-    def finetune_result(self, cid: str, result: LocalResult) -> None:
-        """Keep the outcome of :meth:`finetune_task` (it becomes the client's personalized model)."""
-
-    def backward_flops(self, cid: str, fwd: int) -> int:
-        """Backward FLOPs of one sample given its forward FLOPs: input gradients + weight gradients ≈ 2×."""
-        return 2 * fwd
 
 
 def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:

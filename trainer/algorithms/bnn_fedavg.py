@@ -81,9 +81,6 @@ class BNNFedAvg(Algorithm):
     def _wire_bytes(self, real: dict[str, torch.Tensor]) -> int:
         return self._binary_bytes + tensor_bytes(real)
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
-
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload at once: sign(W_k) and α_k = mean|W_k| of each binarized layer computed on the
         clients' stacked shadow weights (read in place from the batched loop's results), one op per layer."""

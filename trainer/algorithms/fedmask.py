@@ -224,9 +224,6 @@ class FedMask(Algorithm):
         keep = self.keep[cid]
         return self._task(cid, self.start_scores(cid), {w: keep[w] for w in self.pruned})
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
-
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload, Eq. 3's binarization of σ(m^r) (and the pruned layers' structure) done once on
         the clients' stacked scores: the batched loop's results are rows of one tensor, read in place
@@ -280,8 +277,8 @@ class FedMask(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.local[cid]
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return self.masked_model(self.local[cid], self.buffers[cid])  # W ⊙ m (Eq. 2), binary m
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]  # W ⊙ m (Eq. 2), binary m
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())

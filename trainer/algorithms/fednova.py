@@ -53,14 +53,18 @@ def normalized_average(x: dict[str, torch.Tensor], ys: list[dict[str, torch.Tens
 class FedNova(Algorithm):
     name = "fednova"
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        upd = super().client_update(cid, rnd, result)  # y_i and the batch-norm buffers, as FedAvg
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """y_i and the batch-norm buffers, as FedAvg, and the client's ‖a_i‖₁."""
         t = self.cfg.training
-        tau = local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs)
-        norm = torch.tensor(momentum_norm(tau, t.momentum), dtype=torch.float32)
-        upd.payload[NORM_KEY] = norm
-        upd.bytes_up += tensor_bytes([norm])
-        return upd
+        out = []
+        for cid, result in results:
+            upd = self.fedavg_upload(cid, result)
+            tau = local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs)
+            norm = torch.tensor(momentum_norm(tau, t.momentum), dtype=torch.float32)
+            upd.payload[NORM_KEY] = norm
+            upd.bytes_up += tensor_bytes([norm])
+            out.append(upd)
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         norms = [float(u.payload[NORM_KEY]) for u in updates]

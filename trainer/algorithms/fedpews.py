@@ -248,7 +248,11 @@ class FedPeWS(Algorithm):
                          lrs={f"s:{n}": eta_s for n in names}, loss=loss,
                          noise={f"{u}:{n}": (self.units[n],) for u in ("u1", "u2") for n in names})
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        return [self._upload(cid, rnd, res) for cid, res in results]
+
+    def _upload(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        """The client's selected parameters, its mask and (in the warmup) θ_i; its new masks drawn."""
         x = {k: v for k, v in result.trained.items() if k in self.global_params}
         extra = {}
         if self.in_warmup(rnd) and not self.fixed:

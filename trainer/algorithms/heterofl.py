@@ -94,10 +94,11 @@ class HeteroFL(Algorithm):
                          constants=dict(masks), buffers=dict(self.global_buffers),
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        held = self.held[cid] * 4  # the submodel's float32 elements, both ways
-        return ClientUpdate(cid, result.num_samples, {**result.trained, **result.buffers}, bytes_up=held,
-                            bytes_down=held, train_loss=result.loss, samples_seen=result.samples_seen)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """The trained submodel; its float32 elements cost the same both ways."""
+        return [ClientUpdate(cid, res.num_samples, {**res.trained, **res.buffers}, bytes_up=self.held[cid] * 4,
+                             bytes_down=self.held[cid] * 4, train_loss=res.loss, samples_seen=res.samples_seen)
+                for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for k, g in self.global_params.items():
@@ -108,8 +109,8 @@ class HeteroFL(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.masks[cid]
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return self.masked_model(self.masks[cid], self.global_buffers)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [self.masked_model(self.masks[cid], self.global_buffers) for cid in cids]
 
     def trained_numel(self, cid: str) -> int:
         return self.held[cid]

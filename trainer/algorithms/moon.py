@@ -106,6 +106,7 @@ class Moon(Algorithm):
         task.loss = self.loss
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        self.previous[cid] = {**result.trained, **result.buffers}  # z_prev's model at the next participation
-        return super().client_update(cid, rnd, result)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        for cid, result in results:  # z_prev's model at the client's next participation
+            self.previous[cid] = {**result.trained, **result.buffers}
+        return super().client_updates(rnd, results)

@@ -17,7 +17,7 @@ only a client whose whole round is one minibatch uses it as both D and D'). ``ma
 The server averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient
 step of size α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with
 w_i; that adapted model is what the run directory stores for the client. With training batched, every client's
-adaptation step runs at once in the batched loop (:meth:`PerFedAvg.eval_models`).
+adaptation step runs at once in the batched engine (:meth:`PerFedAvg.eval_models`).
 """
 
 from __future__ import annotations
@@ -80,31 +80,31 @@ class PerFedAvg(Algorithm):
         task.batches_per_step = 2  # (D, D'): two consecutive minibatches of the client's order per step
         return task
 
-    def eval_model(self, cid: str) -> EvalModel:
-        d = self.client_data(cid)
-        if len(d.train_y):
-            self.personal[cid] = adapt(self.call, self.global_params, self.global_buffers,
-                                       d.train_x, d.train_y, self.args.alpha)
-        else:
-            self.personal[cid] = dict(self.global_params)
-        return EvalModel(self.personal[cid], self.global_buffers, self.call)
-
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        """Every client's adaptation step at once, by the batched loop: a local task of one step of size α
-        (``lr = alpha``, no momentum or decay) over the client's whole training set (one minibatch of all its
-        samples) is exactly :func:`adapt`; a client without training data takes no step. The framework's engines
-        train them (:meth:`~trainer.algorithms.base.Algorithm.train_tasks`)."""
-        data = [self.client_data(cid) for cid in cids]
-        tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
-                           lr=self.args.alpha) for _ in cids]
-        whole = max([d.num_train for d in data] + [1])
-        results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data],
-                                   [[np.arange(d.num_train)] for d in data], whole)
-        for cid, res in zip(cids, results):
-            self.personal[cid] = res.trained
+        """Each client's model adapted by one gradient step of size α on its whole training set (a client without
+        training data takes none). With training batched the framework's engines take every client's step at once
+        (:meth:`~trainer.algorithms.base.Algorithm.train_tasks`): a local task of one step of size α (``lr =
+        alpha``, no momentum or decay) over one minibatch of all the client's samples is :func:`adapt` up to float
+        rounding; the one-after-another reference runs :func:`adapt` itself."""
+        if self.cfg.training.batched:
+            data = [self.client_data(cid) for cid in cids]
+            tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
+                               lr=self.args.alpha) for _ in cids]
+            whole = max([d.num_train for d in data] + [1])
+            results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data],
+                                       [[np.arange(d.num_train)] for d in data], whole)
+            self.personal.update({cid: res.trained for cid, res in zip(cids, results)})
+        else:
+            self.personal.update({cid: self._adapted(cid) for cid in cids})
         return [EvalModel(self.personal[cid], self.global_buffers, self.call) for cid in cids]
+
+    def _adapted(self, cid: str) -> dict[str, torch.Tensor]:
+        d = self.client_data(cid)
+        if not len(d.train_y):
+            return dict(self.global_params)
+        return adapt(self.call, self.global_params, self.global_buffers, d.train_x, d.train_y, self.args.alpha)
 
     def client_state(self, cid: str) -> ClientState:
         if cid not in self.personal:
-            self.eval_model(cid)
+            self.personal[cid] = self._adapted(cid)
         return ClientState(params=dict(self.personal[cid]))

@@ -212,11 +212,14 @@ class PerFedMask(Algorithm):
         task.grad_keep = self.keep[cid]
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        upd = super().client_update(cid, rnd, result)
-        trained = {k: v for k, v in result.trained.items() if self.keep[cid][k].any()}
-        upd.bytes_up = tensor_bytes(trained)  # frozen layers are not sent
-        return upd
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """FedAvg's uploads, costed without the frozen layers (they are not sent)."""
+        out = []
+        for cid, result in results:
+            upd = self.fedavg_upload(cid, result)
+            upd.bytes_up = tensor_bytes({k: v for k, v in result.trained.items() if self.keep[cid][k].any()})
+            out.append(upd)
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for k, g in self.global_params.items():
@@ -248,8 +251,8 @@ class PerFedMask(Algorithm):
     def personal_params(self, cid: str) -> dict[str, torch.Tensor]:
         return {**self.global_params, **self.heads.get(cid, {})}
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.personal_params(cid), self.global_buffers, self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel(self.personal_params(cid), self.global_buffers, self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))

@@ -92,9 +92,6 @@ class Scaffold(Algorithm):
         return momentum_norm(local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs),
                              t.momentum)
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
-
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload at once: option II's c_i⁺ (:func:`client_control_update`) on the clients' stacked
         y_i and c_i, one op per parameter, each client with its own K."""

@@ -52,9 +52,6 @@ class TopK(Algorithm):
         shape = (-1,) if rows is None else (rows, -1)
         return torch.cat([params[n].reshape(shape).float() for n in self.names], dim=-1)
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
-
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload at once: the clients' updates Δ_k stacked as rows ``(K, numel)`` (read in place
         from the batched loop's results), one top-k per row (each row's own k largest |Δ|, as it would be
