@@ -4,6 +4,9 @@ personal model, FedPeWS's optional μ)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from trainer.records import LocalTask
@@ -24,21 +27,43 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean"
     return per_sample.sum() / y.shape[-1]
 
 
-def proximal_term(mu: float, prefix: str = "g:"):
-    """μ/2 Σ ‖w − w_g‖² over every trainable ``w`` whose anchor ``constants[prefix + name]`` exists."""
-    def reg(trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
+@dataclass(frozen=True)
+class Proximal:
+    """FedProx's term μ/2 Σ ‖w − w_g‖² over every trainable ``w`` whose anchor ``constants[prefix + name]``
+    exists, as a :attr:`~trainer.records.LocalTask.regularizer`. A value: two equal terms compare equal, so the
+    tasks holding them are one kind of task to the batched engine."""
+
+    mu: float
+    prefix: str = "g:"
+
+    def __call__(self, trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
         total = torch.zeros(())
         for k, w in trainable.items():
-            anchor = constants.get(prefix + k)
+            anchor = constants.get(self.prefix + k)
             if anchor is not None:
                 total = total + (w - anchor).pow(2).sum()
-        return 0.5 * mu * total
-    return reg
+        return 0.5 * self.mu * total
+
+
+@dataclass(frozen=True)
+class RegularizerSum:
+    """``first(trainable, constants) + second(trainable, constants)``, as a value (equal parts: equal sums)."""
+
+    first: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], torch.Tensor]
+    second: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], torch.Tensor]
+
+    def __call__(self, trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.first(trainable, constants) + self.second(trainable, constants)
+
+
+def proximal_term(mu: float, prefix: str = "g:") -> Proximal:
+    """μ/2 Σ ‖w − w_g‖² (:class:`Proximal`)."""
+    return Proximal(mu, prefix)
 
 
 def with_proximal(task: LocalTask, anchor: dict[str, torch.Tensor], mu: float) -> LocalTask:
     """``task`` with FedProx's term toward ``anchor`` added to its regularizer (anchors go in its constants)."""
     task.constants.update({f"g:{k}": v.detach().clone() for k, v in anchor.items() if k in task.trainable})
-    prox, base = proximal_term(mu), task.regularizer
-    task.regularizer = prox if base is None else (lambda tr, c: base(tr, c) + prox(tr, c))
+    prox, base = Proximal(mu), task.regularizer
+    task.regularizer = prox if base is None else RegularizerSum(base, prox)
     return task

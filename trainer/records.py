@@ -31,8 +31,10 @@ class LocalTask:
     to logits ``(B, classes)``; ``regularizer(trainable, constants)`` adds to the data loss (e.g. FedMask's
     group lasso, Eq. 10); ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
     Everything that differs between clients must be in ``trainable``, ``constants`` or ``buffers`` — never
-    captured in the closures — so the loop can stack clients and train them together (torch.func.vmap);
-    the closures may capture what every client shares (e.g. FedMask's frozen weights).
+    captured in the functions — so the loop can stack clients and train them together (torch.func.vmap).
+    Tasks whose functions compare equal (``==``: the same function object, bound methods of the same object,
+    or equal values such as :class:`~trainer.losses.Proximal`) and whose tensors agree in names, shapes and
+    dtypes are one kind of task, stacked by the batched engine; a fresh closure per task is a kind of its own.
     ``grad_keep`` zeroes the update of frozen elements, weight decay included (pruned mask entries, PerFedMask's
     frozen params): they never move.
     Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm

@@ -31,7 +31,6 @@ mask element, 1 bit, packed.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +81,7 @@ class FedMask(Algorithm):
     def setup(self) -> None:
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
+        self.mask_names = tuple(masked)  # every mask, in the sites' order
         shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
         pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
         pruned = {w for s in pruned_sites for w in s.weights}
@@ -144,49 +144,35 @@ class FedMask(Algorithm):
               regularize: bool = True) -> LocalTask:
         """``start``: the scores m^r (:meth:`_start_scores`), trained by the loops on their own copies; ``keep``:
         the pruning structure of the masks that have one (a mask without keeps every element, and multiplying
-        by its all-ones structure would change nothing but the time: half of a step's large products)."""
+        by its all-ones structure would change nothing but the time: half of a step's large products). Every
+        client's task holds the same bound methods as its functions: one kind of task to the batched engine."""
         trainable = dict(start)
         real_o = self._real_output_gates()
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
         grad_keep = dict(keep)
-        forward, reg = self._functions(tuple(start), tuple(w for w in start if w in keep), regularize)
+        reg = self.group_lasso_term if regularize and self.args.lambda_r > 0 else None
         # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
         # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
-        return LocalTask(trainable, forward, reg, constants=constants, buffers=self.buffers[cid],
+        return LocalTask(trainable, self.masked_forward, reg, constants=constants, buffers=self.buffers[cid],
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
 
-    @functools.cached_property
-    def _task_functions(self) -> dict[tuple, tuple]:
-        return {}
+    def soft_masks(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """m = σ(m^r) (Eq. 6) of every mask, times its pruning structure where the constants hold one (pruned
+        elements stay 0)."""
+        return {w: torch.sigmoid(tr[w]) * c[w] if w in c else torch.sigmoid(tr[w]) for w in self.mask_names}
 
-    def _functions(self, masked: tuple[str, ...], structured: tuple[str, ...], regularize: bool) -> tuple:
-        """The task's forward and group-lasso regularizer (Eqs. 6 and 10) over the named masks, ``structured``
-        those with a pruning structure in the constants. They capture names only, never a client's tensor, and
-        are built once per set of names: every client's task holds the same function objects, so the batched
-        loop recognizes them as one kind of task at once (instead of comparing a fresh closure per client)."""
-        key = (masked, structured, regularize)
-        cache = self._task_functions
-        if key in cache:
-            return cache[key]
+    def masked_forward(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: torch.Tensor,
+                       buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's forward: the frozen weights (constants ``FROZEN`` + name) under the soft masks (Eq. 2, 6)."""
+        eff = effective_params(self._params_with_o(tr, c), self.soft_masks(tr, c), self.sites)
+        return self.call(eff, buffers, x)
 
-        def soft_masks(tr, c):  # Eq. 6, pruned elements stay 0
-            return {w: torch.sigmoid(tr[w]) * c[w] if w in structured else torch.sigmoid(tr[w]) for w in masked}
-
-        def forward(tr, c, x, buffers):  # c: the keep masks and the frozen weights (FROZEN + name)
-            params = self._params_with_o(tr, c)
-            eff = effective_params(params, soft_masks(tr, c), self.sites)
-            return self.call(eff, buffers, x)
-
-        reg = None
-        if regularize and self.args.lambda_r > 0:
-            def reg(tr, keep):
-                soft = soft_masks(tr, keep)
-                return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
-
-        cache[key] = (forward, reg)
-        return forward, reg
+    def group_lasso_term(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's regularizer: λ_R · R_g(m) over every masked layer (Eq. 10)."""
+        soft = self.soft_masks(tr, c)
+        return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
 
     def _hidden(self, w: str) -> int:
         return next(s.hidden for s in self.sites if w in s.weights)

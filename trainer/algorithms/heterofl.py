@@ -90,9 +90,14 @@ class HeteroFL(Algorithm):
         masks = self.masks[cid]
         # the global tensors themselves: the loops train copies (LocalTask)
         return LocalTask(dict(self.global_params),
-                         lambda p, c, x, b: self.call(effective_params(p, c, self.sites), b, x),
+                         self.submodel_forward,
                          constants=dict(masks), buffers=dict(self.global_buffers),
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
+
+    def submodel_forward(self, params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor,
+                         buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's forward: the client's submodel, the global weights under its width masks (the constants)."""
+        return self.call(effective_params(params, masks, self.sites), buffers, x)
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """The trained submodel; its float32 elements cost the same both ways."""

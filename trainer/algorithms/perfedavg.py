@@ -38,23 +38,33 @@ class PerFedAvgArgs:
     alpha: float = 0.01  # inner (adaptation) step size; the outer step β is training.lr
 
 
-def fo_maml_loss(call: Callable, alpha: float) -> Callable:
-    """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``:
-    D for the inner step, D' for the outer (a task with ``batches_per_step = 2``)."""
-    def inner(q, b, x_d, y_d):  # f(w; D), and the buffers its forward updated (batch norm)
-        b = {k: v.clone() for k, v in b.items()}
-        return cross_entropy(call(q, b, x_d), y_d), b
+@dataclass(frozen=True)
+class FoMamlLoss:
+    """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``: D for
+    the inner step, D' for the outer (a task with ``batches_per_step = 2``). ``call(params, buffers, x)`` is the
+    model; a value, so the tasks of a round (equal ``call`` and ``alpha``) are one kind of task."""
 
-    def loss(p, c, x, y, b):
+    call: Callable
+    alpha: float
+
+    def inner(self, q, b, x_d, y_d):  # f(w; D), and the buffers its forward updated (batch norm)
+        b = {k: v.clone() for k, v in b.items()}
+        return cross_entropy(self.call(q, b, x_d), y_d), b
+
+    def __call__(self, p, c, x, y, b):
         (x_d, x_d2), (y_d, y_d2) = x, y
         # ∇f(w; D) at stopgrad(w): first order. torch.func.grad (not autograd.grad) so that the batched loop can
         # vmap the step over clients; the inner forward's buffer updates come back as aux and are kept.
-        grads, new_b = torch.func.grad(inner, has_aux=True)({k: v.detach() for k, v in p.items()}, b, x_d, y_d)
+        grads, new_b = torch.func.grad(self.inner, has_aux=True)({k: v.detach() for k, v in p.items()}, b, x_d, y_d)
         for k, v in new_b.items():
             b[k].copy_(v)
-        adapted = {k: v - alpha * grads[k] for k, v in p.items()}
-        return cross_entropy(call(adapted, b, x_d2), y_d2)
-    return loss
+        adapted = {k: v - self.alpha * grads[k] for k, v in p.items()}
+        return cross_entropy(self.call(adapted, b, x_d2), y_d2)
+
+
+def fo_maml_loss(call: Callable, alpha: float) -> FoMamlLoss:
+    """Per-FedAvg's step loss (:class:`FoMamlLoss`)."""
+    return FoMamlLoss(call, alpha)
 
 
 def adapt(call: Callable, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
