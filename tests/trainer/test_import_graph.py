@@ -108,6 +108,11 @@ def test_imports_sees_function_level_imports_and_skips_type_checking_ones():
     assert imports(src, "trainer.x", False) == {"trainer.batched"}
 
 
+def test_trainer_imports_are_acyclic():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
 def test_no_algorithm_imports_a_training_loop():
     g = graph()
     offenders = {m: sorted(g[m] & LOOPS) for m in g if m.startswith("trainer.algorithms") and g[m] & LOOPS}

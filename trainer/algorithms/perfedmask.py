@@ -14,7 +14,7 @@ Vectors", ICLR 2023; the poster's equations).
   solved exactly as a mixed-integer linear program (:func:`solve_pmask`, HiGHS through ``scipy.optimize.milp``).
 * Local update: w_n = w_g − η m_n ⊙ Σ ∇f_n — masked parameters are frozen (``grad_keep``), not removed.
 * Aggregation: w_g ← Σ_n k_n ⊙ w_n with (k_n)_l = (m_n)_l / Σ_n' (m_n')_l over the round's devices
-  (:func:`mask_weighted_average`); an element no device trained keeps its value.
+  (:func:`trainer.aggregation.mask_weighted_average`); an element no device trained keeps its value.
 * After training every device fine-tunes its head φ_n on its data (``finetune_task``); accuracy is reported
   before and after, with each device's trainable parameters and forward/backward FLOPs (the poster's tables).
 
@@ -37,9 +37,10 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import forward_flops, layer_positions, tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.aggregation import mask_weighted_average
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -143,14 +144,6 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
                       f"algorithm.args.milp_time_limit for a closer choice", RuntimeWarning, stacklevel=2)
     m = np.round(res.x[:nm]).reshape(N, J).astype(np.int64)
     return m, pmask_objective(m, s, p)
-
-
-def mask_weighted_average(global_value: torch.Tensor, values: list[torch.Tensor], masks: list[torch.Tensor]
-                          ) -> torch.Tensor:
-    """w_g = Σ_n k_n ⊙ w_n, (k_n)_l = (m_n)_l / Σ_n' (m_n')_l; elements with Σ m = 0 keep ``global_value``."""
-    den = sum(m.float() for m in masks)
-    num = sum(v.float() * m for v, m in zip(values, masks))
-    return torch.where(den > 0, num / den.clamp(min=1e-12), global_value)
 
 
 @ALGORITHMS.register("perfedmask")
