@@ -70,7 +70,7 @@ def measurement_from_runner(doc: dict[str, Any], **ids: Any) -> Measurement:
         kw["error"] = kw.get("error") or "the runner failed without a reason"
     kw["latency_ms"] = tuple(float(x) for x in kw.get("latency_ms", ()))
     kw["power_w"] = tuple(float(x) for x in kw.get("power_w", ()))
-    for k in ("state_before", "state_after"):
+    for k in ("state_before", "state_after", "profile"):
         kw[k] = kw.get(k) or {}
     return Measurement(**kw)
 

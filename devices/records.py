@@ -19,6 +19,10 @@ class RunnerSettings:
     tolerance: float = 1e-5
     power_rate_hz: float = 50.0
     idle_seconds: float = 0.5
+    # per-operator profiled runs after the timed ones (never mixed into the latency samples)
+    profile_layers: bool = False
+    profile_warmup: int = 5
+    profile_runs: int = 20
 
     def to_args(self) -> list[str]:
         """Command-line arguments for the runner script."""
@@ -31,7 +35,8 @@ class RunnerSettings:
             "--tolerance", repr(self.tolerance),
             "--power-rate-hz", str(self.power_rate_hz),
             "--idle-seconds", str(self.idle_seconds),
-        ]
+        ] + (["--profile-runs", str(self.profile_runs), "--profile-warmup", str(self.profile_warmup)]
+             if self.profile_layers and self.profile_runs > 0 else [])
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class Measurement:
     state_before: dict[str, Any] = field(default_factory=dict)
     state_after: dict[str, Any] = field(default_factory=dict)
     runtime_version: str | None = None
+    # profiled runs (RunnerSettings.profile_layers): the runner's "profile" document; the store keeps its
+    # per-operator samples in their own tables
+    profile: dict[str, Any] = field(default_factory=dict)
 
     # -- derived statistics (never stored separately) --------------------------------------------
     @property

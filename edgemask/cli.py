@@ -77,7 +77,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     formats = [f for f in args.formats.split(",") if f]
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
     dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings,
-                      wait_s=args.wait)
+                      wait_s=args.wait, etrecord=args.etrecord)
     for d in dirs:
         print(f"wrote {d}")
     return 0
@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--target", default=None, help="device profile for format options (e.g. jetson-tx2: ONNX "
                    "opset ≤ 15 for its onnxruntime 1.10)")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
+    e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
+                   "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
     e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run is "
                    "running, wait up to this long for it (default: 0, leave at once saying so)")
 

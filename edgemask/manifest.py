@@ -67,8 +67,17 @@ class Counts(TypedDict):  # parameters or FLOPs of the dense model and of the co
     compacted: int
 
 
-class LayerUnits(TypedDict):
-    name: str
+class LayerAttribution(TypedDict, total=False):
+    """Optional per-layer fields written by ``export.layers``: FLOPs of one sample, dense and compacted, and per
+    ONNX file the names its graph carries for the layer (node and output tensor names)."""
+
+    flops_dense: int
+    flops_compacted: int
+    graph_names: dict[str, list[str]]
+
+
+class LayerUnits(LayerAttribution):
+    name: str  # module path (the same in the dense and the compacted model)
     kept: int
     total: int
 
@@ -95,6 +104,7 @@ class Manifest:
     layers: list[LayerUnits]
     tolerance: Tolerance
     created: str
+    etrecord: str | None = None  # ExecuTorch ETRecord file beside the .pte (export.layers.write_etrecord)
     input_hash: str = ""  # sha256 of the run's weights + client file + export settings (skip if unchanged)
     schema: int = SCHEMA
 

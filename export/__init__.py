@@ -8,6 +8,7 @@ from edgemask.manifest import ArtifactFile, Manifest, TensorSpec, load_manifest,
 from export.compact import (AllDeadLayerError, CompactionResult, LayerHandler, LayerStat, UnsupportedLayerError,
                             compact, count_flops, count_params, register_handler)
 from export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
+from export.layers import layer_records, write_etrecord
 from export.pipeline import export_client, export_run
 from export.verify import TOLERANCE, VerificationError, verify_compaction
 
@@ -15,5 +16,6 @@ __all__ = [
     "AllDeadLayerError", "ArtifactFile", "CompactionResult", "DEVICE_PROFILES", "ExportFormatError",
     "ExportSettings", "FORMATS", "FormatUnavailableError", "LayerHandler", "LayerStat", "Manifest", "TOLERANCE",
     "TensorSpec", "UnsupportedLayerError", "VerificationError", "compact", "count_flops", "count_params",
-    "export_client", "export_run", "load_manifest", "load_sample_io", "register_handler", "verify_compaction",
+    "export_client", "export_run", "layer_records", "load_manifest", "load_sample_io", "register_handler", "verify_compaction",
+    "write_etrecord",
 ]

@@ -24,6 +24,7 @@ from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manife
 from edgemask.workspace import check_name
 from export.compact import compact
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
+from export.layers import ETRECORD, layer_records, write_etrecord
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -48,12 +49,14 @@ def _is_artifact_dir(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
-def _unchanged(dest: Path, digest: str) -> bool:
+def _unchanged(dest: Path, digest: str, etrecord: bool = False) -> bool:
     if not (dest / MANIFEST).is_file():
         return False
     try:
         m = load_manifest(dest)
     except EdgemaskError:
+        return False
+    if etrecord and not (m.etrecord and (dest / m.etrecord).is_file()):
         return False
     return m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
 
@@ -63,8 +66,12 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[str],
-                  settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE) -> Path:
-    """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``."""
+                  settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
+                  etrecord: bool = False) -> Path:
+    """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``.
+
+    ``etrecord``: with ``pte`` among the formats, also write the ETRecord (:mod:`export.layers`) for the host's
+    Inspector (a second lowering)."""
     ds = run.dataset
     fmts = [FORMATS.get(f) for f in formats]
     for f in fmts:
@@ -108,6 +115,11 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                                           backend=info.get("backend"), **extra))
 
         write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
+        layers = layer_records(masked.base, model, (x[:1],), result.layers,
+                               {f.file: tmp / f.file for f in files if f.format == "onnx"})
+        etrec = None
+        if etrecord and any(f.format == "pte" for f in files):
+            etrec = write_etrecord(model, x[:1], tmp / ETRECORD).name
         cfg = run.config
         manifest = Manifest(
             run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,
@@ -118,7 +130,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
             sample_io={"file": SAMPLE_IO, "sha256": sha256_file(tmp / SAMPLE_IO), "count": int(len(x))},
             params={"dense": result.params_dense, "compacted": result.params_compacted},
             flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
-            layers=[{"name": s.name, "kept": s.kept, "total": s.total} for s in result.layers],
+            layers=layers,
+            etrecord=etrec,
             tolerance={"limit": limit, "max_abs_diff": diffs},
             created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             input_hash=input_hash(run, client_id, formats, settings),
@@ -130,12 +143,13 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
                formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
                settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
-               wait_s: float = 0.0) -> list[Path]:
+               wait_s: float = 0.0, etrecord: bool = False) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
     One export of a run at a time: it holds ``out_root/.<run-id>.lock`` throughout; a second one waits up to
     ``wait_s`` seconds, then leaves with a one-line reason (and, once it has the lock, finds the first one's
-    artifacts unchanged). Returns the artifact directories (skipped, unchanged ones included)."""
+    artifacts unchanged). Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see
+    :func:`export_client`."""
     from trainer.run_dir import load_run
 
     run = load_run(run_dir)
@@ -162,7 +176,7 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
             it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
         for cid in it:
             dest = root / (cid or DENSE)
-            if not _unchanged(dest, input_hash(run, cid, formats, settings)):
-                export_client(run, cid, dest, formats, settings, limit)
+            if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                export_client(run, cid, dest, formats, settings, limit, etrecord)
             out.append(dest)
     return out

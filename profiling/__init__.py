@@ -7,7 +7,8 @@
 - ``verdict``: VALID / INVALID per setting, each failed rule named (runs, seconds, CV, output check,
   throttling, temperature drift);
 - ``tidy``: ``results.parquet`` (one row per setting) and ``samples.parquet`` (one row per raw sample);
-- ``report`` / ``plots``: one self-contained HTML page, a Markdown summary and a terminal table.
+- ``report`` / ``plots``: one self-contained HTML page, a Markdown summary and a terminal table;
+- ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup.
 
 Names are imported on first use, so running a campaign does not load pandas and matplotlib up front.
 """
@@ -40,6 +41,10 @@ _EXPORTS = {
     "summary_table": "profiling.report",
     "VerdictRules": "profiling.verdict",
     "write_tidy": "profiling.tidy",
+    "LayerBreakdown": "profiling.layers",
+    "LayerRow": "profiling.layers",
+    "breakdowns": "profiling.layers",
+    "layer_table": "profiling.layers",
 }
 
 __all__ = sorted(_EXPORTS)

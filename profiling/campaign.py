@@ -29,6 +29,9 @@ campaign's store before the next one starts, so a campaign stopped at any point 
     warmup_runs = 1
     min_runs = 50
     min_seconds = 1.0
+    profile_layers = true              # also per-operator profiled runs, apart from the timed ones
+    profile_warmup = 5
+    profile_runs = 20
 """
 
 from __future__ import annotations
@@ -230,7 +233,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
     runner_kw: dict[str, Any] = {}
     for key in sorted(runner_table):
         default = getattr(defaults, key)
-        if isinstance(default, int):
+        if isinstance(default, bool):
+            runner_kw[key] = runner_fields.get(key, bool)
+        elif isinstance(default, int):
             runner_kw[key] = runner_fields.integer(key, minimum=0)
         else:
             runner_kw[key] = runner_fields.number(key)

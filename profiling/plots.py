@@ -216,3 +216,41 @@ def energy_per_inference(summary: pd.DataFrame) -> Figure | None:
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     return fig
+
+
+MAX_LAYER_PANELS = 8  # the stacked-bar figure draws at most this many settings (the tables list them all)
+
+
+def layer_time_stacks(breakdowns) -> Figure | None:
+    """Where the time goes: per compacted artifact × setting (a ``profiling.layers.LayerBreakdown``), two
+    stacked bars — dense and compacted — one segment per layer (same colour in both) plus the operators no layer
+    claims, in median ms of the profiled runs. A layer flagged for realizing less than half its FLOP bound is
+    hatched in the compacted bar."""
+    bds = list(breakdowns)[:MAX_LAYER_PANELS]
+    if not bds:
+        return None
+    ncols = min(2, len(bds))
+    nrows = math.ceil(len(bds) / ncols)
+    fig = Figure(figsize=(6.0 * ncols, 3.8 * nrows), layout="constrained")
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20"]
+    for i, bd in enumerate(bds):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        segments = [(r.layer, r.dense_ms, r.compacted_ms, r.flagged) for r in bd.rows]
+        segments.append(("(other)", bd.other_dense_ms, bd.other_compacted_ms, False))
+        bottoms = [0.0, 0.0]
+        for k, (layer, d, c, flagged) in enumerate(segments):
+            vals = [0.0 if not math.isfinite(d) else d, 0.0 if not math.isfinite(c) else c]
+            color = "#bdbdbd" if layer == "(other)" else cmap(k % 20)
+            ax.bar([0], vals[:1], bottom=bottoms[:1], color=color, edgecolor="white", width=0.6, label=layer)
+            ax.bar([1], vals[1:], bottom=bottoms[1:], color=color, edgecolor="black" if flagged else "white",
+                   hatch="//" if flagged else None, width=0.6)
+            bottoms = [bottoms[0] + vals[0], bottoms[1] + vals[1]]
+        ax.set_xticks([0, 1], ["dense", "compacted"])
+        ax.set_ylabel("ms per inference (median of profiled runs)")
+        ax.set_title(f"{bd.artifact}\n{bd.device} · {bd.format}/{bd.variant} · {bd.threads} thread(s)", fontsize=9)
+        ax.legend(fontsize=6, ncols=2, loc="upper right", title="layer (hatched: < ½ FLOP bound)",
+                  title_fontsize=6)
+        ax.grid(axis="y", alpha=0.3)
+    return fig

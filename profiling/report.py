@@ -22,6 +22,7 @@ import pandas as pd
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
 from profiling import plots
+from profiling.layers import REALIZED_FLAG, LayerBreakdown, breakdowns
 from profiling.stats import DEFAULT_CV_THRESHOLD, summarize
 from profiling.store import ResultsStore
 from profiling.tidy import write_tidy
@@ -197,7 +198,9 @@ def _load(results_dir: Path) -> dict[str, Any]:
         raise CorruptFileError(f"{store_path}: no results store; run `edgemask profile` first")
     with ResultsStore.open(store_path) as store:
         return {"df": store.to_dataframe(), "artifacts": store.artifacts(), "failures": store.failures(),
-                "skipped": store.skipped(), "config": store.campaign_config() or {}}
+                "skipped": store.skipped(), "config": store.campaign_config() or {},
+                "profiles": store.profiles(), "profiled_runs": store.profiled_runs(),
+                "operator_samples": store.operator_samples()}
 
 
 def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: float = DEFAULT_CV_THRESHOLD,
@@ -242,9 +245,20 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
         notes.append(f"{len(failures)} job(s) failed after their retries and are not in the tables "
                      f"(rerun `edgemask profile` to retry them)")
 
+    layer_bds, layer_notes = breakdowns(artifacts, data["profiles"], data["profiled_runs"],
+                                        data["operator_samples"])
+    if not data["profiles"].empty:
+        figures.append(_Figure("layer_time", "Where the time goes: per layer, dense against compacted (profiled runs)",
+                               _png(plots.layer_time_stacks(layer_bds)),
+                               "no compacted artifact has per-layer times: " + ("; ".join(layer_notes) or "none")))
+        fig = figures[-1]
+        if fig.png is not None:
+            write_bytes_atomic(plot_dir / f"{fig.name}.png", fig.png)
+    notes += layer_notes
+
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     verdict = verdict_lines(summary, rules)
-    sections = _sections(runtime, summary, failures, skipped)
+    sections = _sections(runtime, summary, failures, skipped) + layer_sections(layer_bds)
     md = _markdown(name, generated, config, verdict, sections, figures, notes)
     page = _html(name, generated, config, verdict, sections, figures, notes)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
@@ -324,6 +338,44 @@ def _sections(runtime: pd.DataFrame, summary: pd.DataFrame, failures: pd.DataFra
     return out
 
 
+FLAG_MARK = "⚑"
+
+
+def layer_table_frame(bd: LayerBreakdown) -> pd.DataFrame:
+    """One breakdown as the report shows it: per layer, units kept, FLOP bound, dense and compacted ms, measured
+    speedup, speedup ÷ bound and the flag; then what no layer claims, and the operators' sum beside the
+    profiled runs' end-to-end latency."""
+    rows = [{"layer": r.layer, "units kept": f"{r.kept}/{r.total}", "FLOP ratio": fmt_ratio(r.flop_bound),
+             "dense ms": fmt_ms(r.dense_ms), "compacted ms": fmt_ms(r.compacted_ms),
+             "measured speedup": fmt_ratio(r.speedup), "speedup ÷ bound": _fmt_fraction(r.realized),
+             "flag": f"{FLAG_MARK} < {REALIZED_FLAG:g} of its bound" if r.flagged else ""} for r in bd.rows]
+    blank = {k: "" for k in rows[0]} if rows else {}
+    rows.append({**blank, "layer": "(other operators)", "dense ms": fmt_ms(bd.other_dense_ms),
+                 "compacted ms": fmt_ms(bd.other_compacted_ms)})
+    rows.append({**blank, "layer": "sum of operators / end to end",
+                 "dense ms": f"{fmt_ms(bd.ops_dense_ms)} / {fmt_ms(bd.e2e_dense_ms)}",
+                 "compacted ms": f"{fmt_ms(bd.ops_compacted_ms)} / {fmt_ms(bd.e2e_compacted_ms)}"})
+    return pd.DataFrame(rows)
+
+
+def _fmt_fraction(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{x:.2f}"
+
+
+def layer_sections(bds: list[LayerBreakdown]) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """The per-layer sections (profiled runs, apart from the timed ones): one table per compacted artifact and
+    setting."""
+    if not bds:
+        return []
+    out: list[tuple[int, str, pd.DataFrame | None]] = [
+        (2, f"Per layer: where compaction's time goes (profiled runs, separate from the timed ones; "
+            f"{FLAG_MARK}: a layer realizing less than {REALIZED_FLAG:g} of its FLOP bound)", None)]
+    for bd in bds:
+        out.append((3, f"{bd.artifact} — {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s)",
+                    layer_table_frame(bd)))
+    return out
+
+
 def _config_line(config: dict[str, Any]) -> str:
     if not config:
         return "campaign configuration not recorded"
@@ -332,7 +384,9 @@ def _config_line(config: dict[str, Any]) -> str:
             f"devices {', '.join(config.get('devices', []))}; threads {config.get('threads')}; "
             f"repetitions {config.get('repetitions')}; runner: warm-up {runner.get('warmup_runs')} runs / "
             f"{runner.get('warmup_seconds')} s, at least {runner.get('min_runs')} runs and "
-            f"{runner.get('min_seconds')} s")
+            f"{runner.get('min_seconds')} s"
+            + (f"; then {runner.get('profile_runs')} per-operator profiled runs after {runner.get('profile_warmup')} "
+               "warm-up runs (not in the latency figures)" if runner.get("profile_layers") else ""))
 
 
 def _markdown(name: str, generated: str, config: dict[str, Any], verdict: list[str], sections: list,

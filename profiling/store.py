@@ -21,6 +21,9 @@ Tables:
   failures(job_id, reason, attempts, status, measurement, ...)  every failed or interrupted outcome (history)
   skipped(artifact, format, variant, device, reason)
   events(device, kind, detail JSON)      what a campaign did to a board: stray runners, governor set/restored
+  profiles(job_id UNIQUE, available, profiler, reason, blocks JSON)   per-operator profiling of a job, or why not
+  profiled_runs(job_id, run, end_to_end_ms, total_us)                  each profiled run (apart from the timed ones)
+  operator_samples(job_id, run, seq, name, op_type, us, provider)      every operator event of every profiled run
 
 A schema-1 store (no status) is migrated in place on open: its ``ok = 0`` rows become ``failed``.
 """
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from devices.records import Measurement
+from devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError, EdgemaskError
 from edgemask.fileio import atomic_path
 
@@ -82,6 +85,16 @@ CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, device TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL,
     recorded_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS profiles (
+    job_id TEXT NOT NULL UNIQUE, available INTEGER NOT NULL, profiler TEXT, reason TEXT, blocks TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS profiled_runs (
+    job_id TEXT NOT NULL, run INTEGER NOT NULL, end_to_end_ms REAL, total_us REAL, UNIQUE (job_id, run)
+);
+CREATE TABLE IF NOT EXISTS operator_samples (
+    job_id TEXT NOT NULL, run INTEGER NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, op_type TEXT NOT NULL,
+    us REAL NOT NULL, provider TEXT, UNIQUE (job_id, run, seq)
+);
 """
 
 # Schema 1 -> 2: a status per row (ok = 0 rows were failures that the old code took for done), the failures'
@@ -97,6 +110,9 @@ UPDATE meta SET value = '2' WHERE key = 'schema';
 _MEASUREMENT_COLUMNS = ("job_id, artifact, format, variant, device, threads, repetition, ok, attempts, "
                         "recorded_at, measurement, status")
 
+# Measurement fields that are no column of to_dataframe: the job keys (already there) and the profile (its own
+# tables: profiles(), profiled_runs(), operator_samples())
+_NOT_COLUMNS = ("device", "artifact", "format", "variant", "threads", "profile")
 _JOB_COLUMNS = ["job_id", "artifact", "format", "variant", "device", "threads", "repetition"]
 _ARTIFACT_COLUMNS = ["run_id", "client_id", "kind", "algorithm", "model", "dataset",
                      "params_dense", "params_compacted", "flops_dense", "flops_compacted"]
@@ -194,6 +210,8 @@ class ResultsStore:
         """Keep the campaign's config. A resume with other runner settings would mix incomparable samples."""
         new = config.to_dict()
         old = self.campaign_config()
+        if old is not None:  # settings added since the campaign started count with their defaults
+            old = {**old, "runner": {**dataclasses.asdict(RunnerSettings()), **(old.get("runner") or {})}}
         if old is not None and old.get("runner") != new["runner"]:
             raise EdgemaskError(
                 f"{self.path}: campaign {config.name!r} was started with runner settings {old.get('runner')}, "
@@ -242,7 +260,7 @@ class ResultsStore:
         ``failures``). A failed row is replaced by the new one and kept in ``superseded``. False, and nothing
         written, if the store already holds a good measurement of the job."""
         status = MEASURED if measurement.ok else FAILED
-        mjson = json.dumps(measurement.to_dict())
+        mjson = _measurement_json(measurement)
         row = (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
                int(measurement.ok), attempts, _now(), mjson, status)
 
@@ -255,6 +273,7 @@ class ResultsStore:
                             "WHERE job_id = ?", (job.job_id,))
                 cur.execute("DELETE FROM measurements WHERE job_id = ?", (job.job_id,))
             cur.execute(f"INSERT INTO measurements ({_MEASUREMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row)
+            _insert_profile(cur, job.job_id, measurement.profile)
             if status == FAILED:
                 self._insert_failure(cur, job, measurement.error or "the runner failed without a reason",
                                      attempts, FAILED, mjson)
@@ -268,7 +287,7 @@ class ResultsStore:
         answered, if anything (kept, never counted as a result)."""
         if status not in (FAILED, INTERRUPTED):
             raise ValueError(f"status must be {FAILED!r} or {INTERRUPTED!r}, not {status!r}")
-        mjson = json.dumps(measurement.to_dict()) if measurement is not None else None
+        mjson = _measurement_json(measurement) if measurement is not None else None
         self._transaction(lambda cur: self._insert_failure(cur, job, reason, attempts, status, mjson))
 
     @staticmethod
@@ -300,6 +319,33 @@ class ResultsStore:
         return [{"device": d, "kind": k, "detail": json.loads(v), "recorded_at": t} for d, k, v, t in rows
                 if (device is None or d == device) and (kind is None or k == kind)]
 
+    def profiles(self) -> pd.DataFrame:
+        """Per profiled job: its keys, whether the runtime gave per-operator events, the profiler or why not,
+        and the delegates reported as one block (a JSON list)."""
+        cols = [*_JOB_COLUMNS, "available", "profiler", "reason", "blocks"]
+        rows = self._read(f"SELECT {', '.join('m.' + c for c in _JOB_COLUMNS)}, p.available, p.profiler, p.reason, "
+                          "p.blocks FROM profiles p JOIN measurements m ON m.job_id = p.job_id ORDER BY m.rowid")
+        df = pd.DataFrame(rows, columns=cols)
+        df["available"] = df["available"].astype(bool)
+        return df
+
+    def profiled_runs(self) -> pd.DataFrame:
+        """One row per profiled run: job keys, run index, end-to-end ms, the runtime's own time for it (us)."""
+        cols = [*_JOB_COLUMNS, "run", "end_to_end_ms", "total_us"]
+        rows = self._read(f"SELECT {', '.join('m.' + c for c in _JOB_COLUMNS)}, r.run, r.end_to_end_ms, "
+                          "r.total_us FROM profiled_runs r JOIN measurements m ON m.job_id = r.job_id "
+                          "ORDER BY m.rowid, r.run")
+        return pd.DataFrame(rows, columns=cols)
+
+    def operator_samples(self) -> pd.DataFrame:
+        """Every operator event of every profiled run: job keys, run, position in the run, name, op type,
+        microseconds, provider."""
+        cols = [*_JOB_COLUMNS, "run", "seq", "name", "op_type", "us", "provider"]
+        rows = self._read(f"SELECT {', '.join('m.' + c for c in _JOB_COLUMNS)}, o.run, o.seq, o.name, o.op_type, "
+                          "o.us, o.provider FROM operator_samples o JOIN measurements m ON m.job_id = o.job_id "
+                          "ORDER BY m.rowid, o.run, o.seq")
+        return pd.DataFrame(rows, columns=cols)
+
     def measurements(self) -> list[tuple["Job", Measurement]]:
         """Every job's current row (measured or failed), in the order they were written."""
         return self._jobs_and_measurements("measurements")
@@ -329,7 +375,7 @@ class ResultsStore:
             rec.update(attempts=attempts, recorded_at=recorded_at)
             rec.update(dict(zip(_ARTIFACT_COLUMNS, art)))
             for f in dataclasses.fields(Measurement):
-                if f.name in ("device", "artifact", "format", "variant", "threads"):
+                if f.name in _NOT_COLUMNS:
                     continue
                 value = m.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
                 if f.name in ("state_before", "state_after"):
@@ -342,7 +388,7 @@ class ResultsStore:
             records.append(rec)
         columns = [*_JOB_COLUMNS, "attempts", "recorded_at", *_ARTIFACT_COLUMNS,
                    *[f.name for f in dataclasses.fields(Measurement)
-                     if f.name not in ("device", "artifact", "format", "variant", "threads")],
+                     if f.name not in _NOT_COLUMNS],
                    "throttled", "model_bytes"]
         df = pd.DataFrame.from_records(records, columns=columns)
         for col in ("params_dense", "params_compacted", "flops_dense", "flops_compacted", "model_bytes"):
@@ -364,6 +410,30 @@ class ResultsStore:
         with atomic_path(path) as tmp:
             df.to_csv(tmp, index=False)
         return path
+
+
+def _measurement_json(measurement: Measurement) -> str:
+    """The measurement as stored: its profile without the runs (they go to their own tables)."""
+    d = measurement.to_dict()
+    d["profile"] = {k: v for k, v in (d.get("profile") or {}).items() if k != "runs"}
+    return json.dumps(d)
+
+
+def _insert_profile(cur: sqlite3.Cursor, job_id: str, profile: Mapping[str, Any]) -> None:
+    """The profile's status, runs and operator samples of a job, replacing what an earlier (failed) row left."""
+    for table in ("profiles", "profiled_runs", "operator_samples"):
+        cur.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+    if not profile:
+        return
+    cur.execute("INSERT INTO profiles VALUES (?,?,?,?,?)",
+                (job_id, int(bool(profile.get("available"))), profile.get("profiler"), profile.get("reason"),
+                 json.dumps(list(profile.get("blocks") or []))))
+    runs = list(profile.get("runs") or [])
+    cur.executemany("INSERT INTO profiled_runs VALUES (?,?,?,?)",
+                    [(job_id, i, r.get("end_to_end_ms"), r.get("total_us")) for i, r in enumerate(runs)])
+    cur.executemany("INSERT INTO operator_samples VALUES (?,?,?,?,?,?,?)",
+                    [(job_id, i, k, str(op[0]), str(op[1]), float(op[2]), op[3] if len(op) > 3 else None)
+                     for i, r in enumerate(runs) for k, op in enumerate(r.get("ops") or [])])
 
 
 def _file_bytes(manifest: str | None, fmt: str, variant: str) -> int | None:

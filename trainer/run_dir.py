@@ -103,6 +103,41 @@ def run_lock(path: Path, wait_s: float = 0.0) -> Iterator[Path]:
         yield path
 
 
+def _file_bytes(tensors: Iterable[torch.Tensor], bits: bool = False) -> int:
+    """Bytes a safetensors file of these tensors holds: float32 values, or packed bits (a mask), plus headers."""
+    body = sum((t.numel() + 7) // 8 if bits else t.numel() * 4 for t in tensors)
+    return body + 1024  # the JSON header: names, shapes, offsets, metadata
+
+
+def check_room(path: Path, shared: dict[str, torch.Tensor], one_client: ClientState, n_clients: int,
+               history_rows: int) -> None:
+    """Refuse, before any training, a run that will not fit on ``path``'s disk.
+
+    The new run is assembled beside the old one (which stays until the rename), so it needs its whole size free:
+    the shared model, ``n_clients`` client files the size of ``one_client``'s, and the history (at most 32 bytes a
+    row before compression), each file rounded up to the file system's block. A rough upper estimate: a run that
+    passes may still meet a disk filled meanwhile, which :func:`write_run` reports in one line.
+    """
+    import os
+    import shutil
+
+    root = path.parent
+    while not root.exists():  # runs/ itself may not exist yet
+        root = root.parent
+    block = max(os.statvfs(root).f_frsize, 1)
+
+    def on_disk(n: int) -> int:
+        return -(-n // block) * block
+
+    client = on_disk(_file_bytes(one_client.masks.values(), bits=True) + _file_bytes(one_client.params.values()))
+    need = (on_disk(_file_bytes(shared.values())) + n_clients * client + on_disk(32 * history_rows)
+            + 4 * on_disk(16 << 10) + 2 * block)  # config, summary, the directories
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise EdgemaskError(f"{path}: the run needs about {need >> 10} KiB and {root} has {free >> 10} KiB free; "
+                            f"free some space or train into another --workspace (checked before training)")
+
+
 def write_run(path: Path, config: TrainConfig, model_state: dict[str, torch.Tensor],
               clients: dict[str, ClientState], history: Iterable[dict[str, Any]], summary: dict[str, Any]) -> Path:
     """Write a complete run directory. It is assembled under a temporary name unique to this process and renamed

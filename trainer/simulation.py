@@ -20,7 +20,7 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
 from trainer.records import LocalResult, LocalTask, LocalTrainer
-from trainer.run_dir import run_lock, write_run
+from trainer.run_dir import check_room, run_lock, write_run
 from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
@@ -69,10 +69,12 @@ def build_algorithm(cfg: TrainConfig) -> Algorithm:
 
 
 def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None,
-             train_phase: PhaseTrainer | None = None) -> SimulationResult:
+             train_phase: PhaseTrainer | None = None,
+             ready: Callable[[Algorithm], None] | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
     ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
-    trains them, batched or one after another (``training.batched``).
+    trains them, batched or one after another (``training.batched``). ``ready(algo)`` is called once the algorithm
+    is set up, before the first round (``train`` checks there that the run will fit on disk).
 
     History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
     ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks, counting what element
@@ -90,6 +92,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         warnings.warn(f"training.device {asked!r}: this torch ({torch.__version__}) sees no CUDA device, so the "
                       f"clients train and evaluate on the CPU", RuntimeWarning, stacklevel=2)
     algo = build_algorithm(cfg)
+    if ready is not None:
+        ready(algo)
     ds = algo.dataset
     schedule = sampling_schedule(algo.client_ids, cfg.training.rounds, cfg.training.participation, cfg.run.seed)
     example = ds.clients[0].train_x[:1]
@@ -312,5 +316,12 @@ def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
     """Simulate and write ``runs_root/<run-id>/``, holding the run's lock from before the first round (a second
     training of the run id leaves at once, and an unwritable ``runs/`` is found before the work)."""
     path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
+
+    def fits(algo: Algorithm) -> None:  # the run's size is known once the model is built: refuse before round 1
+        cids = list(algo.client_ids)
+        per_round = max(1, round(cfg.training.participation * len(cids)))
+        rows = cfg.training.rounds * (per_round * 12 + 2 * len(cids) + 4)  # ~12 metrics a trained client
+        check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), rows)
+
     with run_lock(path):
-        return simulate(cfg, progress).write(path)
+        return simulate(cfg, progress, ready=fits).write(path)

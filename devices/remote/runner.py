@@ -456,16 +456,22 @@ class OnnxRuntime(object):
     def version(self):
         return "onnxruntime " + self.ort.__version__
 
-    def load(self, path, threads):
+    def load(self, path, threads, profile_dir=None):
         opts = self.ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
+        if profile_dir is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = os.path.join(profile_dir, "onnxruntime_profile")
         self.sess = self.ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
         self.input_name = self.sess.get_inputs()[0].name
 
     def run(self, x):
         return self.sess.run(None, {self.input_name: x})[0]
+
+    def collect_profile(self, warmup, end_to_end_ms, profile_dir):
+        return onnxruntime_profile(self.sess.end_profiling(), warmup, end_to_end_ms)
 
 
 class ExecuTorchRuntime(object):
@@ -492,18 +498,27 @@ class ExecuTorchRuntime(object):
             __version__ = "unknown"
         return "executorch " + __version__
 
-    def load(self, path, threads):
+    def load(self, path, threads, profile_dir=None):
         try:
             from executorch.extension.pybindings import portable_lib
             portable_lib._unsafe_reset_threadpool(threads)
         except (ImportError, AttributeError):
             pass
-        self.program = self.et.load_program(path)
+        if profile_dir is None:
+            self.program = self.et.load_program(path)
+        else:
+            try:
+                self.program = self.et.load_program(path, enable_etdump=True, debug_buffer_size=ETDUMP_DEBUG_BYTES)
+            except TypeError:
+                raise ProfilerMissing("this executorch.runtime has no enable_etdump (ExecuTorch < 0.7)")
         self.method = self.program.load_method("forward")
 
     def run(self, x):
         out = self.method.execute([self.torch.from_numpy(x)])[0]
         return out.numpy()
+
+    def collect_profile(self, warmup, end_to_end_ms, profile_dir):
+        return executorch_profile(self.program, warmup, end_to_end_ms, profile_dir)
 
 
 class TfliteRuntime(object):
@@ -530,7 +545,9 @@ class TfliteRuntime(object):
     def version(self):
         return "%s %s" % (self.mod.__name__, getattr(self.mod, "__version__", "unknown"))
 
-    def load(self, path, threads):
+    def load(self, path, threads, profile_dir=None):
+        if profile_dir is not None:
+            raise ProfilerMissing(TFLITE_NO_PROFILER)
         self.interp = self.Interpreter(model_path=path, num_threads=threads)
         self.interp.allocate_tensors()
         self.inp = self.interp.get_input_details()[0]["index"]
@@ -770,6 +787,108 @@ def jetson_clocks(action, state_file):
 
 
 # ------------------------------------------------------------------------------------------------
+# Per-operator profiling: profiled runs, separate from the timed ones (a profiler inflates latency).
+# profile_runs(...) -> {"available": bool, "profiler", "reason" (when not available), "runs": [{"end_to_end_ms",
+# "total_us" (the runtime's own time for the run), "ops": [[name, op type, microseconds, provider], ...]}],
+# "blocks" (delegates that report as one block), "etdump" (ExecuTorch: its file)}.
+# ------------------------------------------------------------------------------------------------
+
+ETDUMP_DEBUG_BYTES = 10 * 1000 * 1000
+ORT_KERNEL_SUFFIX = "_kernel_time"
+TFLITE_NO_PROFILER = ("the TFLite Python interpreter exposes no per-operator profiler (its op profiling is only "
+                      "in the benchmark_model binary: --enable_op_profiling=true)")
+ETDUMP_MISSING = ("this ExecuTorch runtime wrote no ETDump: it was built without its event tracer "
+                  "(EXECUTORCH_ENABLE_EVENT_TRACER=OFF, as in the pip wheels); rebuild with it ON to profile layers")
+
+
+class ProfilerMissing(Exception):
+    """The runtime offers no per-operator profiler here; the message says why."""
+
+
+def group_onnxruntime_runs(events):
+    """onnxruntime's profile (Chrome trace events) -> one entry per ``model_run``, in order:
+    {"total_us": the run's duration, "ops": [[node name, op type, duration us, provider], ...]}.
+
+    Node events ("cat": "Node", name "<node>_kernel_time") belong to the model_run whose [ts, ts + dur] holds them;
+    the node name is given without the suffix."""
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])
+    out = [{"total_us": float(r["dur"]), "ops": []} for r in runs]
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") != "Node" or not name.endswith(ORT_KERNEL_SUFFIX):
+            continue
+        args = e.get("args") or {}
+        for r, entry in zip(runs, out):
+            if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]:
+                entry["ops"].append([name[:-len(ORT_KERNEL_SUFFIX)], args.get("op_name", "?"), float(e["dur"]),
+                                     args.get("provider", "?")])
+                break
+    return out
+
+
+def onnxruntime_profile(trace_path, warmup, end_to_end_ms):
+    """Read (then delete) onnxruntime's trace; drop the warm-up runs; pair each run with its end-to-end time."""
+    with open(trace_path) as f:
+        events = json.load(f)
+    os.remove(trace_path)
+    runs = group_onnxruntime_runs(events)[warmup:]
+    if len(runs) != len(end_to_end_ms):
+        raise ProfilerMissing("onnxruntime's trace has %d model runs after the warm-up, %d were made"
+                              % (len(runs), len(end_to_end_ms)))
+    for r, ms in zip(runs, end_to_end_ms):
+        r["end_to_end_ms"] = ms
+    providers = sorted(set(op[3] for r in runs for op in r["ops"]) - set(["CPUExecutionProvider"]))
+    blocks = ["%s: its nodes are one block each in onnxruntime's trace" % p for p in providers]
+    return {"available": True, "profiler": "onnxruntime enable_profiling", "runs": runs, "blocks": blocks}
+
+
+def executorch_profile(program, warmup, end_to_end_ms, profile_dir):
+    """Write the ETDump (warm-up and profiled runs) into profile_dir; its events are read on the host by the
+    Inspector with the artifact's ETRecord. No ETDump (a runtime built without the event tracer): not available."""
+    path = os.path.join(profile_dir, "model.etdp")
+    program.write_etdump_result_to_file(path, os.path.join(profile_dir, "model.debug.bin"))
+    runs = [{"end_to_end_ms": ms, "ops": []} for ms in end_to_end_ms]
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return {"available": False, "reason": ETDUMP_MISSING, "runs": runs, "blocks": []}
+    return {"available": True, "profiler": "executorch etdump", "etdump": path, "warmup_runs": warmup,
+            "runs": runs, "blocks": ["XNNPACK: without its per-op profiling build, a delegate call is one event"]}
+
+
+def profile_runs(fmt, model, batches, threads, warmup, runs, profile_dir=None):
+    """Load ``model`` with its runtime's profiler on, run ``warmup`` then ``runs`` batches (cycling), and collect
+    the per-operator events. Files go to ``profile_dir`` (a temporary directory, removed, when None)."""
+    import tempfile
+
+    rt = RUNTIMES[fmt]()
+    own = profile_dir is None
+    where = tempfile.mkdtemp(prefix="edgemask-profile-") if own else profile_dir
+    try:
+        try:
+            rt.load(model, threads, profile_dir=where)
+        except ProfilerMissing as e:
+            return {"available": False, "reason": str(e), "runs": [], "blocks": []}
+        for k in range(warmup):
+            rt.run(batches[k % len(batches)])
+        e2e = []
+        for k in range(runs):
+            t0 = time.perf_counter()
+            rt.run(batches[k % len(batches)])
+            e2e.append(_ms(t0, time.perf_counter()))
+        try:
+            res = rt.collect_profile(warmup, e2e, where)
+            if own and res.get("etdump"):
+                res["etdump"] = None  # written into the temporary directory: pass --profile-dir to keep it
+            return res
+        except ProfilerMissing as e:
+            return {"available": False, "reason": str(e), "runs": [{"end_to_end_ms": ms, "ops": []} for ms in e2e],
+                    "blocks": []}
+    finally:
+        if own:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------
 # The benchmark
 # ------------------------------------------------------------------------------------------------
 
@@ -891,6 +1010,15 @@ def benchmark(args):
         result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
                        "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
     result["state_after"] = device_state()
+    if args.profile_runs > 0:  # after the timed window: profiling never touches the end-to-end figures
+        try:
+            result["profile"] = profile_runs(args.format, args.model, batches, args.threads, args.profile_warmup,
+                                             args.profile_runs, args.profile_dir)
+        except (OSError, RuntimeError, ValueError) as e:  # the timed result stands; the profile says what broke
+            traceback.print_exc(file=sys.stderr)
+            result["profile"] = {"available": False, "runs": [], "blocks": [],
+                                 "reason": "the profiled runs failed: %s: %s" % (type(e).__name__,
+                                                                                 " ".join(str(e).split())[:300])}
     return result
 
 
@@ -949,6 +1077,9 @@ def build_parser():
     p.add_argument("--set-governors", metavar="JSON", help='{"*": "performance"} or {"cpu0": "ondemand", ...}')
     p.add_argument("--jetson-clocks", choices=("store", "apply", "restore"))
     p.add_argument("--state-file", help="jetson_clocks --store/--restore file")
+    p.add_argument("--profile-runs", type=int, default=0, help="per-operator profiled runs after the timed ones")
+    p.add_argument("--profile-warmup", type=int, default=5)
+    p.add_argument("--profile-dir", help="keep the profiler's files (ETDump) here; default: a removed temp dir")
     return p
 
 

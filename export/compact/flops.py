@@ -12,23 +12,32 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def count_flops(model: nn.Module, example: tuple[torch.Tensor, ...]) -> int:
-    """Forward FLOPs of one sample (``example`` has batch 1): 2 × the MACs of every conv, linear and LSTM.
+def layer_flops(model: nn.Module, example: tuple[torch.Tensor, ...]) -> dict[str, int]:
+    """Module path -> forward FLOPs of one sample (``example`` has batch 1): 2 × the MACs of each conv, linear and
+    LSTM leaf (the handler's term), summed over its calls."""
+    flops: dict[str, int] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        h = handler_for(mod)
+        if h is None or list(mod.children()):
+            continue
 
-    Element-wise ops, pooling and normalization are not counted (as in the papers' FLOP figures)."""
-    total = 0
+        def hook(m, inputs, output, name=name, h=h):
+            out = output[0] if isinstance(output, tuple) else output
+            flops[name] = flops.get(name, 0) + 2 * h.macs(m, inputs, out)
 
-    def hook(mod, inputs, output):
-        nonlocal total
-        out = output[0] if isinstance(output, tuple) else output
-        total += handler_for(mod).macs(mod, inputs, out)
-
-    hooks = [m.register_forward_hook(hook) for m in model.modules()
-             if not list(m.children()) and handler_for(m) is not None]
+        hooks.append(mod.register_forward_hook(hook))
     try:
         with torch.no_grad():
             model(*example)
     finally:
-        for h in hooks:
-            h.remove()
-    return 2 * total
+        for hk in hooks:
+            hk.remove()
+    return flops
+
+
+def count_flops(model: nn.Module, example: tuple[torch.Tensor, ...]) -> int:
+    """Forward FLOPs of one sample (``example`` has batch 1): 2 × the MACs of every conv, linear and LSTM.
+
+    Element-wise ops, pooling and normalization are not counted (as in the papers' FLOP figures)."""
+    return sum(layer_flops(model, example).values())

@@ -17,7 +17,7 @@ MODEL_CASES = {
     "har_mlp": ((561,), 6, {"hidden": (32, 16)}),
     "char_lstm": ((80,), 80, {"hidden": 16, "fc": (16, 12)}),
     "fedpews_mlp": ((5,), 4, {}),
-    "fedpews_cnn": ((1, 28, 28), 10, {"widths": (8, 8, 8), "hidden": 16}),
+    "fedpews_cnn": ((1, 28, 28), 10, {"widths": (8, 8, 8)}),
     "tiny_mobilenet": ((3, 16, 16), 10, {}),
 }
 
