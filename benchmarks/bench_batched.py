@@ -73,7 +73,7 @@ class OurLoop:
         self.algo.aggregate(rnd, self.algo.client_updates(rnd, results))  # as simulate() does
         t_round = time.perf_counter() - t
         # read after the aggregate, untimed: reading a result first would make the aggregate read every client's
-        # tensors one by one (trainer.algorithms.base.StackedRows), as no round of simulate() does
+        # tensors one by one (trainer.batched_rows.StackedRows), as no round of simulate() does
         return t_train, t_round, dict(results[0][1].trained)
 
 

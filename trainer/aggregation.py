@@ -1,10 +1,15 @@
-"""Server-side aggregation math as plain functions over tensors (each tested against hand-computed values)."""
+"""Server-side aggregation math as plain functions over tensors (each tested against hand-computed values),
+written once for the algorithms that share it."""
 
 from __future__ import annotations
 
+import functools
 from operator import attrgetter
 
+import numpy as np
 import torch
+
+from trainer.sampling import step_plan
 
 
 STACK_ELEMENTS = 1 << 24  # clients' tensors stacked at once by weighted_average (64 MiB of float32)
@@ -91,3 +96,26 @@ def personalization_preserving(previous: torch.Tensor, masks: list[torch.Tensor]
     count = keep.sum(0)  # (*shape) how many uploads keep each element
     kept = count > 0
     return torch.where(kept, vals.sum(0) / count.clamp(min=1), previous), kept
+
+
+def mask_weighted_average(global_value: torch.Tensor, values: list[torch.Tensor], masks: list[torch.Tensor]
+                          ) -> torch.Tensor:
+    """w_g = Σ_n k_n ⊙ w_n, (k_n)_l = (m_n)_l / Σ_n' (m_n')_l; elements with Σ m = 0 keep ``global_value``."""
+    den = sum(m.float() for m in masks)
+    num = sum(v.float() * m for v, m in zip(values, masks))
+    return torch.where(den > 0, num / den.clamp(min=1e-12), global_value)
+
+
+@functools.lru_cache(maxsize=4096)
+def local_steps(num_train: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
+    """τ: how many optimizer steps the local-training loop takes on ``num_train`` samples (its own plan; asked
+    for every client every round, so remembered)."""
+    return len(step_plan([np.arange(num_train)], epochs, max_steps, batch_size))
+
+
+def momentum_norm(tau: int, rho: float) -> float:
+    """‖a‖₁ of τ steps of SGD with momentum ρ: Σ_{j=1..τ} (1 − ρ^j)/(1 − ρ) = [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ);
+    τ when ρ = 0."""
+    if rho == 0.0:
+        return float(tau)
+    return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)

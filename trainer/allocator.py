@@ -6,9 +6,8 @@ and hands free memory at the heap's top back to the OS above its trim threshold;
 adapt (the trim threshold to twice the largest block freed so far). The batched loop allocates and frees
 megabytes of stacked parameters, gradients and activations each step, more at once than the adapted trim
 threshold, so the heap shrinks after a step and grows again in the next. Every regrown page is a page fault,
-and the kernel zeroes it. Measured on the MLP workload of ``benchmarks/bench_batched.py``: the update that
-writes the clients' 3.3 MB of first-layer weights took 0.8-3.7 ms instead of 0.18 ms in reused memory, and the
-batched round ran about 1.4× slower for it.
+and the kernel zeroes it: on the MLP workload of ``benchmarks/bench_batched.py`` the update that writes the
+clients' first-layer weights spends most of its time in those faults, a large share of the batched round.
 
 :func:`tune_host_allocator` sets glibc's ``M_MMAP_THRESHOLD`` to its largest value (32 MiB) and
 ``M_TRIM_THRESHOLD`` to 256 MiB, so freed blocks are reused rather than returned and faulted in again, as

@@ -1,7 +1,7 @@
 """Train a round's clients together: the batched form of :func:`trainer.local_training.local_train`.
 
-Clients whose :class:`LocalTask` s are compatible (same forward and regularizer code over the same shared
-closure, same tensor names, shapes and dtypes) are stacked along a leading client dimension C and trained as one
+Clients whose :class:`LocalTask` s are compatible (equal functions, the same tensor names, shapes and dtypes:
+:func:`task_signature`) are stacked along a leading client dimension C and trained as one
 computation:
 
 * ``trainable`` / ``constants`` / ``buffers`` / ``grad_keep``: ``(C, *shape)`` — per-client state, one op per
@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import math
 import operator
-import types
 import warnings
 from itertools import repeat
-from typing import Any, Callable, Hashable
+from typing import Callable, Hashable
 
 import numpy as np
 import torch
@@ -47,16 +46,19 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import EvalModel, LocalResult, LocalTask, Row, StackedRows
 from trainer.batched_ops import BatchedLayers, vmap_clients
-from trainer.local_training import cross_entropy, draw_noise, evaluate, local_train, noise_generator, step_plan
+from trainer.batched_rows import Row, StackedRows
+from trainer.local_training import draw_noise, evaluate, local_train, noise_generator
+from trainer.losses import cross_entropy
+from trainer.records import EvalModel, LocalResult, LocalTask
+from trainer.sampling import step_plan
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
 PADDED_CACHE_BYTES = 256 << 20  # padded client data kept between rounds (see _padded_data), at most
 EVAL_SAMPLES_PER_CALL = 4096  # clients × test samples in one vmapped evaluation call, at most
 EVAL_MEMORY_BUDGET = 256 << 20  # bytes of stacked per-client tensors per evaluation chunk
-_PROBED: dict[Hashable, tuple[tuple[int, bool] | str, tuple]] = {}  # signature -> (probe result, its functions)
+_PROBED: dict[Hashable, tuple[int, bool] | str] = {}  # (task signature, batch size, device) -> probe result
 _PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, bytes): see _padded_data
 
 
@@ -96,10 +98,8 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
         if key not in _PROBED:  # once per kind of task: the rounds of one run share it
             if len(_PROBED) >= 16:
                 _PROBED.clear()
-            t = tasks[first]
-            # the entry holds the functions, so the objects whose ids are in the key outlive it
-            _PROBED[key] = (_probe(t, data[first], batch_size, dev), (t.forward, t.regularizer, t.loss, t.project))
-        probe = _PROBED[key][0]
+            _PROBED[key] = _probe(tasks[first], data[first], batch_size, dev)  # the key holds the functions
+        probe = _PROBED[key]
         if isinstance(probe, str):
             warnings.warn(f"batched training falls back to the sequential loop for {len(group)} client(s): {probe}",
                           RuntimeWarning, stacklevel=2)
@@ -147,14 +147,13 @@ def compatible_groups(tasks: list[LocalTask]) -> list[list[int]]:
 
 
 def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -> Hashable:
-    """Two tasks with equal signatures compute the same function of their (stacked) tensors: same forward and
-    regularizer code over the same captured objects, same tensor names, shapes and dtypes. ``memo`` keeps the
-    specs of dicts of the very same tensors (by identity) and the keys of the very same functions while they are
-    alive, e.g. one grouping call."""
-    return (_fn_signature(task.forward, memo), _fn_signature(task.regularizer, memo), _fn_signature(task.loss, memo),
-            _fn_signature(task.project, memo), task.batches_per_step, tuple(task.noise.items()),
-            _spec(task.trainable, memo), _spec(task.constants, memo), _spec(task.buffers, memo),
-            _spec(task.grad_keep, memo))
+    """Two tasks with equal signatures compute the same function of their (stacked) tensors: equal functions
+    (:class:`~trainer.records.LocalTask`: the same function object, bound methods of the same object, or equal
+    values such as :class:`~trainer.losses.Proximal`), the same tensor names, shapes and dtypes. ``memo`` keeps the
+    specs of dicts of the very same tensors (by identity) while it is alive, e.g. one grouping call."""
+    return (task.forward, task.regularizer, task.loss, task.project, task.batches_per_step,
+            tuple(task.noise.items()), _spec(task.trainable, memo), _spec(task.constants, memo),
+            _spec(task.buffers, memo), _spec(task.grad_keep, memo))
 
 
 def _spec(d: dict[str, torch.Tensor], memo: dict[Hashable, tuple] | None) -> tuple:
@@ -168,52 +167,6 @@ def _spec(d: dict[str, torch.Tensor], memo: dict[Hashable, tuple] | None) -> tup
     if out is None:
         out = memo[key] = tuple([(k, v.shape, v.dtype) for k, v in d.items()])
     return out
-
-
-def _fn_signature(f: Callable | None, memo: dict[Hashable, tuple] | None) -> Hashable:
-    """:func:`_fn_key`, computed once per function object shared by many tasks."""
-    if f is None or memo is None or type(f) is types.MethodType:  # a bound method is a new object each time
-        return _fn_key(f)
-    key = ("fn", id(f))
-    out = memo.get(key)
-    if out is None:
-        out = memo[key] = (_fn_key(f), f)  # the entry holds f, so its id stays its own
-    return out[0]
-
-
-def _fn_key(fn: Callable | None) -> Hashable:
-    if fn is None:
-        return None
-    if type(fn) is types.MethodType:
-        return ("method", fn.__func__, id(fn.__self__))
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return ("object", id(fn))
-    cells = fn.__closure__
-    return ("function", code, tuple([_cell_key(c) for c in cells]) if cells else (), _value_key(fn.__defaults__))
-
-
-def _cell_key(cell: types.CellType) -> Hashable:
-    try:
-        return _value_key(cell.cell_contents)
-    except ValueError:  # an empty cell
-        return ("empty",)
-
-
-_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
-
-
-def _value_key(v: Any) -> Hashable:
-    """Scalars, strings and tuples/lists of them by value (a closure's list of layer names is rebuilt for every
-    task); functions by their own key; anything else (a model, a tensor, a dict) by identity."""
-    t = type(v)
-    if t in _SCALARS:
-        return ("value", v)
-    if (t is list or t is tuple) and all(type(x) in _SCALARS for x in v):
-        return ("value", t.__name__, tuple(v))
-    if t is types.FunctionType or t is types.MethodType:
-        return _fn_key(v)
-    return ("id", id(v))
 
 
 # -- probe and memory --------------------------------------------------------------------------------------
@@ -604,12 +557,12 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
 
 
 def eval_groups(models: list[EvalModel]) -> list[list[int]]:
-    """Indices of ``models`` that can be stacked together: the same function, the same tensor names, shapes and
-    dtypes; groups in order of first appearance."""
+    """Indices of ``models`` that can be stacked together: equal functions (as for tasks), the same tensor names,
+    shapes and dtypes; groups in order of first appearance."""
     groups: dict[Hashable, list[int]] = {}
     memo: dict[Hashable, tuple] = {}
     for i, m in enumerate(models):
-        groups.setdefault((_fn_signature(m.forward, memo), _spec(m.params, memo), _spec(m.buffers, memo)),
+        groups.setdefault((m.forward, _spec(m.params, memo), _spec(m.buffers, memo)),
                           []).append(i)
     return list(groups.values())
 

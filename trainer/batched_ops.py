@@ -11,19 +11,19 @@ for the layers that would copy, so the batched loop computes what it computed be
   ``(N, C, O, ...)`` (a view of ``(N, C·O, ...)``);
 * ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` on an input whose client dimension sits just before
   its channels: the pooling of ``(N, C·ch, H, W)``, a view in and a view out (max-pooling on the CPU finds the
-  maxima with the channels-last kernel and gathers them, 2.4× faster for the CNN's many small planes:
+  maxima with the channels-last kernel and gathers them, which vectorizes over the CNN's many small planes:
   :func:`_max_pool2d`).
 * ``linear`` with per-client weights ``(C, O, I)``: ``yᵀ = W xᵀ + b`` as one batched matmul, bias folded in.
   PyTorch's rule (like a hand-written ``x Wᵀ``) returns the weight's gradient transposed, ``(C, I, O)`` in
-  memory, and the optimizer's ``p -= lr·g`` over a transposed ``g`` runs element by element, ~8× slower than
-  over a contiguous one: for an MLP that was the largest single cost of a step after the matmuls.
+  memory, and the optimizer's ``p -= lr·g`` over a transposed ``g`` runs element by element instead of
+  vectorized: for an MLP the largest single cost of a step after the matmuls.
 
 Each rule is one entry of :data:`BATCHED_OPS`. A rule applies only under a single ``vmap`` level (the batched
 loop's; not under ``torch.func.grad`` inside it, e.g. Per-FedAvg's inner step) and returns ``NotImplemented``
 where it does not fit, so PyTorch's own rule runs. A rule unwraps the batched tensors (the physical tensor and
 where its client dimension is), runs plain ops on them and wraps the result: autograd records those ops, as in
 the hand-written loop. (``torch.autograd.Function``'s ``vmap`` staticmethod does the same, but its Python
-machinery cost ~0.7 ms a call, more than the copies saved on small models.) :class:`BatchedLayers` is the mode
+machinery costs more per call than the copies save on small models.) :class:`BatchedLayers` is the mode
 that routes the calls; the batched loop enters it around its forward.
 """
 
@@ -46,14 +46,14 @@ def vmap_clients(fn: Callable, mode: TorchFunctionMode | None = None) -> Callabl
     """``torch.func.vmap(fn)`` for the batched loop's calls, whose every tensor argument (alone, or in dicts,
     tuples and lists, nested) is stacked along its first dimension, the clients', as every output is.
     ``mode`` (:class:`BatchedLayers`) is entered around ``fn`` alone, inside ``vmap``: the wrapping and
-    unwrapping of the arguments and outputs (their ``dim()``, ``shape``) then do not pay its dispatch, ~5 µs
-    an attribute, more than the rules save on a small model's forward.
+    unwrapping of the arguments and outputs (their ``dim()``, ``shape``) then do not pay its dispatch on every
+    attribute, which would cost more than the rules save on a small model's forward.
 
     The same transform (one ``vmap`` level over the C clients, randomness ``"error"``, each tensor wrapped as a
     batched tensor at dimension 0 and each output unwrapped to dimension 0, an output that does not depend on
     the clients broadcast), without ``torch.func.vmap``'s per-call generality: its pytree flattening of the
-    arguments and ``in_dims``, and its wrappers' checks for tracing, took ~0.15 ms of Python a call, about a
-    tenth of a 100-client MLP step's forward. Arguments whose tensors disagree on C (or hold none) raise
+    arguments and ``in_dims``, and its wrappers' checks for tracing, are Python work on every call, a visible
+    part of a small model's step. Arguments whose tensors disagree on C (or hold none) raise
     ``ValueError``, as ``vmap`` does."""
     lazy_load_decompositions()  # what vmap does on every call (its batching rules written in Python): once
 
@@ -207,14 +207,12 @@ MAX_POOL_GATHER_ELEMENTS = 8 << 20
 
 def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max-pooling of the folded ``(N, C·ch, H, W)``. On the CPU, PyTorch's kernel for this layout runs plane by
-    plane, slow for the many small planes of stacked clients (16 × 1600 planes of 8 × 8: 6.2 ms), while its
-    channels-last kernel vectorizes across the channels (0.3 ms, 2.6 ms with the layout changes and indices).
-    So the window maxima are found there, as indices, without a graph, and the output is gathered from ``x`` at
+    plane, slow for the many small planes of stacked clients, while its channels-last kernel vectorizes across
+    the channels, layout changes and indices included. So the window maxima are found there, as indices, without a graph, and the output is gathered from ``x`` at
     them: the same values, and, as ``gather``'s gradient scatters each output's gradient onto its index, the
     same gradient as ``max_pool2d``'s (whose backward scatters onto the same indices; both kernels keep the first
-    maximum of a window). Measured fwd+bwd, 2 threads: 1.3-1.8× faster for inputs up to 6.5 M elements, 0.76×
-    for 21 M (32 × 640 planes of 32 × 32), hence :data:`MAX_POOL_GATHER_ELEMENTS`; elsewhere, and on other
-    devices, ``max_pool2d`` itself."""
+    maximum of a window). The gather pays off for small inputs only (the figures are in the commit that added
+    it), hence :data:`MAX_POOL_GATHER_ELEMENTS`; above it, and on other devices, ``max_pool2d`` itself."""
     if return_indices:  # indices into the folded planes: PyTorch's rule
         return NotImplemented
     # torch.max_pool2d's stride=[] means "the kernel size", as F.max_pool2d's None

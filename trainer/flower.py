@@ -3,15 +3,15 @@ deployment runs the same round loop as :func:`trainer.simulation.simulate`, with
 Flower nodes. The only module that imports ``flwr``, and only when a Flower app is built or run.
 
 The server keeps the algorithm; clients only train. The ServerApp runs :func:`~trainer.simulation.simulate`
-itself — the same seeds, ``algo.setup()``, sampling schedule, ``next_phase``, ``client_update``, ``aggregate``,
+itself — the same seeds, ``algo.setup()``, sampling schedule, ``next_phases``, ``client_updates``, ``aggregate``,
 evaluation, history and run directory — with a ``train_phase`` (:class:`FlowerTrainer`) that sends each phase's
 ``(client, task)`` pairs to the nodes holding the clients and waits for the trained tensors. What crosses the network
 is a :class:`TaskMessage`: the task's tensors (trainable, constants, buffers, grad_keep) and its other data fields
 (epochs, lr, lrs, max_steps, batches_per_step, noise, seed), plus the run's config as TOML. A task's closures
 (forward, regularizer, loss, project) never travel: the ClientApp builds the same algorithm from the same config,
 once per process (:class:`ClientSide`: a Ray actor keeps it for the whole run; a deployment's SuperNode starts a
-process per message, which builds it again), takes the closures of ``algo.local_task(cid, rnd)`` (or ``next_phase`` for a later
-phase) — closures capture only what every client shares (:class:`~trainer.algorithms.base.LocalTask`) — puts the
+process per message, which builds it again), takes the closures of ``algo.local_task(cid, rnd)`` (or ``next_phases`` for a later
+phase) — closures capture only what every client shares (:class:`~trainer.records.LocalTask`) — puts the
 received tensors in, and runs :func:`~trainer.local_training.local_train` in the batch orders the round loop uses.
 
 Nodes and clients: the node with ``partition-id`` p of ``num-partitions`` P (Flower's node config; the simulation
@@ -42,8 +42,9 @@ import torch
 
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.workspace import check_name
-from trainer.algorithms.base import Algorithm, LocalResult, LocalTask
+from trainer.algorithms.base import Algorithm
 from trainer.config import TrainConfig
+from trainer.records import LocalResult, LocalTask
 from trainer.run_dir import run_lock
 from trainer.simulation import SimulationResult, build_algorithm, simulate, train_phase_on_host
 
@@ -151,7 +152,7 @@ class ClientSide:
 
     def task(self, msg: TaskMessage) -> LocalTask:
         """The task the server built for ``msg``: this algorithm's closures for the client, round and phase (a
-        later phase's from ``next_phase`` given a stand-in result of the received tensors), the message's
+        later phase's from ``next_phases`` given a stand-in result of the received tensors), the message's
         tensors and settings."""
         algo, cid = self.algo, msg.client_id
         if cid not in self.index:
@@ -160,10 +161,10 @@ class ClientSide:
         if msg.phase > 0:
             trainable, buffers = msg.tensors["trainable"], msg.tensors["buffers"]
             stand_in = LocalResult(dict(trainable), dict(buffers), 0.0, 0, algo.client_data(cid).num_train)
-            closures = algo.next_phase(cid, msg.round, msg.phase, stand_in)
+            (closures,) = algo.next_phases(msg.round, msg.phase, [(cid, stand_in)])
             if closures is None:
-                raise EdgemaskError(f"{algo.name}: next_phase gives no task for client {cid!r}, round {msg.round}, "
-                                    f"phase {msg.phase} on this node, but the server sent one: its next_phase "
+                raise EdgemaskError(f"{algo.name}: next_phases gives no task for client {cid!r}, round {msg.round}, "
+                                    f"phase {msg.phase} on this node, but the server sent one: its next_phases "
                                     "depends on more than the config and the task's tensors")
         return msg.task(closures)
 

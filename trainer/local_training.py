@@ -2,53 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # trainer.algorithms' package imports this module (cross_entropy): no import cycle at run time
-    from trainer.algorithms.base import LocalResult, LocalTask
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """``F.cross_entropy(logits, y)`` over a batch ``(B, classes)`` written out: log-softmax, the target's entry,
-    and for ``"mean"`` the sum over the batch divided by B. Under ``vmap`` PyTorch computes exactly these ops (its
-    decomposition of ``nll_loss``, which has no batching rule: the same bits, tested), but through Python machinery
-    costing milliseconds a call, and its first call imports sympy (~0.8 s). Per sample (``"none"``) this is
-    F.cross_entropy's bits; the eager mean (a cascaded sum) can differ in the last bit, so a task's own loss uses
-    this in both loops."""
-    per_sample = -logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    if reduction == "none":
-        return per_sample
-    if reduction != "mean":
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    return per_sample.sum() / y.shape[-1]
-
-
-def step_plan(orders: list[np.ndarray], epochs: int, max_steps: int | None, batch_size: int,
-              batches_per_step: int = 1) -> np.ndarray:
-    """The client's optimizer steps as sample indices, ``(steps, batches_per_step, batch_size)``, -1 padding a
-    partial minibatch (the last of an epoch). The minibatches are the consecutive ``batch_size`` slices of each
-    epoch's order, epochs one after another; a step takes the next ``batches_per_step`` of them, a last incomplete
-    group wrapping around to the first minibatches; ``max_steps`` keeps the first steps. The one plan of both the
-    sequential and the batched loop."""
-    rows = []
-    for epoch in range(epochs):
-        order = np.asarray(orders[epoch % len(orders)], dtype=np.int64)
-        nb = -(-len(order) // batch_size)
-        padded = np.full(nb * batch_size, -1, dtype=np.int64)
-        padded[: len(order)] = order
-        rows.append(padded.reshape(nb, batch_size))
-    out = np.concatenate(rows) if rows else np.zeros((0, batch_size), dtype=np.int64)
-    k = batches_per_step
-    if k < 1:
-        raise ValueError(f"batches_per_step must be ≥ 1, got {k}")
-    steps = -(-len(out) // k)
-    out = out[np.arange(steps * k) % max(len(out), 1)] if len(out) else out
-    out = out.reshape(steps, k, batch_size)
-    return out[:max_steps] if max_steps is not None else out
+from trainer.records import LocalResult, LocalTask
+from trainer.sampling import step_plan
 
 
 def noise_generator(task: LocalTask) -> torch.Generator | None:
@@ -112,8 +71,6 @@ def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[
             with torch.no_grad():
                 for name, v in task.project(params).items():
                     params[name].copy_(v)
-    from trainer.algorithms.base import LocalResult
-
     trained = {n: v.detach() for n, v in params.items()}
     return LocalResult(trained, buffers, total / max(seen, 1), seen, int(len(y)))
 

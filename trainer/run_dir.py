@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -27,16 +26,9 @@ from edgemask.fileio import (atomic_dir, atomic_path, exclusive_lock, remove_sta
 from edgemask.workspace import check_name
 from trainer.config import TrainConfig
 from trainer.masks import pack_bits, unpack_bits
+from trainer.records import ClientState
 
 REQUIRED = ("config.toml", "model.safetensors", "summary.json")
-
-
-@dataclass
-class ClientState:
-    """What makes one client's model personal: binary masks and personal parameters (both by param name)."""
-
-    masks: dict[str, torch.Tensor] = field(default_factory=dict)
-    params: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def save_state_dict(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:

@@ -100,3 +100,27 @@ def client_seeds(seed: int, round_: int, client_indices: Sequence[int]) -> list[
 def batch_order(num_samples: int, epochs: int, seed: int, round_: int, client_index: int) -> list[np.ndarray]:
     """Per local epoch, the permutation of one client's samples (:func:`batch_orders` for one client)."""
     return batch_orders([num_samples], [epochs], seed, round_, [client_index])[0]
+
+
+def step_plan(orders: list[np.ndarray], epochs: int, max_steps: int | None, batch_size: int,
+              batches_per_step: int = 1) -> np.ndarray:
+    """The client's optimizer steps as sample indices, ``(steps, batches_per_step, batch_size)``, -1 padding a
+    partial minibatch (the last of an epoch). The minibatches are the consecutive ``batch_size`` slices of each
+    epoch's order, epochs one after another; a step takes the next ``batches_per_step`` of them, a last incomplete
+    group wrapping around to the first minibatches; ``max_steps`` keeps the first steps. The one plan of both the
+    sequential and the batched loop."""
+    rows = []
+    for epoch in range(epochs):
+        order = np.asarray(orders[epoch % len(orders)], dtype=np.int64)
+        nb = -(-len(order) // batch_size)
+        padded = np.full(nb * batch_size, -1, dtype=np.int64)
+        padded[: len(order)] = order
+        rows.append(padded.reshape(nb, batch_size))
+    out = np.concatenate(rows) if rows else np.zeros((0, batch_size), dtype=np.int64)
+    k = batches_per_step
+    if k < 1:
+        raise ValueError(f"batches_per_step must be ≥ 1, got {k}")
+    steps = -(-len(out) // k)
+    out = out[np.arange(steps * k) % max(len(out), 1)] if len(out) else out
+    out = out.reshape(steps, k, batch_size)
+    return out[:max_steps] if max_steps is not None else out

@@ -13,12 +13,13 @@ import torch
 
 from edgemask.workspace import check_name
 from trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
-from trainer.algorithms import ALGORITHMS, Algorithm, LocalResult, LocalTask
+from trainer.algorithms import ALGORITHMS, Algorithm
 from trainer.allocator import tune_host_allocator
 from trainer.batched import evaluate_many, local_train_batched, resolve_device
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
+from trainer.records import LocalResult, LocalTask, LocalTrainer
 from trainer.run_dir import check_room, run_lock, write_run
 from trainer.sampling import batch_orders, client_seeds, sampling_schedule
 
@@ -42,11 +43,25 @@ class SimulationResult:
         return write_run(run_dir, self.config, self.algorithm.shared_state(), clients, self.history, self.summary)
 
 
+def host_trainer(cfg: TrainConfig) -> LocalTrainer:
+    """The :class:`~trainer.records.LocalTrainer` an algorithm is built with: its tasks trained on this host, all
+    together (:func:`trainer.batched.local_train_batched`) with ``training.batched``, else one after another."""
+    t = cfg.training
+
+    def train(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]], orders: list[list[Any]],
+              batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> list[LocalResult]:
+        if t.batched:
+            return local_train_batched(tasks, data, orders, batch_size, momentum, weight_decay, t.device)
+        return [local_train(task, x, y, o, batch_size, momentum, weight_decay)
+                for task, (x, y), o in zip(tasks, data, orders)]
+    return train
+
+
 def build_algorithm(cfg: TrainConfig) -> Algorithm:
     """``cfg``'s dataset and algorithm, set up (``algo.setup()``) from the seeds, in training mode: the same
     instance on every host that builds it from the same config (a Flower client builds its own)."""
     ds = build_dataset(cfg.data, cfg.run.seed)
-    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds)
+    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds, host_trainer(cfg))
     torch.manual_seed(cfg.run.seed + 1)
     algo.model.train()
     algo.setup()
@@ -96,10 +111,11 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         algo.model.eval()
         accs = []
         tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
-        if cfg.training.batched and algo.evaluates_batched():  # every client's model at once
-            scores = evaluate_many(algo.eval_models(list(algo.client_ids)), tests, device=cfg.training.device)
-        else:  # one after another: the reference (or an algorithm with its own eval_forward)
-            scores = [evaluate(algo.eval_forward(cid), x, y) for cid, (x, y) in zip(algo.client_ids, tests)]
+        models = algo.eval_models(list(algo.client_ids))
+        if cfg.training.batched:  # every client's model at once
+            scores = evaluate_many(models, tests, device=cfg.training.device)
+        else:  # one after another: the reference
+            scores = [evaluate(model, x, y) for model, (x, y) in zip(models, tests)]
         for cid, (acc, loss) in zip(algo.client_ids, scores):
             record(rnd, cid, "accuracy", acc)
             record(rnd, cid, "test_loss", loss)
@@ -216,7 +232,7 @@ def train_phase_on_host(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple
 
 def train_clients(algo: Algorithm, cids: list[str], rnd: int,
                   train_phase: PhaseTrainer | None = None) -> list[tuple[str, LocalResult]]:
-    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phase``) included; the result's
+    """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phases``) included; the result's
     ``samples_seen`` sums the phases. One client after another (the reference) or, with ``training.batched`` or a
     ``train_phase``, each phase's clients together (:func:`trainer.batched.local_train_batched`, or wherever
     ``train_phase`` trains them): the same results."""
@@ -230,15 +246,13 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
         for cid in cids:
             (res,) = run([(cid, algo.local_task(cid, rnd))], 0)
             phase, seen = 1, res.samples_seen
-            while (task := algo.next_phase(cid, rnd, phase, res)) is not None:  # multi-phase local training
+            while (task := algo.next_phases(rnd, phase, [(cid, res)])[0]) is not None:  # more phases
                 (res,) = run([(cid, task)], phase)
                 phase, seen = phase + 1, seen + res.samples_seen
             res.samples_seen = seen
             out.append((cid, res))
         return out
     first = run([(cid, algo.local_task(cid, rnd)) for cid in cids], 0)
-    if type(algo).next_phase is Algorithm.next_phase:  # one phase: nothing more to ask each client
-        return list(zip(cids, first))
     results = dict(zip(cids, first))
     seen = {cid: r.samples_seen for cid, r in results.items()}
     pending, phase = list(cids), 1

@@ -10,7 +10,7 @@ import torch
 from trainer import batched_ops
 from trainer.accounting import tensor_bytes
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.base import LocalTask
+from trainer.records import LocalTask
 from trainer.algorithms.perfedavg import fo_maml_loss
 from trainer.batched import local_train_batched
 from trainer.algorithms.topk import top_k_sparsify
@@ -37,7 +37,7 @@ def one_update(algo, cid, steps=2, rnd=0):
     task.max_steps = steps
     d = algo.client_data(cid)
     res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, rnd, 0), 16, 0.9)
-    return res, algo.client_update(cid, rnd, res)
+    return res, algo.client_updates(rnd, [(cid, res)])[0]
 
 
 def make(algo_name, **kw):
@@ -85,7 +85,7 @@ UPLOADS_TOGETHER = {"topk": "values", "bnn_fedavg": "scale:fc1.weight", "scaffol
 @pytest.mark.parametrize("name", list(UPLOADS_TOGETHER))
 def test_uploads_computed_together_are_each_clients_own(name):
     # client_updates sparsifies / binarizes / updates the control variates of all clients' stacked tensors at
-    # once; client_update does one client. Two equal instances, fed the same trained results for two rounds
+    # once; a list of one client gives each alone. Two equal instances, fed the same trained results for two rounds
     # (Top-k's residuals and SCAFFOLD's c_i carry over).
     from trainer.simulation import train_clients
 
@@ -94,7 +94,7 @@ def test_uploads_computed_together_are_each_clients_own(name):
     for rnd in range(2):
         results = train_clients(together_algo, ids, rnd)  # batched: the tensors are rows of one stack
         together = together_algo.client_updates(rnd, results)
-        alone = [alone_algo.client_update(cid, rnd, res) for cid, res in results]
+        alone = [alone_algo.client_updates(rnd, [(cid, res)])[0] for cid, res in results]
         for t, a in zip(together, alone):
             assert t.client_id == a.client_id and (t.bytes_up, t.bytes_down) == (a.bytes_up, a.bytes_down)
             assert list(t.payload) == list(a.payload)

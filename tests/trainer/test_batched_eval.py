@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 
 from trainer import batched
-from trainer.algorithms import ALGORITHMS, Algorithm, EvalModel
+from trainer.algorithms import EvalModel
 from trainer.batched import evaluate_many
 from trainer.local_training import evaluate
 from trainer.models import build_model
@@ -75,21 +75,10 @@ def test_models_of_different_kinds_are_grouped_apart():
     assert [lo for _, lo in got] == pytest.approx([lo for _, lo in alone], rel=1e-5)
 
 
-def test_an_algorithm_with_its_own_eval_forward_is_evaluated_one_by_one():
-    class OwnForward(ALGORITHMS.get("fedavg")):
-        def eval_forward(self, cid):
-            return lambda x: x
-
-    assert not OwnForward.evaluates_batched(object.__new__(OwnForward))
-    for name in ALGORITHMS.names():  # every registered algorithm states its models as EvalModels
-        cls = ALGORITHMS.get(name)
-        assert cls.evaluates_batched(object.__new__(cls)), name
-    assert Algorithm.evaluates_batched(object.__new__(Algorithm))
-
-
 @pytest.mark.parametrize("model", ["mlp", "tiny_mobilenet"])
 def test_per_fedavgs_adaptation_steps_together_are_each_clients_own(model):
     # Per-FedAvg evaluates w_i = w - α ∇f(w; D_i^train): all clients' steps in one batched call, or one by one
+    from trainer.algorithms.perfedavg import adapt
     from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
     from trainer.data import DataConfig
     from trainer.simulation import build_algorithm
@@ -102,7 +91,8 @@ def test_per_fedavgs_adaptation_steps_together_are_each_clients_own(model):
     algo.model.eval()  # as the loop evaluates
     ids = list(algo.client_ids)
     together = [dict(m.params) for m in algo.eval_models(ids)]
-    alone = [dict(algo.eval_model(cid).params) for cid in ids]
+    alone = [adapt(algo.call, algo.global_params, algo.global_buffers, d.train_x, d.train_y, 0.5)
+             for d in map(algo.client_data, ids)]  # the sequential reference's step
     for t, a in zip(together, alone):
         assert max(float((t[k] - a[k]).abs().max()) for k in a) < 1e-5
         assert max(float((t[k] - algo.global_params[k]).abs().max()) for k in a) > 1e-3  # a real step was taken

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from trainer.accounting import tensor_bytes
 from trainer.aggregation import personalization_preserving
-from trainer.algorithms.base import ClientUpdate
 from trainer.algorithms.fedmask import FedMask, group_lasso
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
@@ -19,7 +18,9 @@ from trainer.data.base import ClientData, FederatedDataset
 from trainer.local_training import local_train
 from trainer.masks import binarize, pack_bits, packed_nbytes
 from trainer.models.masking import MaskSite, effective_params
+from trainer.records import ClientUpdate
 from trainer.sampling import batch_order
+from trainer.simulation import host_trainer
 
 
 def cfg(algo="fedmask", model="mlp", clients=2, per_client=40, model_args=None, **args) -> TrainConfig:
@@ -34,7 +35,7 @@ def cfg(algo="fedmask", model="mlp", clients=2, per_client=40, model_args=None, 
 @pytest.fixture(scope="module")
 def fedmask_digits():
     c = cfg(prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
     algo.setup()
     return algo
 
@@ -65,7 +66,7 @@ def test_server_aggregate_is_personalization_preserving_for_pruned_and_unpruned_
     # Fig. 7-8 on the clients' one-shot structures, every client sampled; a layer nobody pruned is averaged over all
     # K clients, and all of them then start from one and the same tensor (no per-client copy)
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
     algo.setup()
     g = torch.Generator().manual_seed(0)
     sent = {cid: {w: (torch.rand(k.shape, generator=g) < 0.5).float() * k for w, k in algo.keep[cid].items()}
@@ -88,7 +89,7 @@ def test_every_client_starts_from_the_one_global_mask_under_partial_participatio
     # Alg. 1 line 11: a selected device starts from m^T ⊙ m_k, the *current* global mask under its own structure,
     # whether or not it was sampled in the rounds that formed m^T. 4 devices, 2 sampled a round.
     c = cfg(clients=4, prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
     algo.setup()
     ids, s = algo.client_ids, algo.args.init_scale
     own = {cid: {w: m.clone() for w, m in algo.masks[cid].items()} for cid in ids}  # m_k from ClientPruning
@@ -120,16 +121,16 @@ def test_every_client_starts_from_the_one_global_mask_under_partial_participatio
 
 
 def test_uploads_computed_together_are_each_clients_own():
-    # client_updates binarizes all clients' stacked scores at once (Eq. 3); client_update does one client
+    # client_updates binarizes all clients' stacked scores at once (Eq. 3); a list of one client gives each alone
     from trainer.simulation import train_clients
 
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
     algo.setup()
     results = train_clients(algo, list(algo.client_ids), 0)  # batched: the scores are rows of one tensor
     together = algo.client_updates(0, results)
     local_together = {cid: dict(m) for cid, m in algo.local.items()}
-    alone = [algo.client_update(cid, 0, res) for cid, res in results]
+    alone = [algo.client_updates(0, [(cid, res)])[0] for cid, res in results]
     for t, a in zip(together, alone):
         assert t.client_id == a.client_id and (t.bytes_up, t.bytes_down) == (a.bytes_up, a.bytes_down)
         assert list(t.payload) == list(a.payload)
@@ -151,7 +152,7 @@ def test_fedmask_upload_is_exactly_the_packed_masks(fedmask_digits):
     task.max_steps = 1
     d = algo.client_data(cid)
     res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, 0), 16)
-    upd = algo.client_update(cid, 0, res)
+    upd = algo.client_updates(0, [(cid, res)])[0]
     # 64-128-64-10 MLP: fc1 128×64, fc2 64×128, out 10×64 -> ⌈8192/8⌉ + ⌈8192/8⌉ + ⌈640/8⌉
     assert upd.bytes_up == 1024 + 1024 + 80 == upd.bytes_down
     dense = tensor_bytes(algo.global_params)
@@ -243,7 +244,7 @@ def test_lstm_partial_mask_trains_the_output_gate_and_masks_the_others():
                                "model": {"name": "char_lstm", "args": {"hidden": 4, "embed": 3, "fc": [6, 5]}},
                                "algorithm": {"name": "fedmask", "args": {"prune_last": 2}},
                                "training": {"lr": 1.0}})
-    algo = FedMask(c, ds)
+    algo = FedMask(c, ds, host_trainer(c))
     algo.setup()
     H = 4
     w = "lstm.weight_ih_l0"
@@ -256,7 +257,7 @@ def test_lstm_partial_mask_trains_the_output_gate_and_masks_the_others():
         task = algo.local_task(cid, 0)
         d = algo.client_data(cid)
         res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, i), 8)
-        updates.append(algo.client_update(cid, 0, res))
+        updates.append(algo.client_updates(0, [(cid, res)])[0])
     o = [u.extra["o"][f"o:{w}"] for u in updates]
     assert not torch.equal(o[0], before[3 * H:])
     algo.aggregate(0, updates)

@@ -14,7 +14,7 @@ import torch
 
 from edgemask.errors import EdgemaskError
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.base import LocalResult, LocalTask
+from trainer.records import LocalResult, LocalTask
 from trainer.config import TrainConfig
 from trainer.flower import CLOSURE_FIELDS, SETTING_FIELDS, TENSOR_FIELDS, ClientSide, TaskMessage
 from trainer.simulation import SimulationResult, simulate

@@ -1,6 +1,7 @@
 """Federated algorithms, one file each, registered by name in ``ALGORITHMS``."""
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.algorithms import fedavg, fedmask  # noqa: F401  (register)
 from trainer.algorithms import standalone, topk, bnn_fedavg, perfedavg, lg_fedavg  # noqa: F401  (register)
 from trainer.algorithms import fedprox, fedpews, perfedmask, fedselect  # noqa: F401  (register)

@@ -1,41 +1,43 @@
-"""The algorithm interface: a few hooks around the one round loop (``trainer.simulation``) and the one
-local-training loop (``trainer.local_training``). An algorithm never writes a loop of its own.
+"""The algorithm interface: a few hooks around the one round loop (``trainer.simulation``) and the local-training
+engines (``trainer.local_training``, ``trainer.batched``). An algorithm says what it is; it never writes a loop of
+its own, nor chooses how its clients are trained. A hook that concerns several clients takes them as a list, in
+order (the engines train, upload and evaluate a round's clients together): there is no one-client twin to keep in
+step.
 
-Hooks, in the order the loop calls them:
+The hooks, in the order the round loop calls them:
 
 * ``setup()`` — once, before round 0 (e.g. FedMask's one-shot pruning on every client);
 * ``round_clients(rnd, sampled)`` — who trains this round (default: the sampled ones; Standalone: everyone);
-* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`LocalTask`;
-* ``client_update(cid, rnd, result)`` — the trained tensors become the upload: a :class:`ClientUpdate`
-  (``client_updates(rnd, results)`` asks for the round's clients together; by default one by one);
+* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`~trainer.records.LocalTask`;
+* ``next_phases(rnd, phase, results)`` — another local-training phase in the same round for each client, given
+  its previous phase's result (GradLTN's pruning iterations, FedRep's head-then-body, Ditto's personal model);
+  ``None`` ends that client's round (default: one phase);
+* ``client_updates(rnd, results)`` — the round's trained tensors become the uploads
+  (:class:`~trainer.records.ClientUpdate`, costed in bytes);
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
-* ``eval_model(cid)`` / ``eval_masks(cid)`` — the client's personalized model for evaluation (an
-  :class:`EvalModel`: the loop evaluates many clients together) and its masks for FLOPs;
+* ``eval_models(cids)`` — each client's personalized model for evaluation (:class:`~trainer.records.EvalModel`);
+* ``eval_masks(cid)`` — the client's binary masks, for its FLOPs and kept parameters (default: none, dense);
 * ``client_state(cid)`` / ``shared_state()`` — what the run directory stores.
 
-Optional hooks (defaults keep the behaviour above):
+Optional hooks, whose defaults do nothing special:
 
-* ``next_phase(cid, rnd, phase, result)`` — another local-training phase in the same round, started after the
-  previous one (GradLTN's pruning iterations, LocalAlt, FedRep's head-then-body, Ditto's personal model);
-  ``None`` ends the client's round and the last result goes to ``client_update`` (``next_phases(rnd, phase,
-  results)`` asks for a phase's clients together; by default one by one);
-* ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
 * ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
+* ``global_forward()`` — the server's global model, evaluated on the dataset's global test set when it has one;
 * ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less);
-* ``eval_models(cids)`` — every listed client's :class:`EvalModel`, asked for together by the batched loop
-  (Per-FedAvg adapts them all in one batched step); by default each one's ``eval_model``;
-* ``eval_forward(cid)`` — the personalized model as a plain function of a batch, by default
-  :meth:`Algorithm.eval_model`'s. An algorithm whose evaluation cannot be written as an :class:`EvalModel`
-  overrides this instead, and the loop evaluates its clients one after another.
+* ``summary_extra()`` — the algorithm's own entries in ``summary.json``.
+
+The defaults implement FedAvg; the helpers below the hooks (:meth:`Algorithm.fedavg_upload`,
+:meth:`~Algorithm.average_params`, :meth:`~Algorithm.masked_model`, :meth:`~Algorithm.train_tasks`, …) are
+what an algorithm builds its hooks from. docs/adding-an-algorithm.md walks through FedProx.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -43,189 +45,17 @@ from torch import nn
 from edgemask.errors import ConfigError
 from edgemask.registry import Registry
 from trainer.accounting import tensor_bytes
-from trainer.config import TrainConfig
 from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
 from trainer.models.masking import effective_params
 from trainer.models.stateless import stateless_call
-from trainer.run_dir import ClientState
+from trainer.batched_rows import Row, stacked_uploads
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask, LocalTrainer
 
-Tensors = dict[str, torch.Tensor]
+if TYPE_CHECKING:  # an annotation only: the config validates algorithm names against ALGORITHMS
+    from trainer.config import TrainConfig
+
 MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (Algorithm.masked_model)
-Forward = Callable[[Tensors, Tensors, torch.Tensor, Tensors], torch.Tensor]
-
-
-@dataclass
-class LocalTask:
-    """What one client trains in one round.
-
-    ``forward(trainable, constants, x, buffers)`` maps the trainable tensors and a batch ``(B, *input_shape)``
-    to logits ``(B, classes)``; ``regularizer(trainable, constants)`` adds to the data loss (e.g. FedMask's
-    group lasso, Eq. 10); ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
-    Everything that differs between clients must be in ``trainable``, ``constants`` or ``buffers`` — never
-    captured in the closures — so the loop can stack clients and train them together (torch.func.vmap);
-    the closures may capture what every client shares (e.g. FedMask's frozen weights).
-    ``grad_keep`` zeroes the update of frozen elements, weight decay included (pruned mask entries, PerFedMask's
-    frozen params): they never move.
-    Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm
-    keeps (the default task holds the global model itself: no per-client copy before training).
-    """
-
-    trainable: dict[str, torch.Tensor]
-    forward: Forward
-    regularizer: Callable[[Tensors, Tensors], torch.Tensor] | None = None
-    constants: dict[str, torch.Tensor] = field(default_factory=dict)
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    epochs: int = 1
-    lr: float = 0.05
-    grad_keep: dict[str, torch.Tensor] = field(default_factory=dict)
-    max_steps: int | None = None  # stop after this many steps (each of ``batches_per_step`` minibatches)
-    # per-tensor learning rates overriding ``lr`` (FedPeWS's mask rate η_s next to the weights' η_ℓ)
-    lrs: dict[str, float] = field(default_factory=dict)
-    # ``loss(trainable, constants, x, y, buffers)``: the data loss of a step, replacing
-    # cross-entropy(forward(...), y). With ``batches_per_step`` k > 1, ``x`` and ``y`` are tuples of the step's k
-    # minibatches (Per-FedAvg's first-order MAML step: inner step on D, outer step on D').
-    loss: Callable[[Tensors, Tensors, Any, Any, Tensors], torch.Tensor] | None = None
-    # How many consecutive minibatches of the client's batch order one optimizer step consumes (needs ``loss``):
-    # the order's minibatches (over all epochs) are taken k at a time; a last incomplete group wraps around to
-    # the round's first minibatches, so every sample is used and the step count is ceil(minibatches / k).
-    batches_per_step: int = 1
-    # ``project(trainable) -> {name: tensor}``: after every optimizer step, the named trainable tensors are
-    # replaced by the returned ones (a projection, e.g. BNN's clip of the shadow weights to [-1, 1]). Must be
-    # per-client (it runs under vmap on stacked clients in the batched loop); ``None``: no projection.
-    project: Callable[[Tensors], Tensors] | None = None
-    # Random numbers a step needs (FedPeWS's Bernoulli masks): ``{name: shape}``; before every step both loops put
-    # fresh uniform [0, 1) tensors of these shapes into the constants the loss, forward and regularizer receive,
-    # drawn from the client's own generator (seeded with ``seed``, which the round loop sets per client, round and
-    # phase), so a client's draws do not depend on which clients train with it, nor on the loop.
-    noise: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    seed: int = 0
-
-
-@dataclass
-class EvalModel:
-    """A client's personalized model for evaluation: ``forward(params, buffers, x)`` maps a batch to logits.
-    As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
-    function (one object for every client of a kind, e.g. a bound method) captures no tensor, so the loop can
-    stack clients and evaluate them together on the training device (:func:`trainer.batched.evaluate_many`). A
-    tensor every client shares (the global weights of a masked model, :meth:`Algorithm.masked_model`) goes in
-    ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
-
-    params: dict[str, torch.Tensor]
-    buffers: dict[str, torch.Tensor]
-    forward: Callable[[Tensors, Tensors, torch.Tensor], torch.Tensor]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The client's logits for a batch ``x``."""
-        return self.forward(self.params, self.buffers, x)
-
-
-class StackedRows:
-    """One batched chunk's trained tensors, ``{name: (C, *shape)}`` (detached, on the CPU), for its C clients'
-    :class:`LocalResult` and :class:`ClientUpdate` to hold a :class:`Row` of until their dict is asked for. The
-    per-client views are made together, once, on the first request for one (C × the tensors, ~1 µs each: for
-    100 MLP clients 0.6 ms of a 10 ms round); FedAvg's aggregate asks for none and reads the stack itself
-    (:meth:`Algorithm.average_params`)."""
-
-    __slots__ = ("tensors", "count", "row_bytes", "_views")
-
-    def __init__(self, tensors: dict[str, torch.Tensor], count: int) -> None:
-        self.tensors, self.count = tensors, count
-        self.row_bytes = tensor_bytes(tensors) // max(count, 1)  # one client's, on the wire
-        self._views: list[tuple[torch.Tensor, ...]] | None = None
-
-    def row(self, i: int) -> dict[str, torch.Tensor]:
-        """Client ``i``'s tensors: views of its rows (a new dict each call, the same tensors)."""
-        if self._views is None:
-            self._views = list(zip(*[v.unbind(0) for v in self.tensors.values()])) if self.tensors else \
-                [()] * self.count
-        return dict(zip(self.tensors, self._views[i]))
-
-
-class Row:
-    """A dict not made yet: row ``index`` of ``stack``'s tensors, then ``rest`` (a result's ``trained``; an
-    upload's ``payload``, the weights then the buffers)."""
-
-    __slots__ = ("stack", "index", "rest")
-
-    def __init__(self, stack: StackedRows, index: int, rest: dict[str, torch.Tensor] | None = None) -> None:
-        self.stack, self.index, self.rest = stack, index, rest or {}
-
-    def made(self) -> dict[str, torch.Tensor]:
-        return {**self.stack.row(self.index), **self.rest} if self.rest else self.stack.row(self.index)
-
-
-class MadeOnRead:
-    """A dict attribute that may hold an unmade :class:`Row` (kept in the slot ``_<name>``): made on first
-    read, the dict from then on; :meth:`row` of the owner gives the Row while it is not made."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.slot = f"_{name}"
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        value = getattr(obj, self.slot)
-        if type(value) is Row:
-            value = value.made()
-            setattr(obj, self.slot, value)
-        return value
-
-    def __set__(self, obj: Any, value: dict[str, torch.Tensor]) -> None:
-        setattr(obj, self.slot, value)
-
-    def unmade(self, obj: Any) -> Row | None:
-        value = getattr(obj, self.slot)
-        return value if type(value) is Row else None
-
-
-class LocalResult:
-    """What one client's local training gave: its ``trained`` tensors and ``buffers``, its mean training loss,
-    the samples it saw, and the samples it holds. The batched loop hands ``trained`` over as a :class:`Row` of
-    its stack, made into the dict on first access; :meth:`row` is that row while the dict is not made."""
-
-    __slots__ = ("_trained", "buffers", "loss", "samples_seen", "num_samples")
-
-    def __init__(self, trained: dict[str, torch.Tensor] | Row, buffers: dict[str, torch.Tensor], loss: float,
-                 samples_seen: int, num_samples: int) -> None:
-        self._trained = trained
-        self.buffers, self.loss, self.samples_seen, self.num_samples = buffers, loss, samples_seen, num_samples
-
-    trained = MadeOnRead()
-
-    def row(self) -> Row | None:
-        """The unmade :class:`Row` ``trained`` is, else ``None`` (a dict: made, replaced, or never a row)."""
-        return LocalResult.trained.unmade(self)
-
-    def __repr__(self) -> str:
-        return (f"LocalResult(trained={list(self.row().stack.tensors) if self.row() else self.trained}, "
-                f"loss={self.loss}, samples_seen={self.samples_seen}, num_samples={self.num_samples})")
-
-
-class ClientUpdate:
-    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size. FedAvg's
-    upload of a batched result is a :class:`Row` of the stack until ``payload`` is read (:meth:`row`)."""
-
-    __slots__ = ("client_id", "num_samples", "_payload", "bytes_up", "bytes_down", "train_loss", "samples_seen",
-                 "extra")
-
-    def __init__(self, client_id: str, num_samples: int, payload: dict[str, torch.Tensor] | Row, bytes_up: int,
-                 bytes_down: int, train_loss: float, samples_seen: int = 0,
-                 extra: dict[str, Any] | None = None) -> None:
-        self.client_id, self.num_samples, self._payload = client_id, num_samples, payload
-        self.bytes_up, self.bytes_down, self.train_loss, self.samples_seen = (bytes_up, bytes_down, train_loss,
-                                                                               samples_seen)
-        self.extra = extra if extra is not None else {}
-
-    payload = MadeOnRead()
-
-    def row(self) -> Row | None:
-        """The unmade :class:`Row` ``payload`` is, else ``None``."""
-        return ClientUpdate.payload.unmade(self)
-
-    def __repr__(self) -> str:
-        return (f"ClientUpdate({self.client_id!r}, num_samples={self.num_samples}, bytes_up={self.bytes_up}, "
-                f"bytes_down={self.bytes_down}, train_loss={self.train_loss}, samples_seen={self.samples_seen})")
 
 
 @dataclass(frozen=True)
@@ -243,9 +73,10 @@ class Algorithm:
     name: ClassVar[str] = "base"
     Args: ClassVar[type] = NoArgs
 
-    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset) -> None:
+    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset, train: LocalTrainer | None = None) -> None:
         self.cfg = cfg
         self.dataset = dataset
+        self._train = train
         self.args = parse_args(self.Args, cfg.algorithm.args, cfg.algorithm.name)
         torch.manual_seed(cfg.run.seed)  # the shared initial (or frozen) weights come from the seed
         self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
@@ -267,6 +98,17 @@ class Algorithm:
         for the run, so this is counted once."""
         return tensor_bytes({**self.global_params, **self.global_buffers})
 
+    def train_tasks(self, tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
+                    orders: list[list[Any]], batch_size: int, momentum: float = 0.0,
+                    weight_decay: float = 0.0) -> list[LocalResult]:
+        """Local training outside the rounds, by the framework's engines (the :class:`LocalTrainer` this
+        algorithm was built with: :func:`trainer.simulation.build_algorithm` gives it the host's)."""
+        if self._train is None:
+            raise RuntimeError(f"algorithm {self.name!r} trains outside the rounds but was built without a "
+                               f"LocalTrainer: build it with trainer.simulation.build_algorithm, or pass "
+                               f"train=trainer.simulation.host_trainer(cfg)")
+        return self._train(tasks, data, orders, batch_size, momentum, weight_decay)
+
     def client_data(self, cid: str):
         return self.dataset.client(cid)
 
@@ -286,7 +128,7 @@ class Algorithm:
     def local_epochs(self) -> int:
         return self.cfg.training.local_epochs
 
-    # -- hooks -----------------------------------------------------------------------------------------
+    # -- hooks (see the module docstring) --------------------------------------------------------------
     def setup(self) -> None:
         """Called once before the first round."""
 
@@ -295,6 +137,7 @@ class Algorithm:
         return sampled
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
+        """What client ``cid`` trains in round ``rnd`` (FedAvg: the global model, the run's settings)."""
         return LocalTask(  # the global tensors themselves: the loops copy what they train (see LocalTask)
             trainable=dict(self.global_params),
             forward=self.forward_of_params,
@@ -302,8 +145,61 @@ class Algorithm:
             epochs=self.local_epochs, lr=self.cfg.training.lr,
         )
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        # the batch-norm running statistics travel with the weights, so they are costed too
+    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
+        """Phase ``phase`` (≥ 1) of each ``(client, previous phase's result)``'s local training this round, in
+        order; ``None`` ends that client's round and its last result goes to :meth:`client_updates` (the
+        default: one phase for everyone)."""
+        return [None] * len(results)
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """The round's uploads, one per ``(client, result)``, in order (FedAvg: :meth:`fedavg_upload`)."""
+        return [self.fedavg_upload(cid, res) for cid, res in results]
+
+    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        """The server's update from the round's uploads (FedAvg: the sample-weighted average)."""
+        self.average_params(updates, list(self.global_params))
+        self.average_buffers(updates)
+
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        """The model each of ``cids`` is evaluated with, in order (FedAvg: the global one for all)."""
+        return [self.global_model()] * len(cids)
+
+    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        """The client's current binary masks (empty: dense)."""
+        return {}
+
+    def client_state(self, cid: str) -> ClientState:
+        """What the run directory stores of client ``cid`` (its masks and personal parameters)."""
+        return ClientState()
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """What the run directory stores for every client (``model.safetensors``)."""
+        return {**self.global_params, **self.global_buffers}
+
+    # -- optional hooks ------------------------------------------------------------------------------------
+    def finetune_task(self, cid: str) -> LocalTask | None:
+        """After the last round: what client ``cid`` fine-tunes (``None``, the default: nothing)."""
+        return None
+
+    def finetune_result(self, cid: str, result: LocalResult) -> None:
+        """Keep the outcome of :meth:`finetune_task` (it becomes the client's personalized model)."""
+
+    def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
+        return lambda x: self.call(self.global_params, self.global_buffers, x)
+
+    def backward_flops(self, cid: str, fwd: int) -> int:
+        """Backward FLOPs of one sample given its forward FLOPs: input gradients + weight gradients ≈ 2×."""
+        return 2 * fwd
+
+    def summary_extra(self) -> dict[str, Any]:
+        """The algorithm's own entries in ``summary.json``."""
+        return {}
+
+    # -- helpers for the hooks: uploads, aggregation, models ---------------------------------------------
+    def fedavg_upload(self, cid: str, result: LocalResult) -> ClientUpdate:
+        """FedAvg's upload of one result: the trained tensors and the batch-norm running statistics (which travel
+        with the weights, so they are costed too); the dense model comes back down."""
         row = result.row()
         if row is not None:  # the batched loop's row: uploaded as a row too, its size the stack's per client
             payload = Row(row.stack, row.index, result.buffers)
@@ -316,16 +212,6 @@ class Algorithm:
                             train_loss=result.loss,
                             samples_seen=result.samples_seen)
 
-    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
-        """:meth:`client_update` of each of the round's clients, in order. An algorithm may compute them
-        together (FedMask binarizes all clients' stacked scores in one op); the loop calls this."""
-        return [self.client_update(cid, rnd, res) for cid, res in results]
-
-    def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
-        self.average_params(updates, list(self.global_params))
-        self.average_buffers(updates)
-
-    # -- upload and aggregation helpers for subclasses ------------------------------------------------
     def partial_update(self, cid: str, result: LocalResult, keys: list[str]) -> ClientUpdate:
         """An upload of only ``keys`` (e.g. the body in FedPer/FedBABU) plus the batch-norm buffers; the same
         tensors come back down."""
@@ -362,22 +248,9 @@ class Algorithm:
         avg = average_state(states, weights, keys)
         self.global_buffers = {k: v.to(self.global_buffers[k].dtype) for k, v in avg.items()}
 
-    def eval_model(self, cid: str) -> EvalModel:
-        """The model client ``cid`` is evaluated with (default: the global one)."""
+    def global_model(self) -> EvalModel:
+        """The global model as an :class:`EvalModel` (every client's, in FedAvg)."""
         return EvalModel(self.global_params, self.global_buffers, self.call)
-
-    def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        """:meth:`eval_model` of each of ``cids`` (the batched loop asks for them together)."""
-        return [self.eval_model(cid) for cid in cids]
-
-    def eval_forward(self, cid: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Client ``cid``'s model as a function of a batch: :meth:`eval_model`'s, unless overridden."""
-        return self.eval_model(cid)
-
-    def evaluates_batched(self) -> bool:
-        """Whether :meth:`eval_forward` is :meth:`eval_model`'s (not overridden), so clients can be evaluated
-        together."""
-        return type(self).eval_forward is Algorithm.eval_forward
 
     def masked_model(self, masks: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> EvalModel:
         """The global weights under a client's ``masks`` (:func:`~trainer.models.masking.effective_params`) as an
@@ -394,47 +267,9 @@ class Algorithm:
         masks = {k[len(MASK_PREFIX):]: v for k, v in params.items() if k.startswith(MASK_PREFIX)}
         return self.call(effective_params(weights, masks, self.sites), buffers, x)
 
-    def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
-        """The client's current binary masks (empty: dense)."""
-        return {}
-
     def trained_numel(self, cid: str) -> int:
         """How many elements the client optimizes locally (for the backward FLOPs of the update)."""
         return sum(v.numel() for v in self.global_params.values())
-
-    def client_state(self, cid: str) -> ClientState:
-        return ClientState()
-
-    def shared_state(self) -> dict[str, torch.Tensor]:
-        return {**self.global_params, **self.global_buffers}
-
-    def summary_extra(self) -> dict[str, Any]:
-        return {}
-
-    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
-        """Phase ``phase`` (≥ 1) of client ``cid``'s local training this round, given the previous phase's
-        result; ``None`` (the default) ends the round for this client."""
-        return None
-
-    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
-        """:meth:`next_phase` of each ``(client, result)``, in order; the batched loop asks for the clients of a
-        phase together, and an algorithm may compute them at once (FedSelect's GradLTN pruning)."""
-        return [self.next_phase(cid, rnd, phase, res) for cid, res in results]
-
-    def global_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The server's global model (evaluated on ``dataset.global_test_x/y`` where the dataset has them)."""
-        return lambda x: self.call(self.global_params, self.global_buffers, x)
-
-    def finetune_task(self, cid: str) -> LocalTask | None:
-        """After the last round: what client ``cid`` fine-tunes (``None``, the default: nothing)."""
-        return None
-
-    def finetune_result(self, cid: str, result: LocalResult) -> None:
-        """Keep the outcome of :meth:`finetune_task` (it becomes the client's personalized model)."""
-
-    def backward_flops(self, cid: str, fwd: int) -> int:
-        """Backward FLOPs of one sample given its forward FLOPs: input gradients + weight gradients ≈ 2×."""
-        return 2 * fwd
 
 
 def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
@@ -453,18 +288,3 @@ def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
             raise ConfigError(f"algorithm {algo!r}: argument {k!r} must be {type(d).__name__}, got {v!r}")
         kw[k] = v
     return typ(**kw)
-
-
-def stacked_uploads(updates: list[ClientUpdate]) -> StackedRows | None:
-    """The stack whose rows 0, 1, …, in order, the updates' unread payloads are (the batched loop's one chunk of
-    FedAvg uploads; the buffers after the rows, under other names), else ``None``: the server may read its
-    tensors for the uploads' (a payload once read may have been changed)."""
-    first = updates[0].row() if updates else None
-    if first is None or first.stack.count != len(updates):
-        return None
-    stack = first.stack
-    for i, u in enumerate(updates):
-        row = u.row()
-        if row is None or row.stack is not stack or row.index != i or not stack.tensors.keys().isdisjoint(row.rest):
-            return None
-    return stack

@@ -28,7 +28,8 @@ import torch
 
 from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, stack_rows, weighted_average
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,18 @@ class BNNFedAvg(Algorithm):
     def _binarized(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {**params, **{w: binarize_ste(params[w], self.args.scale) for w in self.binary}}
 
+    def binarized_forward(self, params: dict[str, torch.Tensor], constants: dict[str, torch.Tensor], x: torch.Tensor,
+                          buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's forward: the model on the binarized shadow weights (Eq. 1)."""
+        return self.call(self._binarized(params), buffers, x)
+
     def clip(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hubara et al. Algorithm 1: the binarized layers' shadow weights clipped to [−1, 1] after each update."""
         return {w: params[w].clamp(-1.0, 1.0) for w in self.binary}
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)  # shadow weights start at the received α·sign (converted back)
-        task.forward = lambda p, c, x, b: self.call(self._binarized(p), b, x)
+        task.forward = self.binarized_forward
         task.project = self.clip
         return task
 
@@ -79,9 +85,6 @@ class BNNFedAvg(Algorithm):
 
     def _wire_bytes(self, real: dict[str, torch.Tensor]) -> int:
         return self._binary_bytes + tensor_bytes(real)
-
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload at once: sign(W_k) and α_k = mean|W_k| of each binarized layer computed on the

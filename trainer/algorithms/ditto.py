@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.algorithms.fedprox import with_proximal
-from trainer.run_dir import ClientState
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.losses import with_proximal
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -30,26 +30,32 @@ class Ditto(Algorithm):
         self.personal_buffers: dict[str, dict[str, torch.Tensor]] = {}
         self.round_updates: dict[str, LocalResult] = {}
 
-    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
-        if phase > 1:
-            return None
+    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
+        """Phase 1: each client's personal model v after its global-model update (phase 0); then done."""
+        return [self._personal_task(cid, res) if phase == 1 else None for cid, res in results]
+
+    def _personal_task(self, cid: str, result: LocalResult) -> LocalTask:
         self.round_updates[cid] = result  # the global-model update (phase 0) is what the client uploads
         v = self.personal.get(cid, self.global_params)
-        task = LocalTask({k: t.clone() for k, t in v.items()}, lambda p, c, x, b: self.call(p, b, x),
+        task = LocalTask({k: t.clone() for k, t in v.items()}, self.forward_of_params,
                          buffers={k: t.clone() for k, t in self.personal_buffers.get(cid, self.global_buffers).items()},
                          epochs=self.args.personal_epochs if self.args.personal_epochs > 0 else self.local_epochs,
                          lr=self.cfg.training.lr)
         return with_proximal(task, self.global_params, self.args.lam)  # λ/2 ‖v − w^t‖²
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        self.personal[cid], self.personal_buffers[cid] = result.trained, result.buffers
-        glob = self.round_updates.pop(cid)
-        glob.samples_seen = result.samples_seen
-        return super().client_update(cid, rnd, glob)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """Each client keeps its personal model (the last phase) and uploads its global-model update, as FedAvg."""
+        out = []
+        for cid, result in results:
+            self.personal[cid], self.personal_buffers[cid] = result.trained, result.buffers
+            glob = self.round_updates.pop(cid)
+            glob.samples_seen = result.samples_seen
+            out.append(self.fedavg_upload(cid, glob))
+        return out
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.personal.get(cid, self.global_params),
-                         self.personal_buffers.get(cid, self.global_buffers), self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel(self.personal.get(cid, self.global_params),
+                          self.personal_buffers.get(cid, self.global_buffers), self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params={**self.personal.get(cid, {}), **self.personal_buffers.get(cid, {})})

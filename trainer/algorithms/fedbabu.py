@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ class FedBABU(Algorithm):
         task.grad_keep = {k: torch.zeros_like(self.global_params[k]) for k in self.head}
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.partial_update(cid, result, self.body)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        return [self.partial_update(cid, res, self.body) for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         self.average_params(updates, self.body)
@@ -55,8 +55,9 @@ class FedBABU(Algorithm):
     def finetune_result(self, cid: str, result: LocalResult) -> None:
         self.heads[cid] = dict(result.trained)
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers, self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers, self.call)
+                for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))

@@ -31,7 +31,6 @@ mask element, 1 bit, packed.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +38,11 @@ import torch
 
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, personalization_preserving, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.masks import binarize
 from trainer.models.masking import MaskSite, effective_params
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.sampling import batch_order
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
 
@@ -79,12 +79,9 @@ class FedMask(Algorithm):
     Args = FedMaskArgs
 
     def setup(self) -> None:
-        from trainer.batched import local_train_batched
-        from trainer.local_training import local_train
-        from trainer.sampling import batch_order
-
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
+        self.mask_names = tuple(masked)  # every mask, in the sites' order
         shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
         pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
         pruned = {w for s in pruned_sites for w in s.weights}
@@ -101,18 +98,13 @@ class FedMask(Algorithm):
             task.epochs = 1
             return task
 
-        # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, every
-        # client together when training is batched (as the rounds are), else one after another.
+        # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, plain
+        # SGD, by the framework's engines (every client together when training is batched, as the rounds are).
         data = [self.client_data(cid) for cid in self.client_ids]
         orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i) for i, d in enumerate(data)]
-        if t.batched:
-            tasks = [pruning_task(cid) for cid in self.client_ids]
-            pairs = zip(tasks, local_train_batched(tasks, [(d.train_x, d.train_y) for d in data], orders,
-                                                   t.batch_size, device=t.device))
-        else:  # one client's task alive at a time
-            pairs = ((task, local_train(task, d.train_x, d.train_y, o, t.batch_size))
-                     for task, d, o in ((pruning_task(cid), d, o) for cid, d, o in zip(self.client_ids, data, orders)))
-        for cid, (task, res) in zip(self.client_ids, pairs):
+        tasks = [pruning_task(cid) for cid in self.client_ids]
+        results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data], orders, t.batch_size)
+        for cid, task, res in zip(self.client_ids, tasks, results):
             keep = {}
             for w in masked:
                 if w in pruned:
@@ -152,49 +144,35 @@ class FedMask(Algorithm):
               regularize: bool = True) -> LocalTask:
         """``start``: the scores m^r (:meth:`_start_scores`), trained by the loops on their own copies; ``keep``:
         the pruning structure of the masks that have one (a mask without keeps every element, and multiplying
-        by its all-ones structure would change nothing but the time: half of a step's large products)."""
+        by its all-ones structure would change nothing but the time: half of a step's large products). Every
+        client's task holds the same bound methods as its functions: one kind of task to the batched engine."""
         trainable = dict(start)
         real_o = self._real_output_gates()
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
         grad_keep = dict(keep)
-        forward, reg = self._functions(tuple(start), tuple(w for w in start if w in keep), regularize)
+        reg = self.group_lasso_term if regularize and self.args.lambda_r > 0 else None
         # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
         # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
-        return LocalTask(trainable, forward, reg, constants=constants, buffers=self.buffers[cid],
+        return LocalTask(trainable, self.masked_forward, reg, constants=constants, buffers=self.buffers[cid],
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
 
-    @functools.cached_property
-    def _task_functions(self) -> dict[tuple, tuple]:
-        return {}
+    def soft_masks(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """m = σ(m^r) (Eq. 6) of every mask, times its pruning structure where the constants hold one (pruned
+        elements stay 0)."""
+        return {w: torch.sigmoid(tr[w]) * c[w] if w in c else torch.sigmoid(tr[w]) for w in self.mask_names}
 
-    def _functions(self, masked: tuple[str, ...], structured: tuple[str, ...], regularize: bool) -> tuple:
-        """The task's forward and group-lasso regularizer (Eqs. 6 and 10) over the named masks, ``structured``
-        those with a pruning structure in the constants. They capture names only, never a client's tensor, and
-        are built once per set of names: every client's task holds the same function objects, so the batched
-        loop recognizes them as one kind of task at once (instead of comparing a fresh closure per client)."""
-        key = (masked, structured, regularize)
-        cache = self._task_functions
-        if key in cache:
-            return cache[key]
+    def masked_forward(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: torch.Tensor,
+                       buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's forward: the frozen weights (constants ``FROZEN`` + name) under the soft masks (Eq. 2, 6)."""
+        eff = effective_params(self._params_with_o(tr, c), self.soft_masks(tr, c), self.sites)
+        return self.call(eff, buffers, x)
 
-        def soft_masks(tr, c):  # Eq. 6, pruned elements stay 0
-            return {w: torch.sigmoid(tr[w]) * c[w] if w in structured else torch.sigmoid(tr[w]) for w in masked}
-
-        def forward(tr, c, x, buffers):  # c: the keep masks and the frozen weights (FROZEN + name)
-            params = self._params_with_o(tr, c)
-            eff = effective_params(params, soft_masks(tr, c), self.sites)
-            return self.call(eff, buffers, x)
-
-        reg = None
-        if regularize and self.args.lambda_r > 0:
-            def reg(tr, keep):
-                soft = soft_masks(tr, keep)
-                return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
-
-        cache[key] = (forward, reg)
-        return forward, reg
+    def group_lasso_term(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's regularizer: λ_R · R_g(m) over every masked layer (Eq. 10)."""
+        soft = self.soft_masks(tr, c)
+        return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
 
     def _hidden(self, w: str) -> int:
         return next(s.hidden for s in self.sites if w in s.weights)
@@ -231,9 +209,6 @@ class FedMask(Algorithm):
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         keep = self.keep[cid]
         return self._task(cid, self.start_scores(cid), {w: keep[w] for w in self.pruned})
-
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload, Eq. 3's binarization of σ(m^r) (and the pruned layers' structure) done once on
@@ -288,8 +263,8 @@ class FedMask(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.local[cid]
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return self.masked_model(self.local[cid], self.buffers[cid])  # W ⊙ m (Eq. 2), binary m
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]  # W ⊙ m (Eq. 2), binary m
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())

@@ -22,32 +22,14 @@ than FedAvg); the server's rate is 1 (no server momentum).
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import torch
 
 from trainer.accounting import tensor_bytes
-from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
-from trainer.local_training import step_plan
+from trainer.aggregation import local_steps, momentum_norm, stack_rows
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, LocalResult
 
 NORM_KEY = "fednova:a_norm"  # the upload's ‖a_i‖₁ (a float32 scalar)
-
-
-@functools.lru_cache(maxsize=4096)
-def local_steps(num_train: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
-    """τ: how many optimizer steps the local-training loop takes on ``num_train`` samples (its own plan; asked
-    for every client every round, so remembered)."""
-    return len(step_plan([np.arange(num_train)], epochs, max_steps, batch_size))
-
-
-def momentum_norm(tau: int, rho: float) -> float:
-    """‖a‖₁ of τ steps of SGD with momentum ρ: Σ_{j=1..τ} (1 − ρ^j)/(1 − ρ) = [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ);
-    τ when ρ = 0."""
-    if rho == 0.0:
-        return float(tau)
-    return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
 
 
 def normalized_average(x: dict[str, torch.Tensor], ys: list[dict[str, torch.Tensor]], norms: list[float],
@@ -71,14 +53,18 @@ def normalized_average(x: dict[str, torch.Tensor], ys: list[dict[str, torch.Tens
 class FedNova(Algorithm):
     name = "fednova"
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        upd = super().client_update(cid, rnd, result)  # y_i and the batch-norm buffers, as FedAvg
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """y_i and the batch-norm buffers, as FedAvg, and the client's ‖a_i‖₁."""
         t = self.cfg.training
-        tau = local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs)
-        norm = torch.tensor(momentum_norm(tau, t.momentum), dtype=torch.float32)
-        upd.payload[NORM_KEY] = norm
-        upd.bytes_up += tensor_bytes([norm])
-        return upd
+        out = []
+        for cid, result in results:
+            upd = self.fedavg_upload(cid, result)
+            tau = local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs)
+            norm = torch.tensor(momentum_norm(tau, t.momentum), dtype=torch.float32)
+            upd.payload[NORM_KEY] = norm
+            upd.bytes_up += tensor_bytes([norm])
+            out.append(upd)
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         norms = [float(u.payload[NORM_KEY]) for u in updates]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @ALGORITHMS.register("fedper")
@@ -28,16 +28,18 @@ class FedPer(Algorithm):
         task.trainable = {k: v.clone() for k, v in self.personal_params(cid).items()}
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        self.heads[cid] = {k: result.trained[k] for k in self.head}
-        return self.partial_update(cid, result, self.body)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """Each client keeps its head and uploads its body."""
+        for cid, result in results:
+            self.heads[cid] = {k: result.trained[k] for k in self.head}
+        return [self.partial_update(cid, res, self.body) for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         self.average_params(updates, self.body)
         self.average_buffers(updates)
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.personal_params(cid), self.global_buffers, self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel(self.personal_params(cid), self.global_buffers, self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads[cid]))

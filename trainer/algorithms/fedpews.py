@@ -36,11 +36,11 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
-from trainer.algorithms.fedprox import with_proximal
-from trainer.local_training import cross_entropy
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.losses import cross_entropy, with_proximal
 from trainer.models.masking import MaskSite
 from trainer.models.registry import head_names
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 Tensors = dict[str, torch.Tensor]
 
@@ -196,59 +196,65 @@ class FedPeWS(Algorithm):
         masks = self.fixed_masks[cid]
         self.neuron_masks[cid] = masks
         constants = {f"m:{n}": m for n, m in masks.items()}
-
-        def forward(tr, c, x, b):
-            return self.call(self.masked_params(tr, {n: c[f"m:{n}"] for n in self.units}), b, x)
-
-        return LocalTask(self.clone_global(), forward, constants=constants,
+        return LocalTask(self.clone_global(), self.fixed_forward, constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.local_epochs, lr=self.cfg.training.lr)
 
+    def fixed_forward(self, tr: Tensors, c: Tensors, x: torch.Tensor, b: Tensors) -> torch.Tensor:
+        """FedPeWS-Fixed's forward: the weights under the client's fixed neuron masks (constants ``m:<unit>``)."""
+        return self.call(self.masked_params(tr, {n: c[f"m:{n}"] for n in self.units}), b, x)
+
     def _learned_task(self, cid: str) -> LocalTask:
         names = list(self.units)
-        lam, eta_s = self.args.lambda_div, self.args.mask_lr
         trainable = {**self.clone_global(), **{f"s:{n}": self.scores[cid][n].clone() for n in names}}
         excl = self.theta_excluding(cid)
         constants = {f"theta:{n}": excl[n] for n in names}
-        weights = list(self.global_params)
-
-        def forward(tr, c, x, b):  # inference-style forward: one sample of 𝒢(s)
-            a = {n: (c[f"u1:{n}"] < torch.sigmoid(tr[f"s:{n}"].detach())).float() for n in names}
-            return self.call(self.masked_params({w: tr[w] for w in weights}, a), b, x)
-
-        def loss(tr, c, x, y, b):
-            s = [tr[f"s:{n}"] for n in names]
-            # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6); the Bernoulli draws use the
-            # step's uniforms u1, u2 (LocalTask.noise: the client's own stream, so clients can train stacked)
-            frozen = {w: tr[w].detach() for w in weights}
-
-            def procedure_one(sd: Tensors, bufs: Tensors):
-                bufs = {k: v.clone() for k, v in bufs.items()}  # its forward's batch-norm updates come back as aux
-                a = {n: bernoulli_ste(torch.sigmoid(sd[n]), c[f"u1:{n}"]) for n in names}
-                l_s = cross_entropy(self.call(self.masked_params(frozen, a), bufs, x), y)
-                div = sum((torch.sigmoid(sd[n]) - c[f"theta:{n}"]).pow(2).sum() for n in names)
-                return l_s - lam * div, bufs
-
-            # ∇_s L_s with torch.func.grad (not autograd.grad), so the batched loop can vmap the step over clients
-            g, new_b = torch.func.grad(procedure_one, has_aux=True)({n: si.detach() for n, si in zip(names, s)}, b)
-            for k, v in new_b.items():
-                b[k].copy_(v)
-            grads = [g[n] for n in names]
-            # the step s ← s − η_s ∇_s L_s, taken by the optimizer: a surrogate worth 0 whose gradient is ∇_s L_s
-            surrogate = sum(((si - si.detach()) * g).sum() for si, g in zip(s, grads))
-            # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
-            a2 = {n: (c[f"u2:{n}"] < torch.sigmoid(si.detach() - eta_s * g)).float()
-                  for n, si, g in zip(names, s, grads)}
-            l_x = cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
-            return l_x + surrogate
-
-        return LocalTask(trainable, forward, constants=constants,
+        return LocalTask(trainable, self.learned_forward, constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.local_epochs, lr=self.cfg.training.lr,
-                         lrs={f"s:{n}": eta_s for n in names}, loss=loss,
+                         lrs={f"s:{n}": self.args.mask_lr for n in names}, loss=self.learned_loss,
                          noise={f"{u}:{n}": (self.units[n],) for u in ("u1", "u2") for n in names})
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+    def learned_forward(self, tr: Tensors, c: Tensors, x: torch.Tensor, b: Tensors) -> torch.Tensor:
+        """Inference-style forward of a warmup task: one sample of 𝒢(s) (the step's uniforms ``u1``)."""
+        a = {n: (c[f"u1:{n}"] < torch.sigmoid(tr[f"s:{n}"].detach())).float() for n in self.units}
+        return self.call(self.masked_params({w: tr[w] for w in self.global_params}, a), b, x)
+
+    def learned_loss(self, tr: Tensors, c: Tensors, x: torch.Tensor, y: torch.Tensor, b: Tensors) -> torch.Tensor:
+        """A warmup step's loss: Procedure I's mask step (Eq. 6) taken through a surrogate, then Procedure II's
+        weight loss (Eq. 8)."""
+        names, weights = list(self.units), list(self.global_params)
+        lam, eta_s = self.args.lambda_div, self.args.mask_lr
+        s = [tr[f"s:{n}"] for n in names]
+        # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6); the Bernoulli draws use the
+        # step's uniforms u1, u2 (LocalTask.noise: the client's own stream, so clients can train stacked)
+        frozen = {w: tr[w].detach() for w in weights}
+
+        def procedure_one(sd: Tensors, bufs: Tensors):
+            bufs = {k: v.clone() for k, v in bufs.items()}  # its forward's batch-norm updates come back as aux
+            a = {n: bernoulli_ste(torch.sigmoid(sd[n]), c[f"u1:{n}"]) for n in names}
+            l_s = cross_entropy(self.call(self.masked_params(frozen, a), bufs, x), y)
+            div = sum((torch.sigmoid(sd[n]) - c[f"theta:{n}"]).pow(2).sum() for n in names)
+            return l_s - lam * div, bufs
+
+        # ∇_s L_s with torch.func.grad (not autograd.grad), so the batched loop can vmap the step over clients
+        g, new_b = torch.func.grad(procedure_one, has_aux=True)({n: si.detach() for n, si in zip(names, s)}, b)
+        for k, v in new_b.items():
+            b[k].copy_(v)
+        grads = [g[n] for n in names]
+        # the step s ← s − η_s ∇_s L_s, taken by the optimizer: a surrogate worth 0 whose gradient is ∇_s L_s
+        surrogate = sum(((si - si.detach()) * g).sum() for si, g in zip(s, grads))
+        # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
+        a2 = {n: (c[f"u2:{n}"] < torch.sigmoid(si.detach() - eta_s * g)).float()
+              for n, si, g in zip(names, s, grads)}
+        l_x = cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
+        return l_x + surrogate
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        return [self._upload(cid, rnd, res) for cid, res in results]
+
+    def _upload(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        """The client's selected parameters, its mask and (in the warmup) θ_i; its new masks drawn."""
         x = {k: v for k, v in result.trained.items() if k in self.global_params}
         extra = {}
         if self.in_warmup(rnd) and not self.fixed:

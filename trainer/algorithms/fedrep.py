@@ -1,7 +1,7 @@
 """FedRep (Collins et al., "Exploiting Shared Representations for Personalized Federated Learning", ICML 2021),
 Algorithm 1: each round a client first trains its head for ``head_epochs`` epochs with the body frozen, then the
 body for ``training.local_epochs`` epochs with the head frozen; only the body is averaged, the head stays local.
-FedPer's bookkeeping plus one extra local phase (``next_phase``)."""
+FedPer's bookkeeping plus one extra local phase (``next_phases``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS
 from trainer.algorithms.fedper import FedPer
+from trainer.records import LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,12 @@ class FedRep(FedPer):
         task.epochs = self.args.head_epochs
         return task
 
-    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
-        if phase > 1:
-            return None
-        task = super().local_task(cid, rnd)  # phase 1: the body, from the trained head
+    def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
+        """Phase 1: the body, from the trained head; then done."""
+        return [self._body_task(cid, rnd, res) if phase == 1 else None for cid, res in results]
+
+    def _body_task(self, cid: str, rnd: int, result: LocalResult) -> LocalTask:
+        task = super().local_task(cid, rnd)
         task.trainable = {k: v.clone() for k, v in result.trained.items()}
         task.buffers = {k: v.clone() for k, v in result.buffers.items()}
         return self._freeze(task, self.head)

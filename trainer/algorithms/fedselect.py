@@ -38,8 +38,8 @@ from safetensors import SafetensorError
 from edgemask.errors import ConfigError
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.run_dir import ClientState
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 Tensors = dict[str, torch.Tensor]
 
@@ -169,9 +169,6 @@ class FedSelect(Algorithm):
         self.round_state[cid] = {"theta0": theta0, "buf0": buf0, "mask": ones}
         return self._task(theta0, buf0, ones, self.args.E)  # GradLTN iteration 0, m_0 = 1
 
-    def next_phase(self, cid: str, rnd: int, phase: int, result: LocalResult) -> LocalTask | None:
-        return self.next_phases(rnd, phase, [(cid, result)])[0]
-
     def next_phases(self, rnd: int, phase: int, results: list[tuple[str, LocalResult]]) -> list[LocalTask | None]:
         """GradLTN's pruning after iteration ``phase`` − 1 (Alg. 1: γ = |θ_trained − θ_0| ⊙ m_i, keep the largest p
         of the candidates, reset to θ_0) for the phase's clients at once, on their stacked tensors (read in place
@@ -196,7 +193,11 @@ class FedSelect(Algorithm):
                                self.args.localalt_epochs) for cid, res in results]
         return [None] * len(results)
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        return [self._upload(cid, res) for cid, res in results]
+
+    def _upload(self, cid: str, result: LocalResult) -> ClientUpdate:
+        """The shared part of θ_k (4 bytes an element) and the personal mask m_k (1 bit an element)."""
         m = self.round_state.pop(cid)["mask"]
         self.personal[cid] = m
         self.buffers[cid] = result.buffers
@@ -221,8 +222,8 @@ class FedSelect(Algorithm):
         (where the next one resumes), the server's average for a client never sampled."""
         return self.buffers.get(cid, self.global_buffers)
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.client_model(cid), self.client_buffers(cid), self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel(self.client_model(cid), self.client_buffers(cid), self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         """The personal parameters (where m_k keeps any element) and the client's own buffers: with the shared

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.algorithms.perfedmask import mask_weighted_average
+from trainer.aggregation import mask_weighted_average
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.masking import MaskSite, effective_params
 from trainer.models.registry import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,20 @@ class HeteroFL(Algorithm):
         masks = self.masks[cid]
         # the global tensors themselves: the loops train copies (LocalTask)
         return LocalTask(dict(self.global_params),
-                         lambda p, c, x, b: self.call(effective_params(p, c, self.sites), b, x),
+                         self.submodel_forward,
                          constants=dict(masks), buffers=dict(self.global_buffers),
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        held = self.held[cid] * 4  # the submodel's float32 elements, both ways
-        return ClientUpdate(cid, result.num_samples, {**result.trained, **result.buffers}, bytes_up=held,
-                            bytes_down=held, train_loss=result.loss, samples_seen=result.samples_seen)
+    def submodel_forward(self, params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor,
+                         buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task's forward: the client's submodel, the global weights under its width masks (the constants)."""
+        return self.call(effective_params(params, masks, self.sites), buffers, x)
+
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """The trained submodel; its float32 elements cost the same both ways."""
+        return [ClientUpdate(cid, res.num_samples, {**res.trained, **res.buffers}, bytes_up=self.held[cid] * 4,
+                             bytes_down=self.held[cid] * 4, train_loss=res.loss, samples_seen=res.samples_seen)
+                for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for k, g in self.global_params.items():
@@ -108,8 +114,8 @@ class HeteroFL(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.masks[cid]
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return self.masked_model(self.masks[cid], self.global_buffers)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [self.masked_model(self.masks[cid], self.global_buffers) for cid in cids]
 
     def trained_numel(self, cid: str) -> int:
         return self.held[cid]

@@ -32,10 +32,10 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.aggregation import average_state
 from trainer.models import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,13 @@ class LGFedAvg(Algorithm):
             task.buffers = {k: v.clone() for k, v in buffers.items()}
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        return [self._upload(cid, rnd, res) for cid, res in results]
+
+    def _upload(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
+        """In the warmup FedAvg's upload; then the client keeps its representation and uploads its head."""
         if self.in_warmup(rnd):  # FedAvg: the whole model both ways
-            return super().client_update(cid, rnd, result)
+            return self.fedavg_upload(cid, result)
         self.rep[cid] = {k: v for k, v in result.trained.items() if k not in self.head}
         self.rep_buffers[cid] = dict(result.buffers)
         head = {k: result.trained[k] for k in self.head}
@@ -107,9 +111,9 @@ class LGFedAvg(Algorithm):
         avg = average_state([u.payload for u in updates], [u.num_samples for u in updates], self.head)
         self.global_params = {**self.global_params, **avg}
 
-    def eval_model(self, cid: str) -> EvalModel:
-        rep, buffers = self.representation(cid)
-        return EvalModel({**rep, **self._global_head()}, buffers, self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel({**rep, **self._global_head()}, buffers, self.call)
+                for rep, buffers in map(self.representation, cids)]
 
     def client_state(self, cid: str) -> ClientState:
         rep, buffers = self.representation(cid)

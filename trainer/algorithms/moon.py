@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
-from trainer.local_training import cross_entropy
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.losses import cross_entropy
 from trainer.models.stateless import stateless_call
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 GLOBAL, PREV = "moon:glob:", "moon:prev:"  # the constants' prefixes: w^t and w_i^{t−1} (parameters and buffers)
 
@@ -105,6 +106,7 @@ class Moon(Algorithm):
         task.loss = self.loss
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        self.previous[cid] = {**result.trained, **result.buffers}  # z_prev's model at the next participation
-        return super().client_update(cid, rnd, result)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        for cid, result in results:  # z_prev's model at the client's next participation
+            self.previous[cid] = {**result.trained, **result.buffers}
+        return super().client_updates(rnd, results)

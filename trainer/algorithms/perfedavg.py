@@ -17,7 +17,7 @@ only a client whose whole round is one minibatch uses it as both D and D'). ``ma
 The server averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient
 step of size α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with
 w_i; that adapted model is what the run directory stores for the client. With training batched, every client's
-adaptation step runs at once in the batched loop (:meth:`PerFedAvg.eval_models`).
+adaptation step runs at once in the batched engine (:meth:`PerFedAvg.eval_models`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, EvalModel, LocalTask
-from trainer.local_training import cross_entropy
-from trainer.run_dir import ClientState
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.losses import cross_entropy
+from trainer.records import ClientState, EvalModel, LocalTask
 
 
 @dataclass(frozen=True)
@@ -38,23 +38,33 @@ class PerFedAvgArgs:
     alpha: float = 0.01  # inner (adaptation) step size; the outer step β is training.lr
 
 
-def fo_maml_loss(call: Callable, alpha: float) -> Callable:
-    """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``:
-    D for the inner step, D' for the outer (a task with ``batches_per_step = 2``)."""
-    def inner(q, b, x_d, y_d):  # f(w; D), and the buffers its forward updated (batch norm)
-        b = {k: v.clone() for k, v in b.items()}
-        return cross_entropy(call(q, b, x_d), y_d), b
+@dataclass(frozen=True)
+class FoMamlLoss:
+    """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``: D for
+    the inner step, D' for the outer (a task with ``batches_per_step = 2``). ``call(params, buffers, x)`` is the
+    model; a value, so the tasks of a round (equal ``call`` and ``alpha``) are one kind of task."""
 
-    def loss(p, c, x, y, b):
+    call: Callable
+    alpha: float
+
+    def inner(self, q, b, x_d, y_d):  # f(w; D), and the buffers its forward updated (batch norm)
+        b = {k: v.clone() for k, v in b.items()}
+        return cross_entropy(self.call(q, b, x_d), y_d), b
+
+    def __call__(self, p, c, x, y, b):
         (x_d, x_d2), (y_d, y_d2) = x, y
         # ∇f(w; D) at stopgrad(w): first order. torch.func.grad (not autograd.grad) so that the batched loop can
         # vmap the step over clients; the inner forward's buffer updates come back as aux and are kept.
-        grads, new_b = torch.func.grad(inner, has_aux=True)({k: v.detach() for k, v in p.items()}, b, x_d, y_d)
+        grads, new_b = torch.func.grad(self.inner, has_aux=True)({k: v.detach() for k, v in p.items()}, b, x_d, y_d)
         for k, v in new_b.items():
             b[k].copy_(v)
-        adapted = {k: v - alpha * grads[k] for k, v in p.items()}
-        return cross_entropy(call(adapted, b, x_d2), y_d2)
-    return loss
+        adapted = {k: v - self.alpha * grads[k] for k, v in p.items()}
+        return cross_entropy(self.call(adapted, b, x_d2), y_d2)
+
+
+def fo_maml_loss(call: Callable, alpha: float) -> FoMamlLoss:
+    """Per-FedAvg's step loss (:class:`FoMamlLoss`)."""
+    return FoMamlLoss(call, alpha)
 
 
 def adapt(call: Callable, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
@@ -80,33 +90,31 @@ class PerFedAvg(Algorithm):
         task.batches_per_step = 2  # (D, D'): two consecutive minibatches of the client's order per step
         return task
 
-    def eval_model(self, cid: str) -> EvalModel:
-        d = self.client_data(cid)
-        if len(d.train_y):
-            self.personal[cid] = adapt(self.call, self.global_params, self.global_buffers,
-                                       d.train_x, d.train_y, self.args.alpha)
-        else:
-            self.personal[cid] = dict(self.global_params)
-        return EvalModel(self.personal[cid], self.global_buffers, self.call)
-
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        """Every client's adaptation step at once, by the batched loop: a local task of one step of size α
-        (``lr = alpha``, no momentum or decay) over the client's whole training set (one minibatch of all its
-        samples) is exactly :func:`adapt`; a client without training data takes no step."""
-        from trainer.batched import local_train_batched
-
-        data = [self.client_data(cid) for cid in cids]
-        tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
-                           lr=self.args.alpha) for _ in cids]
-        whole = max([d.num_train for d in data] + [1])
-        results = local_train_batched(tasks, [(d.train_x, d.train_y) for d in data],
-                                      [[np.arange(d.num_train)] for d in data], whole,
-                                      device=self.cfg.training.device)
-        for cid, res in zip(cids, results):
-            self.personal[cid] = res.trained
+        """Each client's model adapted by one gradient step of size α on its whole training set (a client without
+        training data takes none). With training batched the framework's engines take every client's step at once
+        (:meth:`~trainer.algorithms.base.Algorithm.train_tasks`): a local task of one step of size α (``lr =
+        alpha``, no momentum or decay) over one minibatch of all the client's samples is :func:`adapt` up to float
+        rounding; the one-after-another reference runs :func:`adapt` itself."""
+        if self.cfg.training.batched:
+            data = [self.client_data(cid) for cid in cids]
+            tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
+                               lr=self.args.alpha) for _ in cids]
+            whole = max([d.num_train for d in data] + [1])
+            results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data],
+                                       [[np.arange(d.num_train)] for d in data], whole)
+            self.personal.update({cid: res.trained for cid, res in zip(cids, results)})
+        else:
+            self.personal.update({cid: self._adapted(cid) for cid in cids})
         return [EvalModel(self.personal[cid], self.global_buffers, self.call) for cid in cids]
+
+    def _adapted(self, cid: str) -> dict[str, torch.Tensor]:
+        d = self.client_data(cid)
+        if not len(d.train_y):
+            return dict(self.global_params)
+        return adapt(self.call, self.global_params, self.global_buffers, d.train_x, d.train_y, self.args.alpha)
 
     def client_state(self, cid: str) -> ClientState:
         if cid not in self.personal:
-            self.eval_model(cid)
+            self.personal[cid] = self._adapted(cid)
         return ClientState(params=dict(self.personal[cid]))

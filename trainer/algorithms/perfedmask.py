@@ -14,7 +14,7 @@ Vectors", ICLR 2023; the poster's equations).
   solved exactly as a mixed-integer linear program (:func:`solve_pmask`, HiGHS through ``scipy.optimize.milp``).
 * Local update: w_n = w_g − η m_n ⊙ Σ ∇f_n — masked parameters are frozen (``grad_keep``), not removed.
 * Aggregation: w_g ← Σ_n k_n ⊙ w_n with (k_n)_l = (m_n)_l / Σ_n' (m_n')_l over the round's devices
-  (:func:`mask_weighted_average`); an element no device trained keeps its value.
+  (:func:`trainer.aggregation.mask_weighted_average`); an element no device trained keeps its value.
 * After training every device fine-tunes its head φ_n on its data (``finetune_task``); accuracy is reported
   before and after, with each device's trainable parameters and forward/backward FLOPs (the poster's tables).
 
@@ -37,9 +37,10 @@ import torch
 
 from edgemask.errors import ConfigError
 from trainer.accounting import forward_flops, layer_positions, tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.aggregation import mask_weighted_average
+from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
-from trainer.run_dir import ClientState
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)
@@ -145,14 +146,6 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
     return m, pmask_objective(m, s, p)
 
 
-def mask_weighted_average(global_value: torch.Tensor, values: list[torch.Tensor], masks: list[torch.Tensor]
-                          ) -> torch.Tensor:
-    """w_g = Σ_n k_n ⊙ w_n, (k_n)_l = (m_n)_l / Σ_n' (m_n')_l; elements with Σ m = 0 keep ``global_value``."""
-    den = sum(m.float() for m in masks)
-    num = sum(v.float() * m for v, m in zip(values, masks))
-    return torch.where(den > 0, num / den.clamp(min=1e-12), global_value)
-
-
 @ALGORITHMS.register("perfedmask")
 class PerFedMask(Algorithm):
     name = "perfedmask"
@@ -212,11 +205,14 @@ class PerFedMask(Algorithm):
         task.grad_keep = self.keep[cid]
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        upd = super().client_update(cid, rnd, result)
-        trained = {k: v for k, v in result.trained.items() if self.keep[cid][k].any()}
-        upd.bytes_up = tensor_bytes(trained)  # frozen layers are not sent
-        return upd
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """FedAvg's uploads, costed without the frozen layers (they are not sent)."""
+        out = []
+        for cid, result in results:
+            upd = self.fedavg_upload(cid, result)
+            upd.bytes_up = tensor_bytes({k: v for k, v in result.trained.items() if self.keep[cid][k].any()})
+            out.append(upd)
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for k, g in self.global_params.items():
@@ -248,8 +244,8 @@ class PerFedMask(Algorithm):
     def personal_params(self, cid: str) -> dict[str, torch.Tensor]:
         return {**self.global_params, **self.heads.get(cid, {})}
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.personal_params(cid), self.global_buffers, self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel(self.personal_params(cid), self.global_buffers, self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))

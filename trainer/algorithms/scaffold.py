@@ -16,7 +16,7 @@ buffers are averaged as FedAvg does (they are statistics, not iterates).
 Momentum and weight decay: the paper analyses plain SGD. Weight decay is part of g_i here (SCAFFOLD corrects the
 decayed objective). With momentum ρ = ``training.momentum`` the correction enters the momentum buffer like the
 gradient, and y_i − x is no longer η_l·K times the mean corrected gradient but η_l·‖a‖₁ times a weighted mean,
-‖a‖₁ = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) (FedNova's normalizer, :func:`trainer.algorithms.fednova.momentum_norm`).
+‖a‖₁ = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) (FedNova's normalizer, :func:`trainer.aggregation.momentum_norm`).
 Option II then divides by η_l‖a‖₁ instead of η_l K, so c_i⁺ stays an estimate of the local gradient, not one
 inflated up to 1/(1 − ρ) times; with ρ = 0 it is exactly the paper's K.
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import tensor_bytes
-from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult, LocalTask
-from trainer.algorithms.fednova import local_steps, momentum_norm
+from trainer.aggregation import local_steps, momentum_norm, stack_rows
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, LocalResult, LocalTask
 
 C_PREFIX, CI_PREFIX, DC_PREFIX = "scaffold:c:", "scaffold:ci:", "scaffold:dc:"
 
@@ -91,9 +91,6 @@ class Scaffold(Algorithm):
         t = self.cfg.training
         return momentum_norm(local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs),
                              t.momentum)
-
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload at once: option II's c_i⁺ (:func:`client_control_update`) on the clients' stacked

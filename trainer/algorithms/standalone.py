@@ -11,8 +11,8 @@ starts from the same seeded initial weights; evaluation uses its own model.
 
 from __future__ import annotations
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.run_dir import ClientState
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @ALGORITHMS.register("standalone")
@@ -31,16 +31,20 @@ class Standalone(Algorithm):
         task.trainable, task.buffers = self.own[cid], self.own_buffers[cid]
         return task
 
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        self.own[cid], self.own_buffers[cid] = dict(result.trained), dict(result.buffers)
-        return ClientUpdate(cid, result.num_samples, {}, bytes_up=0, bytes_down=0, train_loss=result.loss,
-                            samples_seen=result.samples_seen)
+    def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
+        """Each client keeps what it trained; nothing crosses the network."""
+        out = []
+        for cid, result in results:
+            self.own[cid], self.own_buffers[cid] = dict(result.trained), dict(result.buffers)
+            out.append(ClientUpdate(cid, result.num_samples, {}, bytes_up=0, bytes_down=0, train_loss=result.loss,
+                                    samples_seen=result.samples_seen))
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         """No server."""
 
-    def eval_model(self, cid: str) -> EvalModel:
-        return EvalModel(self.own[cid], self.own_buffers[cid], self.call)
+    def eval_models(self, cids: list[str]) -> list[EvalModel]:
+        return [EvalModel(self.own[cid], self.own_buffers[cid], self.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params={**self.own[cid], **self.own_buffers[cid]})

@@ -19,7 +19,8 @@ import torch
 
 from trainer.accounting import tensor_bytes, topk_bytes
 from trainer.aggregation import stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm, ClientUpdate, LocalResult
+from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.records import ClientUpdate, LocalResult
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,6 @@ class TopK(Algorithm):
         """All parameters as one float32 vector ``(numel,)``, or ``rows`` clients' stacked ``(rows, numel)``."""
         shape = (-1,) if rows is None else (rows, -1)
         return torch.cat([params[n].reshape(shape).float() for n in self.names], dim=-1)
-
-    def client_update(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
-        return self.client_updates(rnd, [(cid, result)])[0]
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload at once: the clients' updates Δ_k stacked as rows ``(K, numel)`` (read in place

@@ -94,8 +94,8 @@ def unit_alive(site: MaskSite, masks: dict[str, torch.Tensor]) -> torch.Tensor |
 
 def any_nonzero(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``x.ne(0).any(dim)``: the largest ``|x|`` along ``dim`` is above 0 (NaN counts as non-zero, as in ``ne``).
-    On the CPU a float max runs ~7× faster than a boolean ``any`` (2.9 ms -> 0.4 ms for 100 clients' 128×64
-    masks), and the liveness is computed in every training step of a masked model."""
+    On the CPU a float max is vectorized where a boolean ``any`` is not, and the liveness is computed in every
+    training step of a masked model."""
     if not x.is_floating_point():
         return x.ne(0).any(dim)
     return x.detach().abs().nan_to_num_(nan=1.0).amax(dim) > 0

@@ -29,7 +29,7 @@ def test_fedselect_evaluates_and_saves_each_client_with_its_own_batch_norm_stati
         own = algo.buffers[cid]  # where its next local training resumes (local_task)
         assert torch.equal(algo.local_task(cid, 1).buffers[name], own[name])
         assert not torch.equal(own[name], algo.global_buffers[name])  # the server's average differs
-        ev = algo.eval_model(cid)
+        ev = algo.eval_models([cid])[0]
         assert all(torch.equal(ev.buffers[k], v) for k, v in own.items()), cid
         d = algo.client_data(cid)
         acc, _ = evaluate(lambda x: algo.call(algo.client_model(cid), own, x), d.test_x, d.test_y)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.aggregation import mask_weighted_average
 from trainer.algorithms.fedpews import bernoulli_ste, fixed_partition, server_update
-from trainer.algorithms.fedprox import proximal_term
 from trainer.algorithms.fedselect import shared_average, top_candidates
-from trainer.algorithms.perfedmask import mask_weighted_average, pmask_objective, solve_pmask
+from trainer.algorithms.perfedmask import pmask_objective, solve_pmask
+from trainer.losses import proximal_term
 
 
 # -- PerFedMask -------------------------------------------------------------------------------------------

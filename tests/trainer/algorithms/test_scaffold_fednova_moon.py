@@ -12,7 +12,8 @@ import torch
 
 from trainer.accounting import tensor_bytes
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.fednova import NORM_KEY, momentum_norm, normalized_average
+from trainer.aggregation import momentum_norm
+from trainer.algorithms.fednova import NORM_KEY, normalized_average
 from trainer.algorithms.moon import contrastive_loss, representation_call
 from trainer.algorithms.scaffold import DC_PREFIX, client_control_update
 from trainer.batched import local_train_batched
@@ -86,7 +87,7 @@ def test_scaffold_local_steps_control_variates_and_server_update_by_hand():
         ys[cid] = {"out.weight": W, "out.bias": bias}
         np.testing.assert_allclose(res.trained["out.weight"].numpy(), W, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(res.trained["out.bias"].numpy(), bias, rtol=1e-5, atol=1e-6)
-        ups.append(algo.client_update(cid, 0, res))
+        ups.append(algo.client_updates(0, [(cid, res)])[0])
         dcs[cid] = {}
         for k in x:
             c_plus = ci[cid][k] - c[k] + (x[k] - ys[cid][k]) / (2 * 0.1)  # option II, K = 2
@@ -106,7 +107,7 @@ def test_scaffold_local_steps_control_variates_and_server_update_by_hand():
 def test_scaffold_uploads_model_and_control_delta_downloads_model_and_c():
     algo = make("scaffold", momentum=0.9)
     res, _ = train(algo, algo.client_ids[0])
-    upd = algo.client_update(algo.client_ids[0], 0, res)
+    upd = algo.client_updates(0, [(algo.client_ids[0], res)])[0]
     model = tensor_bytes(algo.global_params)
     assert not algo.global_buffers and upd.bytes_up == 2 * model == upd.bytes_down
     assert algo.local_steps(algo.client_ids[0]) == momentum_norm(2, 0.9)  # 30 samples, B = 16: K = 2, under ρ
@@ -171,7 +172,7 @@ def test_fednova_aggregate_by_hand_with_unequal_steps_and_momentum():
     ups = []
     for cid, n in zip(algo.client_ids, sizes):
         res, _ = train(algo, cid)
-        upd = algo.client_update(cid, 0, res)
+        upd = algo.client_updates(0, [(cid, res)])[0]
         assert float(upd.payload[NORM_KEY]) == pytest.approx(momentum_norm(2 * math.ceil(n / 16), 0.5))
         assert upd.bytes_up == tensor_bytes(algo.global_params) + 4  # y_i and one float32
         ups.append(upd)
@@ -240,7 +241,7 @@ def test_moon_task_loss_is_cross_entropy_plus_mu_contrastive_with_global_and_pre
     noisy = lambda: {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in algo.global_params.items()}  # noqa
     prev, local = noisy(), noisy()
     res, _ = train(algo, cid)
-    algo.client_update(cid, 0, res)
+    algo.client_updates(0, [(cid, res)])[0]
     task = algo.local_task(cid, 1)
     assert torch.equal(task.constants["moon:prev:fc1.weight"], res.trained["fc1.weight"])  # last participation
     task.constants.update({f"moon:prev:{k}": v for k, v in prev.items()})

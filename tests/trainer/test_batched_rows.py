@@ -1,4 +1,4 @@
-"""trainer.algorithms.base: the batched loop's results and FedAvg's uploads stay rows of one stack until their
+"""trainer.batched_rows: the batched loop's results and FedAvg's uploads stay rows of one stack until their
 dicts are read; the server then averages the stack itself, and gets what it gets from the dicts."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.base import LocalResult, Row, StackedRows, stacked_uploads
 from trainer.batched import local_train_batched
+from trainer.batched_rows import Row, StackedRows, stacked_uploads
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
+from trainer.records import LocalResult
 from trainer.sampling import batch_orders
 
 
