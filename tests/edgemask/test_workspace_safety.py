@@ -29,14 +29,20 @@ def _hold(path, ready, release):
         release.wait(10)
 
 
-def test_second_holder_is_refused_with_one_line_then_gets_it_after_release(tmp_path):
-    lock = tmp_path / ".lock"
+def _holder(lock):
+    """Another process holding ``lock`` until the returned event is set; (process, release event)."""
     ctx = mp.get_context("fork")
     ready, release = ctx.Event(), ctx.Event()
     p = ctx.Process(target=_hold, args=(lock, ready, release))
     p.start()
+    assert ready.wait(10)
+    return p, release
+
+
+def test_second_holder_is_refused_with_one_line_then_gets_it_after_release(tmp_path):
+    lock = tmp_path / ".lock"
+    p, release = _holder(lock)
     try:
-        assert ready.wait(10)
         t0 = time.monotonic()
         with pytest.raises(EdgemaskError, match="the thing is in use by another edgemask process") as e:
             with exclusive_lock(lock, "the thing", wait_s=0.3):
@@ -52,11 +58,7 @@ def test_second_holder_is_refused_with_one_line_then_gets_it_after_release(tmp_p
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     lock = tmp_path / ".lock"
-    ctx = mp.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    p = ctx.Process(target=_hold, args=(lock, ready, release))
-    p.start()
-    assert ready.wait(10)
+    p, _ = _holder(lock)
     p.kill()
     p.join(10)
     with exclusive_lock(lock, "the thing"):
