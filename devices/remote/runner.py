@@ -550,13 +550,43 @@ class TfliteRuntime(object):
             raise ProfilerMissing(TFLITE_NO_PROFILER)
         self.interp = self.Interpreter(model_path=path, num_threads=threads)
         self.interp.allocate_tensors()
-        self.inp = self.interp.get_input_details()[0]["index"]
-        self.out = self.interp.get_output_details()[0]["index"]
+        self.inp = self.interp.get_input_details()[0]
+        self.out = self.interp.get_output_details()[0]
+        # an int8 file's input and output are integer tensors: q = round(x / s) + z in, (q - z) * s out
+        self.quantized = _is_quantized(self.inp) or _is_quantized(self.out)
 
     def run(self, x):
-        self.interp.set_tensor(self.inp, x)
+        if self.quantized:
+            x = _tflite_quantize(x, self.inp)
+        self.interp.set_tensor(self.inp["index"], x)
         self.interp.invoke()
-        return self.interp.get_tensor(self.out)
+        y = self.interp.get_tensor(self.out["index"])
+        return _tflite_dequantize(y, self.out) if self.quantized else y
+
+
+def _is_quantized(detail):
+    import numpy as np
+
+    return np.dtype(detail["dtype"]).kind != "f" and detail["quantization"][0] != 0
+
+
+def _tflite_quantize(x, detail):
+    import numpy as np
+
+    if not _is_quantized(detail):
+        return x.astype(detail["dtype"])
+    scale, zero = detail["quantization"]
+    info = np.iinfo(detail["dtype"])
+    return np.clip(np.round(x / scale) + zero, info.min, info.max).astype(detail["dtype"])
+
+
+def _tflite_dequantize(q, detail):
+    import numpy as np
+
+    if not _is_quantized(detail):
+        return q
+    scale, zero = detail["quantization"]
+    return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
 
 
 RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRuntime}

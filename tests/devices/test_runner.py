@@ -208,3 +208,46 @@ def test_executorch_pte_runs_through_the_runner(local, tmp_path):
     assert m.ok, m.error
     assert m.accuracy == 1.0 and m.output_max_abs_diff <= 1e-5 and m.threads == 2
     assert m.runtime_version.startswith("executorch 1.4.1") and m.runs >= 30
+
+
+TFLITE = pytest.mark.skipif(__import__("importlib").util.find_spec("litert_torch") is None,
+                            reason="tflite extra not installed")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("tflite", marks=TFLITE)])
+def test_an_int8_file_is_checked_against_its_own_host_deviation(local, tmp_path, fmt):
+    """A quantized file's outputs lie ~1e-2 from the fp32 reference in sample_io: the device is held to the
+    deviation the host measured for that file (export's max_abs_diff) x INT8_MARGIN, not to fp32's 1e-5, and a
+    TFLite int8 file's integer input and output are quantized and dequantized by the runner."""
+    import numpy as np
+    import torch
+
+    from devices.benchmark import INT8_MARGIN
+    from export.formats import FORMATS, ExportSettings, FormatContext
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(64, 6)
+    with torch.no_grad():
+        y = model(x).numpy()
+    f = FORMATS.get(fmt)
+    art = make_artifact(tmp_path / "art")
+    name = f.filename("int8")
+    f.write(model, art / name, FormatContext(x[:1], ExportSettings(int8=True), x), "int8")
+    got = f.run(art / name, x[:8].numpy())
+    deviation = float(np.abs(got - y[:8]).max())
+    assert 1e-5 < deviation < 0.5 * np.abs(y).max()  # quantized: not exact, not garbage
+    write_sample_io(art / SAMPLE_IO, x[:8].numpy(), y[:8], y[:8].argmax(1).astype(np.int64))
+    entry = ArtifactFile(format=fmt, variant="int8", file=name, sha256=sha256_file(art / name),
+                         bytes=(art / name).stat().st_size, runtime=f.runtime, max_abs_diff=deviation)
+    manifest = load_manifest(art)
+    write_manifest(art, replace(manifest, files=[entry], sample_io={**manifest.sample_io, "count": 8,
+                                                                    "sha256": sha256_file(art / SAMPLE_IO)}))
+    m = run_benchmark(LocalConnection(local), local, art, fmt, "int8", settings=FAST, timeout=300)
+    assert m.ok, m.error
+    assert deviation * 0.99 <= m.output_max_abs_diff <= deviation * INT8_MARGIN
+    # the same file without the host's deviation cannot be checked: refused, naming the file
+    write_manifest(art, replace(load_manifest(art), files=[replace(entry, max_abs_diff=None)]))
+    m = run_benchmark(LocalConnection(local), local, art, fmt, "int8", settings=FAST, timeout=300)
+    assert not m.ok and f"{art / name}: the manifest records no host output deviation" in m.error

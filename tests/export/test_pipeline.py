@@ -98,6 +98,10 @@ def test_every_accuracy_names_its_samples_and_int8_compares_like_with_like(run_d
             got = FORMATS.get("onnx").run(d / f.file, data.test_x[:n].numpy())
             assert f.accuracy == pytest.approx(float((got.argmax(1) == data.test_y[:n].numpy()).mean()))
         assert int8.accuracy_change == pytest.approx(int8.accuracy - fp32.accuracy)
+        # the int8 file's deviation from the outputs a device checks against (sample_io), as the host ran it
+        io = np.load(d / "sample_io.npz")
+        got = FORMATS.get("onnx").run(d / int8.file, io["input"])
+        assert int8.max_abs_diff == pytest.approx(float(np.abs(got - io["output"]).max())) and int8.max_abs_diff > 0
 
 
 def test_manifest_round_trip(run_dir, tmp_path):
