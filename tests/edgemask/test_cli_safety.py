@@ -5,7 +5,6 @@ pickle given as weights. Each is one line and a non-zero exit, and nothing alrea
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import pickle
 import shutil
@@ -16,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgemask.fileio import exclusive_lock, sha256_file
+from edgemask.fileio import sha256_file
+from lock_holder import hold_lock
 from test_cli import assert_clean_failure, edgemask
 from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
 from trainer.simulation import simulate
@@ -84,19 +84,10 @@ def test_workspace_that_is_a_file_is_refused_before_training(tmp_path):
     assert ws.read_text() == "not a directory"
 
 
-def _hold_lock(path: str, ready, release) -> None:
-    with exclusive_lock(path, "test holder"):
-        ready.set()
-        release.wait(60)
-
-
 def test_second_training_of_a_run_id_leaves_at_once_while_one_writes_it(tmp_path):
-    ctx = mp.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold_lock, args=(str(tmp_path / "runs" / ".r.lock"), ready, release))
-    holder.start()  # stands for an `edgemask train` of run id r that is still training
+    # the holder stands for an `edgemask train` of run id r that is still training
+    holder, release = hold_lock(tmp_path / "runs" / ".r.lock", "test holder")
     try:
-        assert ready.wait(30)
         p = edgemask("train", "--workspace", str(tmp_path), "--config", str(train_toml(tmp_path / "t.toml", "r")))
     finally:
         release.set()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.fileio import exclusive_lock
 from edgemask.workspace import check_name
+from lock_holder import hold_lock
 
 
 @pytest.mark.parametrize("name", ["demo-fedmask", "client-007", "run_1.2", "a"])
@@ -23,25 +23,9 @@ def test_names_that_would_leave_the_workspace_are_refused(name):
         check_name(name, "run_id in t.toml")
 
 
-def _hold(path, ready, release):
-    with exclusive_lock(path, "the thing"):
-        ready.set()
-        release.wait(10)
-
-
-def _holder(lock):
-    """Another process holding ``lock`` until the returned event is set; (process, release event)."""
-    ctx = mp.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    p = ctx.Process(target=_hold, args=(lock, ready, release))
-    p.start()
-    assert ready.wait(10)
-    return p, release
-
-
 def test_second_holder_is_refused_with_one_line_then_gets_it_after_release(tmp_path):
     lock = tmp_path / ".lock"
-    p, release = _holder(lock)
+    p, release = hold_lock(lock)
     try:
         t0 = time.monotonic()
         with pytest.raises(EdgemaskError, match="the thing is in use by another edgemask process") as e:
@@ -58,7 +42,7 @@ def test_second_holder_is_refused_with_one_line_then_gets_it_after_release(tmp_p
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     lock = tmp_path / ".lock"
-    p, _ = _holder(lock)
+    p, _ = hold_lock(lock)
     p.kill()
     p.join(10)
     with exclusive_lock(lock, "the thing"):
