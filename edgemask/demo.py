@@ -105,18 +105,17 @@ What the numbers are:
 
 def summary(runs: dict[str, Path], results_dir: Path) -> str:
     """The demo's closing summary: training per algorithm, then the report's verdict-led table of every measured
-    setting (:func:`profiling.report.summary_table`, the same rows as summary.md), then what each number is."""
+    setting (:func:`profiling.report.summary_table`, the same rows as summary.md), then what each number is.
+    Latency and speedup appear only in the second table, where each carries its verdict."""
     from profiling.report import summary_table as settings_table
 
-    return "\n\n".join([summary_table(runs, results_dir), settings_table(results_dir), LEGEND])
+    return "\n\n".join([training_table(runs, results_dir), settings_table(results_dir), LEGEND])
 
 
-def summary_table(runs: dict[str, Path], results_dir: Path) -> str:
-    """Per algorithm: mean personalized accuracy, bytes communicated, parameters and p50 latency dense vs
-    compacted (mean over the algorithm's client artifacts), per format."""
+def training_table(runs: dict[str, Path], results_dir: Path) -> str:
+    """Per algorithm: mean personalized accuracy, bytes communicated (and their ratio to FedAvg's), and the
+    parameters of the dense model and of its exported clients (mean over the client artifacts)."""
     import json
-
-    import numpy as np
 
     from profiling.store import load_results
 
@@ -124,29 +123,19 @@ def summary_table(runs: dict[str, Path], results_dir: Path) -> str:
     rows = []
     for algo, run_path in runs.items():
         summary = json.loads((run_path / "summary.json").read_text())
-        run_id = run_path.name
-        d = df[(df["run_id"] == run_id) & df["ok"]]
-        for fmt in sorted(d["format"].unique()):
-            f = d[d["format"] == fmt]
-            dense = f[f["kind"] == "dense"]
-            comp = f[f["kind"] != "dense"]
-            if comp.empty:  # no personal structure (FedAvg): every client runs the dense model
-                comp = dense
-            p50 = lambda g: float(np.mean([np.percentile(x, 50) for x in g["latency_ms"]])) if len(g) else float("nan")
-            rows.append((
-                algo, fmt, summary["mean_accuracy"], summary["bytes_up"] + summary["bytes_down"],
-                int(dense["params_dense"].iloc[0]) if len(dense) else -1,
-                float(comp["params_compacted"].astype(float).mean()),
-                p50(dense), p50(comp),
-            ))
-    base = {r[1]: r[3] for r in rows if r[0] == "fedavg"}
-    head = ("algorithm", "format", "mean pers. acc", "bytes comm.", "vs FedAvg", "params dense",
-            "params compacted", "p50 dense ms", "p50 compacted ms", "speedup")
+        d = df[(df["run_id"] == run_path.name) & df["ok"]]
+        dense, comp = d[d["kind"] == "dense"], d[d["kind"] != "dense"]
+        if comp.empty:  # no personal structure (FedAvg): every client runs the dense model
+            comp = dense
+        rows.append((algo, summary["mean_accuracy"], summary["bytes_up"] + summary["bytes_down"],
+                     int(dense["params_dense"].iloc[0]) if len(dense) else -1,
+                     float(comp["params_compacted"].astype(float).mean())))
+    base = next((r[2] for r in rows if r[0] == "fedavg"), None)
+    head = ("algorithm", "mean pers. acc", "bytes comm.", "vs FedAvg", "params dense", "params compacted")
     lines = [head]
-    for algo, fmt, acc, nbytes, pd_, pc, ld, lc in rows:
-        ratio = nbytes / base[fmt] if base.get(fmt) else float("nan")
-        lines.append((algo, fmt, f"{acc:.4f}", f"{nbytes:,}", f"{ratio:.4f}×", f"{pd_:,}", f"{pc:,.0f}",
-                      f"{ld:.4f}", f"{lc:.4f}", f"{ld / lc:.2f}×"))
+    for algo, acc, nbytes, pd_, pc in rows:
+        ratio = nbytes / base if base else float("nan")
+        lines.append((algo, f"{acc:.4f}", f"{nbytes:,}", f"{ratio:.4f}×", f"{pd_:,}", f"{pc:,.0f}"))
     widths = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
     fmt_row = lambda r: "  ".join(str(c).rjust(w) for c, w in zip(r, widths))
     return "\n".join([fmt_row(lines[0]), "  ".join("-" * w for w in widths), *map(fmt_row, lines[1:])])
