@@ -21,6 +21,7 @@ from trainer.batched import compatible_groups, local_train_batched
 from trainer.batched_ops import BatchedLayers, vmap_clients
 from trainer.sampling import batch_orders
 from trainer.simulation import phase_streams, seed_tasks, train_clients
+from trainer.task_functions import Fn, resolve
 
 
 class Clock:
@@ -65,7 +66,7 @@ def round_parts(ours: OurLoop, ref: Reference, rnd: int, clock: Clock) -> None:
 def step_parts(ours: OurLoop, ref: Reference, x: torch.Tensor, y: torch.Tensor, clock: Clock) -> None:
     algo = ours.algo
     C = x.shape[0]
-    forward = vmap_clients(algo.forward_of_params, BatchedLayers())  # the mode inside vmap, as the loop runs it
+    forward = vmap_clients(resolve(Fn("model"), algo.model_spec), BatchedLayers())  # the mode inside vmap, as the loop runs it
     for name in ("ours", "reference"):
         clock.start()
         P = {k: v.unsqueeze(0).expand(C, *v.shape).clone().requires_grad_(True)

@@ -1,19 +1,19 @@
 """Train a round's clients together: the batched form of :func:`trainer.local_training.local_train`.
 
-Clients whose :class:`LocalTask` s are compatible (equal functions, the same tensor names, shapes and dtypes:
-:func:`task_signature`) are stacked along a leading client dimension C and trained as one
-computation:
+Clients whose :class:`LocalTask` s are compatible (the same model, function names and settings, the same tensor
+names, shapes and dtypes: :func:`task_signature`) are stacked along a leading client dimension C and trained as one
+computation, each task field read as :mod:`trainer.task_program` says:
 
 * ``trainable`` / ``constants`` / ``buffers`` / ``grad_keep``: ``(C, *shape)`` — per-client state, one op per
-  tensor name (a tensor every task holds, e.g. FedAvg's global weights, is broadcast); what the closures
-  capture (e.g. FedMask's frozen weights) is shared and never copied;
+  tensor name (a tensor every task holds, e.g. FedAvg's global weights or FedMask's frozen ones, is broadcast,
+  never copied);
 * step ``s`` of every client at once: ``x (C, B, *input)``, ``y (C, B)`` gathered from each client's own order
   (:func:`trainer.sampling.batch_order`, the same orders as the sequential loop), with a per-sample weight
   ``w (C, B)``: 1 for a real sample, 0 for padding (a client's last partial batch, or no batch at all once the
   client has run out of steps);
 * loss: client c's loss is the mean cross-entropy over its real samples (+ its regularizer), the total loss
   the *sum* over active clients, so each client's gradient is exactly its own; the forward is ``vmap``
-  (:func:`~trainer.batched_ops.vmap_clients`) over the task's forward, the cross-entropy one op over the
+  (:func:`~trainer.batched_ops.vmap_clients`) over the task's forward function, the cross-entropy one op over the
   flattened ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
 * SGD with momentum and weight decay written on the stacked tensors, equal to the sequential loop per client
   (``d = (g + wd·p) ⊙ keep``, so frozen elements never move; ``buf = d`` on the first step, ``buf = μ·buf + d``
@@ -48,10 +48,11 @@ from torch.nn.utils.rnn import pad_sequence
 from edgemask.errors import ConfigError
 from trainer.batched_ops import BatchedLayers, vmap_clients
 from trainer.batched_rows import Row, StackedRows
-from trainer.local_training import draw_noise, evaluate, local_train, noise_generator
+from trainer.local_training import evaluate, local_train
 from trainer.losses import cross_entropy
 from trainer.records import EvalModel, LocalResult, LocalTask
 from trainer.sampling import step_plan
+from trainer.task_program import TaskProgram, direction, draw_noise, kind, noise_generator, program, tensor_rate
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
@@ -98,7 +99,7 @@ def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, t
         if key not in _PROBED:  # once per kind of task: the rounds of one run share it
             if len(_PROBED) >= 16:
                 _PROBED.clear()
-            _PROBED[key] = _probe(tasks[first], data[first], batch_size, dev)  # the key holds the functions
+            _PROBED[key] = _probe(tasks[first], data[first], batch_size, dev)
         probe = _PROBED[key]
         if isinstance(probe, str):
             warnings.warn(f"batched training falls back to the sequential loop for {len(group)} client(s): {probe}",
@@ -147,13 +148,12 @@ def compatible_groups(tasks: list[LocalTask]) -> list[list[int]]:
 
 
 def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -> Hashable:
-    """Two tasks with equal signatures compute the same function of their (stacked) tensors: equal functions
-    (:class:`~trainer.records.LocalTask`: the same function object, bound methods of the same object, or equal
-    values such as :class:`~trainer.losses.Proximal`), the same tensor names, shapes and dtypes. ``memo`` keeps the
-    specs of dicts of the very same tensors (by identity) while it is alive, e.g. one grouping call."""
-    return (task.forward, task.regularizer, task.loss, task.project, task.batches_per_step,
-            tuple(task.noise.items()), _spec(task.trainable, memo), _spec(task.constants, memo),
-            _spec(task.buffers, memo), _spec(task.grad_keep, memo))
+    """Two tasks with equal signatures compute the same function of their (stacked) tensors: the same
+    :func:`~trainer.task_program.kind` (model, function names and settings), the same tensor names, shapes and
+    dtypes. ``memo`` keeps the specs of dicts of the very same tensors (by identity) while it is alive, e.g. one
+    grouping call."""
+    return (kind(task), _spec(task.trainable, memo), _spec(task.constants, memo), _spec(task.buffers, memo),
+            _spec(task.grad_keep, memo))
 
 
 def _spec(d: dict[str, torch.Tensor], memo: dict[Hashable, tuple] | None) -> tuple:
@@ -194,13 +194,13 @@ def _held_keys(ds: list[dict[str, torch.Tensor]]) -> set[str]:
     return {k for k, v in ds[0].items() if all(map(operator.is_, map(operator.itemgetter(k), ds), repeat(v)))}
 
 
-def _client_loss(task: LocalTask) -> Callable:
+def _client_loss(prog: TaskProgram) -> Callable:
     """One client's (data loss, regularizer) from its own tensors; vmapped over the client dimension."""
-    fwd, reg, own = task.forward, task.regularizer, task.loss
+    fwd, reg, own = prog.forward, prog.regularizer, prog.loss
 
     def loss(p, c, b, x, y, w, n):
         if own is not None:  # the task's own data loss of an unpadded batch (w is all ones)
-            data = own(p, c, x, y, b)
+            data = own(p, c, x, y, b)  # x, y: the step's k minibatches (a tuple when k > 1)
         else:
             logits = fwd(p, c, x, b)  # (B, classes)
             data = (cross_entropy(logits, y, reduction="none") * w).sum() / n  # mean over real samples
@@ -218,6 +218,7 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     x, y = data
     if len(y) == 0:
         return 0, False
+    prog = program(task)
     idx = torch.arange(batch_size) % len(y)
     p = {k: v.detach().unsqueeze(0).to(dev).requires_grad_(True) for k, v in task.trainable.items()}
     c = {k: v.unsqueeze(0).to(dev) for k, v in task.constants.items()}
@@ -238,13 +239,13 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     args = (p, c, b, xb, yb, torch.ones(1, k * batch_size, device=dev), torch.full((1,), float(k * batch_size),
                                                                                  device=dev))
     def step_loss() -> None:
-        if task.loss is None and not task.buffers:  # as the padded loop computes it: the forward and the
+        if prog.loss is None and not task.buffers:  # as the padded loop computes it: the forward and the
             # regularizer vmapped apart, the cross-entropy outside vmap over the flattened batch
-            F.cross_entropy(vmap_clients(task.forward, layers)(p, c, xb, b).flatten(0, 1), yb.flatten())
-            if task.regularizer is not None:
-                vmap_clients(task.regularizer)(p, c)
+            F.cross_entropy(vmap_clients(prog.forward, layers)(p, c, xb, b).flatten(0, 1), yb.flatten())
+            if prog.regularizer is not None:
+                vmap_clients(prog.regularizer)(p, c)
         else:
-            vmap_clients(_client_loss(task), layers)(*args)
+            vmap_clients(_client_loss(prog), layers)(*args)
 
     try:
         try:
@@ -257,14 +258,14 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
             # under the hooks: run it unmeasured, and count the forward's saved tensors on the step's samples
             # twice (the inner and the outer pass).
             saved = 0
-            vmap_clients(_client_loss(task), layers)(*args)
+            vmap_clients(_client_loss(prog), layers)(*args)
             xs = torch.cat(xb, 1) if k > 1 else xb
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                vmap_clients(task.forward, layers)(p, c, xs, {n: v.clone() for n, v in b.items()})
+                vmap_clients(prog.forward, layers)(p, c, xs, {n: v.clone() for n, v in b.items()})
             saved *= 2
-        if task.project is not None:
+        if prog.project is not None:
             with torch.no_grad():
-                vmap_clients(task.project)({n: v.detach() for n, v in p.items()})
+                vmap_clients(prog.project)({n: v.detach() for n, v in p.items()})
     except RuntimeError as e:  # random ops under vmap, tensors captured on another device, in-place on shared
         return str(e).splitlines()[0]
     return saved, layers.routed > 0
@@ -339,11 +340,12 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                    dev: torch.device, layers: bool = True) -> list[LocalResult]:
     C = len(tasks)
     t0 = tasks[0]
+    prog = program(t0)  # every task of the group is of its kind
     T = [t.trainable for t in tasks]
     # A tensor every client starts from (FedAvg's global weights) is stacked as a broadcast view, not copied C
     # times: the first update writes each client's own copy out of place (one pass over the memory, not two).
     # A projection writes the tensors in place from the first step, so then every client gets its copy up front.
-    copy = t0.project is not None
+    copy = prog.project is not None
     held = _held_keys(T)
     P = {k: v.detach().requires_grad_(True) for k, v in _stack(T, dev, copy, held).items()}
     fresh = set() if copy else held  # the keys stacked as broadcast views
@@ -355,17 +357,15 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     lr: dict[str, float | torch.Tensor] = {}  # per tensor: one rate, or one per client (C,)
     base_rates, per_tensor = [t.lr for t in tasks], any(t.lrs for t in tasks)
     for k in P:
-        rates = [t.lrs.get(k, t.lr) for t in tasks] if per_tensor else base_rates
+        rates = [tensor_rate(t, k) for t in tasks] if per_tensor else base_rates
         lr[k] = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=dev)
-    per_step = t0.batches_per_step
-    if per_step > 1 and t0.loss is None:
-        raise ValueError(f"batches_per_step = {per_step} needs the task's own loss (it receives the minibatches)")
-    padded = not Bf and t0.loss is None  # else split by batch size: batch norm statistics, own losses
+    per_step = prog.batches_per_step
+    padded = not Bf and prog.loss is None  # else split by batch size: batch norm statistics, own losses
     mode = BatchedLayers() if layers else None  # layout-keeping rules for linear, convolution, pooling layers
-    loss_fn = vmap_clients(_client_loss(t0), mode)
-    forward = vmap_clients(t0.forward, mode)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
-    regularizer = vmap_clients(t0.regularizer) if t0.regularizer is not None else None  # (P, K) -> (C,)
-    project = vmap_clients(t0.project) if t0.project is not None else None
+    loss_fn = vmap_clients(_client_loss(prog), mode)
+    forward = vmap_clients(prog.forward, mode)  # the padded path: (P, K, x (C, B, *input), Bf) -> logits (C, B, classes)
+    regularizer = vmap_clients(prog.regularizer) if prog.regularizer is not None else None  # (P, K) -> (C,)
+    project = vmap_clients(prog.project) if prog.project is not None else None
 
     # Minibatch plan: idx (S, C, k, B) into each client's samples (k minibatches per step), w real-sample weights.
     if per_step == 1:  # one minibatch a step: all clients' plans at once
@@ -392,7 +392,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     bufs: dict[str, torch.Tensor] = {}
     # Without momentum, weight decay or a regularizer, a client with no real sample has an exactly zero
     # gradient, so it stays put without masking its update.
-    zero_when_idle = padded and not momentum and not weight_decay and t0.regularizer is None
+    zero_when_idle = padded and not momentum and not weight_decay and prog.regularizer is None
     loss_sum = torch.zeros(C, dtype=torch.float64, device=dev)
     for s in range(S):
         active_np = counts_np[s] > 0
@@ -420,10 +420,7 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
                 if g is None:  # the parameter took no part in the loss: torch.optim.SGD skips it
                     continue
                 p = P[k]
-                if weight_decay:  # before the masking: a frozen element takes no decay either
-                    g = g.add(p, alpha=weight_decay)
-                if k in keep:
-                    g = g * keep[k]
+                g = direction(g, p, keep.get(k), weight_decay)  # (∇ + wd·p) ⊙ keep
                 if momentum:
                     if k not in bufs:
                         bufs[k] = g.clone()  # step 0: every client with any batch is active

@@ -6,22 +6,22 @@ The server keeps the algorithm; clients only train. The ServerApp runs :func:`~t
 itself — the same seeds, ``algo.setup()``, sampling schedule, ``next_phases``, ``client_updates``, ``aggregate``,
 evaluation, history and run directory — with a ``train_phase`` (:class:`FlowerTrainer`) that sends each phase's
 ``(client, task)`` pairs to the nodes holding the clients and waits for the trained tensors. What crosses the network
-is a :class:`TaskMessage`: the task's tensors (trainable, constants, buffers, grad_keep) and its other data fields
-(epochs, lr, lrs, max_steps, batches_per_step, noise, seed), plus the run's config as TOML. A task's closures
-(forward, regularizer, loss, project) never travel: the ClientApp builds the same algorithm from the same config,
-once per process (:class:`ClientSide`: a Ray actor keeps it for the whole run; a deployment's SuperNode starts a
-process per message, which builds it again), takes the closures of ``algo.local_task(cid, rnd)`` (or ``next_phases`` for a later
-phase) — closures capture only what every client shares (:class:`~trainer.records.LocalTask`) — puts the
-received tensors in, and runs :func:`~trainer.local_training.local_train` in the batch orders the round loop uses.
+is a :class:`TaskMessage`: the task itself, which is data (:class:`~trainer.records.LocalTask`) — its tensors
+(trainable, constants, buffers, grad_keep) and its settings (epochs, lr, lrs, max_steps, batches_per_step, noise,
+seed, the model spec and the names and settings of its registered functions, :mod:`trainer.task_functions`) — plus
+the run's config as TOML. The ClientApp builds no algorithm: it rebuilds the task from the message, takes its
+client's data from the dataset the config names (built once per process, :class:`ClientSide`: a Ray actor keeps it
+for the whole run; a deployment's SuperNode starts a process per message, which builds it again), and runs
+:func:`~trainer.local_training.local_train` in the batch orders the round loop uses.
 
 Nodes and clients: the node with ``partition-id`` p of ``num-partitions`` P (Flower's node config; the simulation
 engine gives one node per client, a deployment sets them with ``flower-supernode --node-config``) holds the clients
 whose index i in the dataset's order has i mod P = p. The server asks every node for its partition (a ``query``
 message) before the first round.
 
-What stays on the server: ``algo.setup()`` (e.g. FedMask's one-shot pruning), evaluation, and the fine-tuning after
-the last round (FedBABU's and PerFedMask's closures capture the final global body, not sent in the task's tensors);
-so the server builds the whole dataset too, as every node does.
+What stays on the server: the algorithm — ``algo.setup()`` (e.g. FedMask's one-shot pruning), ``local_task`` and
+``next_phases``, uploads, aggregation, evaluation and the fine-tuning after the last round; so the server builds the
+whole dataset too, as every node does.
 
     edgemask train --config X --engine flower [--flower-workers N]     # Flower's simulation engine, this host
     flwr run configs/flower-app <superlink> --run-config 'config="train.toml"'   # a deployment (README.md)
@@ -44,9 +44,10 @@ from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.workspace import check_name
 from trainer.algorithms.base import Algorithm
 from trainer.config import TrainConfig
-from trainer.records import LocalResult, LocalTask
+from trainer.data import build_dataset
+from trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
 from trainer.run_dir import run_lock
-from trainer.simulation import SimulationResult, build_algorithm, simulate, train_phase_on_host
+from trainer.simulation import SimulationResult, phase_stream, simulate, train_on_data
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message, RecordDict
@@ -59,11 +60,9 @@ __all__ = ["ClientSide", "FlowerTrainer", "TaskMessage", "client_app", "make_cli
 Tensors = dict[str, torch.Tensor]
 FLWR_VERSION = "1.41.0"
 INSTALL = "pip install -e .[flower]"
-# LocalTask's fields by how they travel: tensors as Flower ArrayRecords, closures not at all (the client takes its
-# own algorithm's), everything else as JSON (epochs, lr, lrs, max_steps, batches_per_step, ...).
-TENSOR_FIELDS = ("trainable", "constants", "buffers", "grad_keep")
-CLOSURE_FIELDS = ("forward", "regularizer", "loss", "project")
-SETTING_FIELDS = tuple(f.name for f in dataclasses.fields(LocalTask) if f.name not in TENSOR_FIELDS + CLOSURE_FIELDS)
+# LocalTask's fields by how they travel: tensors as Flower ArrayRecords, everything else (LocalTask.settings: the
+# settings, the model spec, the functions' names and settings) as JSON.
+SETTING_FIELDS = tuple(f.name for f in dataclasses.fields(LocalTask) if f.name not in TENSOR_FIELDS)
 # the ServerApp's run config (a deployment: ``[tool.flwr.app.config]`` of the app, or ``flwr run --run-config``)
 RUN_CONFIG_DEFAULTS = {"config": "", "runs-root": "workspace/runs", "node-timeout": 600.0, "reply-timeout": 0.0}
 
@@ -83,9 +82,9 @@ def require_flwr() -> None:
 
 @dataclass
 class TaskMessage:
-    """One client's local-training phase as the server sends it: the task's tensors and settings, not its
-    closures. ``tensors`` maps each of :data:`TENSOR_FIELDS` to its tensors; ``settings`` each of
-    :data:`SETTING_FIELDS` to a JSON value."""
+    """One client's local-training phase as the server sends it: the task as data. ``tensors`` maps each of
+    :data:`~trainer.records.TENSOR_FIELDS` to its tensors; ``settings`` is :meth:`LocalTask.settings` (each of
+    :data:`SETTING_FIELDS` to a JSON value)."""
 
     client_id: str
     round: int
@@ -96,14 +95,16 @@ class TaskMessage:
     @classmethod
     def of(cls, cid: str, rnd: int, phase: int, task: LocalTask) -> "TaskMessage":
         tensors = {f: {k: v.detach().cpu() for k, v in getattr(task, f).items()} for f in TENSOR_FIELDS}
-        return cls(cid, rnd, phase, tensors, {f: getattr(task, f) for f in SETTING_FIELDS})
+        return cls(cid, rnd, phase, tensors, task.settings())
 
-    def task(self, closures: LocalTask) -> LocalTask:
-        """``closures``'s forward, regularizer, loss and project with this message's tensors and settings."""
-        settings = dict(self.settings)
-        if "noise" in settings:  # JSON turned its shapes into lists
-            settings["noise"] = {k: tuple(v) for k, v in settings["noise"].items()}
-        return dataclasses.replace(closures, **self.tensors, **settings)
+    def task(self) -> LocalTask:
+        """The task this message carries (:meth:`LocalTask.from_parts`)."""
+        try:
+            return LocalTask.from_parts(self.tensors, self.settings)
+        except (KeyError, TypeError, ValueError) as e:
+            raise EdgemaskError(f"the task for client {self.client_id!r} (round {self.round}, phase {self.phase}) "
+                                f"is not one this node can read ({type(e).__name__}: {e}): do the server and the "
+                                "node run the same edgemask?") from None
 
     def to_records(self, config_toml: str) -> "RecordDict":
         from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -142,36 +143,24 @@ def result_from_records(content: "RecordDict") -> tuple[str, LocalResult]:
 # -- the client side --------------------------------------------------------------------------------------------
 
 class ClientSide:
-    """A node's copy of the run's algorithm, built from its config exactly as the server builds its own
-    (:func:`~trainer.simulation.build_algorithm`): the source of the tasks' closures and of the clients' data."""
+    """What a node holds of the run: its config and the dataset the config names, built as the server builds its
+    own (:func:`~trainer.data.build_dataset` with the run's seed) — the clients' data. No algorithm: a task
+    arrives whole (:class:`TaskMessage`)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.algo: Algorithm = build_algorithm(cfg)
-        self.index = {cid: i for i, cid in enumerate(self.algo.client_ids)}
-
-    def task(self, msg: TaskMessage) -> LocalTask:
-        """The task the server built for ``msg``: this algorithm's closures for the client, round and phase (a
-        later phase's from ``next_phases`` given a stand-in result of the received tensors), the message's
-        tensors and settings."""
-        algo, cid = self.algo, msg.client_id
-        if cid not in self.index:
-            raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")
-        closures = algo.local_task(cid, msg.round)
-        if msg.phase > 0:
-            trainable, buffers = msg.tensors["trainable"], msg.tensors["buffers"]
-            stand_in = LocalResult(dict(trainable), dict(buffers), 0.0, 0, algo.client_data(cid).num_train)
-            (closures,) = algo.next_phases(msg.round, msg.phase, [(cid, stand_in)])
-            if closures is None:
-                raise EdgemaskError(f"{algo.name}: next_phases gives no task for client {cid!r}, round {msg.round}, "
-                                    f"phase {msg.phase} on this node, but the server sent one: its next_phases "
-                                    "depends on more than the config and the task's tensors")
-        return msg.task(closures)
+        self.dataset = build_dataset(cfg.data, cfg.run.seed)
+        self.index = {c.client_id: i for i, c in enumerate(self.dataset.clients)}
 
     def train(self, msg: TaskMessage) -> LocalResult:
-        """The client's local training, in the batch orders of :func:`trainer.simulation.train_phase_on_host`."""
-        (res,) = train_phase_on_host(self.algo, msg.round, msg.phase, [(msg.client_id, self.task(msg))],
-                                     batched=False)  # one message, one client: the sequential loop
+        """The client's local training on its own data, in the batch orders of
+        :func:`trainer.simulation.train_phase_on_host` (the client's shuffle stream for the message's phase)."""
+        cid = msg.client_id
+        if cid not in self.index:
+            raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")
+        stream = phase_stream(self.index[cid], len(self.index), msg.phase)
+        (res,) = train_on_data(self.cfg, msg.round, [self.dataset.client(cid)], [stream], [msg.task()],
+                               batched=False)  # one message, one client: the sequential loop
         return res
 
 
@@ -180,7 +169,7 @@ _CLIENT_SIDE: dict[str, ClientSide] = {}  # per process: the run's config (TOML)
 
 def client_side(config_toml: str) -> ClientSide:
     if config_toml not in _CLIENT_SIDE:
-        _CLIENT_SIDE.clear()  # a new run: free the last one's dataset and algorithm
+        _CLIENT_SIDE.clear()  # a new run: free the last one's dataset
         cfg = TrainConfig.from_dict(tomllib.loads(config_toml), "the run's config (sent by the server)")
         _CLIENT_SIDE[config_toml] = ClientSide(cfg)
     return _CLIENT_SIDE[config_toml]

@@ -1,15 +1,17 @@
 """Loss math written once for the engines and the algorithms that share it: the cross-entropy both engines and
 the algorithms' own losses use (:func:`cross_entropy`), and FedProx's proximal term (FedProx itself, Ditto's
-personal model, FedPeWS's optional μ)."""
+personal model, FedPeWS's optional μ), registered as the task function ``proximal``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from trainer.records import LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
+
+Tensors = dict[str, torch.Tensor]
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -27,43 +29,28 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean"
     return per_sample.sum() / y.shape[-1]
 
 
-@dataclass(frozen=True)
-class Proximal:
-    """FedProx's term μ/2 Σ ‖w − w_g‖² over every trainable ``w`` whose anchor ``constants[prefix + name]``
-    exists, as a :attr:`~trainer.records.LocalTask.regularizer`. A value: two equal terms compare equal, so the
-    tasks holding them are one kind of task to the batched engine."""
+def proximal_term(mu: float, prefix: str = "g:") -> Callable[[Tensors, Tensors], torch.Tensor]:
+    """FedProx's term μ/2 Σ ‖w − w_g‖² (Li et al., MLSys 2020, Eq. 2) over every trainable ``w`` whose anchor
+    ``constants[prefix + name]`` exists: a regularizer ``(trainable, constants) -> scalar``."""
 
-    mu: float
-    prefix: str = "g:"
-
-    def __call__(self, trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
+    def proximal(trainable: Tensors, constants: Tensors) -> torch.Tensor:
         total = torch.zeros(())
         for k, w in trainable.items():
-            anchor = constants.get(self.prefix + k)
+            anchor = constants.get(prefix + k)
             if anchor is not None:
                 total = total + (w - anchor).pow(2).sum()
-        return 0.5 * self.mu * total
+        return 0.5 * mu * total
+
+    return proximal
 
 
-@dataclass(frozen=True)
-class RegularizerSum:
-    """``first(trainable, constants) + second(trainable, constants)``, as a value (equal parts: equal sums)."""
-
-    first: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], torch.Tensor]
-    second: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], torch.Tensor]
-
-    def __call__(self, trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.first(trainable, constants) + self.second(trainable, constants)
-
-
-def proximal_term(mu: float, prefix: str = "g:") -> Proximal:
-    """μ/2 Σ ‖w − w_g‖² (:class:`Proximal`)."""
-    return Proximal(mu, prefix)
+@task_function("proximal")
+def _proximal(model: ModelContext, mu: float, prefix: str = "g:") -> Callable[[Tensors, Tensors], torch.Tensor]:
+    """The registered task function ``proximal`` (settings ``mu``, ``prefix``): :func:`proximal_term`."""
+    return proximal_term(mu, prefix)
 
 
 def with_proximal(task: LocalTask, anchor: dict[str, torch.Tensor], mu: float) -> LocalTask:
-    """``task`` with FedProx's term toward ``anchor`` added to its regularizer (anchors go in its constants)."""
+    """``task`` with FedProx's term toward ``anchor`` added to its regularizers (anchors go in its constants)."""
     task.constants.update({f"g:{k}": v.detach().clone() for k, v in anchor.items() if k in task.trainable})
-    prox, base = Proximal(mu), task.regularizer
-    task.regularizer = prox if base is None else RegularizerSum(base, prox)
-    return task
+    return task.with_regularizer(Fn.of("proximal", mu=mu))

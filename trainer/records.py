@@ -12,38 +12,42 @@ made into a dict when first read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Protocol
 
 import torch
 
 from trainer.batched_rows import MadeOnRead, Row
+from trainer.task_functions import Fn, ModelSpec
 
 Tensors = dict[str, torch.Tensor]
-Forward = Callable[[Tensors, Tensors, torch.Tensor, Tensors], torch.Tensor]
+MODEL_FORWARD = Fn("model")  # the plain forward: the model on the trainable tensors
 
 
 @dataclass
 class LocalTask:
-    """What one client trains in one round.
+    """What one client trains in one round: tensors, settings and the names of its functions — plain data.
 
-    ``forward(trainable, constants, x, buffers)`` maps the trainable tensors and a batch ``(B, *input_shape)``
-    to logits ``(B, classes)``; ``regularizer(trainable, constants)`` adds to the data loss (e.g. FedMask's
-    group lasso, Eq. 10); ``buffers`` (batch-norm running statistics) are updated in place by the forward pass.
-    Everything that differs between clients must be in ``trainable``, ``constants`` or ``buffers`` — never
-    captured in the functions — so the loop can stack clients and train them together (torch.func.vmap).
-    Tasks whose functions compare equal (``==``: the same function object, bound methods of the same object,
-    or equal values such as :class:`~trainer.losses.Proximal`) and whose tensors agree in names, shapes and
-    dtypes are one kind of task, stacked by the batched engine; a fresh closure per task is a kind of its own.
+    ``model`` is the architecture the functions run (:class:`~trainer.task_functions.ModelSpec`); ``forward``,
+    ``regularizers``, ``loss`` and ``project`` name registered functions (:class:`~trainer.task_functions.Fn`: a
+    name and plain settings; :mod:`trainer.task_functions` lists their signatures). The forward maps the trainable
+    tensors and a batch ``(B, *input_shape)`` to logits ``(B, classes)``; the regularizers add to the data loss
+    (e.g. FedMask's group lasso, Eq. 10), summed in order; ``buffers`` (batch-norm running statistics) are updated
+    in place by the forward pass. Everything that differs between clients is in ``trainable``, ``constants`` or
+    ``buffers``, so tasks whose model, function names and settings are equal and whose tensors agree in names,
+    shapes and dtypes are one kind of task, stacked by the batched engine; and a task crosses a network as its
+    tensors plus :meth:`settings` (:meth:`from_parts` rebuilds it, :mod:`trainer.flower`).
     ``grad_keep`` zeroes the update of frozen elements, weight decay included (pruned mask entries, PerFedMask's
-    frozen params): they never move.
+    frozen params): they never move. How the engines read each field is written once, in
+    :mod:`trainer.task_program`.
     Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm
     keeps (the default task holds the global model itself: no per-client copy before training).
     """
 
     trainable: dict[str, torch.Tensor]
-    forward: Forward
-    regularizer: Callable[[Tensors, Tensors], torch.Tensor] | None = None
+    model: ModelSpec
+    forward: Fn = MODEL_FORWARD
+    regularizers: tuple[Fn, ...] = ()
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     epochs: int = 1
@@ -52,24 +56,63 @@ class LocalTask:
     max_steps: int | None = None  # stop after this many steps (each of ``batches_per_step`` minibatches)
     # per-tensor learning rates overriding ``lr`` (FedPeWS's mask rate η_s next to the weights' η_ℓ)
     lrs: dict[str, float] = field(default_factory=dict)
-    # ``loss(trainable, constants, x, y, buffers)``: the data loss of a step, replacing
-    # cross-entropy(forward(...), y). With ``batches_per_step`` k > 1, ``x`` and ``y`` are tuples of the step's k
-    # minibatches (Per-FedAvg's first-order MAML step: inner step on D, outer step on D').
-    loss: Callable[[Tensors, Tensors, Any, Any, Tensors], torch.Tensor] | None = None
+    # The step's data loss, replacing cross-entropy(forward(...), y). With ``batches_per_step`` k > 1, its ``x`` and
+    # ``y`` are tuples of the step's k minibatches (Per-FedAvg's first-order MAML step: inner step on D, outer
+    # step on D').
+    loss: Fn | None = None
     # How many consecutive minibatches of the client's batch order one optimizer step consumes (needs ``loss``):
     # the order's minibatches (over all epochs) are taken k at a time; a last incomplete group wraps around to
     # the round's first minibatches, so every sample is used and the step count is ceil(minibatches / k).
     batches_per_step: int = 1
-    # ``project(trainable) -> {name: tensor}``: after every optimizer step, the named trainable tensors are
-    # replaced by the returned ones (a projection, e.g. BNN's clip of the shadow weights to [-1, 1]). Must be
-    # per-client (it runs under vmap on stacked clients in the batched loop); ``None``: no projection.
-    project: Callable[[Tensors], Tensors] | None = None
+    # After every optimizer step, the named trainable tensors are replaced by the ones this function returns (a
+    # projection, e.g. BNN's clip of the shadow weights to [-1, 1]); ``None``: no projection.
+    project: Fn | None = None
     # Random numbers a step needs (FedPeWS's Bernoulli masks): ``{name: shape}``; before every step both loops put
     # fresh uniform [0, 1) tensors of these shapes into the constants the loss, forward and regularizer receive,
     # drawn from the client's own generator (seeded with ``seed``, which the round loop sets per client, round and
     # phase), so a client's draws do not depend on which clients train with it, nor on the loop.
     noise: dict[str, tuple[int, ...]] = field(default_factory=dict)
     seed: int = 0
+
+    def with_regularizer(self, fn: Fn) -> "LocalTask":
+        """This task with ``fn`` added after its regularizers (in place; returned for chaining)."""
+        self.regularizers = (*self.regularizers, fn)
+        return self
+
+    def settings(self) -> dict[str, Any]:
+        """Everything but the tensors (:data:`TENSOR_FIELDS`), as JSON-able data: the settings, the model and the
+        function names. ``LocalTask.from_parts(tensors, task.settings())`` is the task again."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in TENSOR_FIELDS:
+                continue
+            if f.name == "regularizers":
+                v = [r.to_data() for r in v]
+            elif isinstance(v, (Fn, ModelSpec)):
+                v = v.to_data()
+            elif f.name == "noise":
+                v = {k: list(s) for k, s in v.items()}
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_parts(cls, tensors: dict[str, dict[str, torch.Tensor]], settings: dict[str, Any]) -> "LocalTask":
+        """The task of ``tensors`` (each of :data:`TENSOR_FIELDS` to its tensors) and :meth:`settings`' data."""
+        s = dict(settings)
+        s["model"] = ModelSpec.from_data(s["model"])
+        s["forward"] = Fn.from_data(s["forward"])
+        s["regularizers"] = tuple(Fn.from_data(r) for r in s.get("regularizers", ()))
+        for name in ("loss", "project"):
+            s[name] = Fn.from_data(s[name]) if s.get(name) is not None else None
+        s["noise"] = {k: tuple(v) for k, v in s.get("noise", {}).items()}
+        unknown = set(s) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"task settings name unknown fields {sorted(unknown)}")
+        return cls(**{f: dict(tensors.get(f, {})) for f in TENSOR_FIELDS}, **s)
+
+
+TENSOR_FIELDS = ("trainable", "constants", "buffers", "grad_keep")  # LocalTask's fields that hold tensors
 
 
 @dataclass

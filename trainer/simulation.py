@@ -219,15 +219,23 @@ def train_phase_on_host(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple
     """One phase of round ``rnd`` for the ``(cid, task)`` pairs on this host: all together
     (:func:`trainer.batched.local_train_batched`) when ``batched`` (default: ``training.batched``), else one after
     another."""
-    cfg, t = algo.cfg, algo.cfg.training
-    data = [algo.client_data(cid) for cid, _ in pairs]
-    order = batch_orders([d.num_train for d in data], [task.epochs for _, task in pairs], cfg.run.seed, rnd,
-                         phase_streams(algo, phase, pairs))  # all at once
+    return train_on_data(algo.cfg, rnd, [algo.client_data(cid) for cid, _ in pairs], phase_streams(algo, phase, pairs),
+                         [task for _, task in pairs], batched)
+
+
+def train_on_data(cfg: TrainConfig, rnd: int, data: list[Any], streams: list[int], tasks: list[LocalTask],
+                  batched: bool | None = None) -> list[LocalResult]:
+    """``tasks[i]`` on the client data ``data[i]`` (its ``train_x``, ``train_y``) in round ``rnd``'s batch orders
+    of shuffle stream ``streams[i]`` (:func:`phase_stream`): what a phase needs besides the tasks, which a Flower
+    node has without an algorithm. All together when ``batched`` (default: ``training.batched``)."""
+    t = cfg.training
+    order = batch_orders([d.num_train for d in data], [task.epochs for task in tasks], cfg.run.seed, rnd,
+                         streams)  # all at once
     if t.batched if batched is None else batched:
-        return local_train_batched([task for _, task in pairs], [(d.train_x, d.train_y) for d in data], order,
+        return local_train_batched(tasks, [(d.train_x, d.train_y) for d in data], order,
                                    t.batch_size, t.momentum, t.weight_decay, t.device)
     return [local_train(task, d.train_x, d.train_y, o, t.batch_size, t.momentum, t.weight_decay)
-            for d, (_, task), o in zip(data, pairs, order)]
+            for d, task, o in zip(data, tasks, order)]
 
 
 def train_clients(algo: Algorithm, cids: list[str], rnd: int,

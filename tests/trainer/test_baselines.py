@@ -11,7 +11,7 @@ from trainer import batched_ops
 from trainer.accounting import tensor_bytes
 from trainer.algorithms import ALGORITHMS
 from trainer.records import LocalTask
-from trainer.algorithms.perfedavg import fo_maml_loss
+from trainer.algorithms.perfedavg import FoMamlLoss
 from trainer.batched import local_train_batched
 from trainer.algorithms.topk import top_k_sparsify
 from trainer.config import TrainConfig
@@ -22,6 +22,8 @@ from trainer.models import head_names
 from trainer.run_dir import load_run
 from trainer.sampling import batch_order
 from trainer.simulation import simulate
+
+from test_batched import lend, named  # a test's own functions and model as registered names
 
 
 def cfg(algo, clients=2, per_client=40, rounds=1, lr=0.05, args=None, **training) -> TrainConfig:
@@ -111,16 +113,16 @@ def test_uploads_computed_together_are_each_clients_own(name):
     assert not torch.equal(together[0].payload[own], together[1].payload[own])
 
 
-def test_bnn_forward_uses_plus_minus_one_weights_and_one_bit_uploads():
+def test_bnn_forward_uses_plus_minus_one_weights_and_one_bit_uploads(monkeypatch):
     algo = make("bnn_fedavg", args={"scale": False})
     seen = {}
-    call = algo.call
+    call = algo.model_context.call  # what the task's functions call the model with
 
     def spy(params, buffers, x):
         seen.update(params)
         return call(params, buffers, x)
 
-    algo.call = spy
+    monkeypatch.setattr(algo.model_context, "call", spy)
     res, upd = one_update(algo, algo.client_ids[0])
     for w in ("fc1.weight", "fc2.weight", "out.weight"):
         assert set(seen[w].detach().unique().tolist()) == {-1.0, 1.0}
@@ -197,15 +199,15 @@ def test_perfedavg_first_order_update_by_hand_on_two_different_batches(n):
         W = W - beta * _softmax_grad(W_tilde, X[D2], Y[D2])
 
     call = lambda p, b, x: x @ p["w"].T  # noqa: E731
-    task = LocalTask({"w": torch.from_numpy(W0.copy())}, forward=lambda p, c, x, b: call(p, b, x), lr=beta,
-                     loss=fo_maml_loss(call, alpha), batches_per_step=2)
+    task = LocalTask({"w": torch.from_numpy(W0.copy())}, lend(), named(lambda p, c, x, b: call(p, b, x)), lr=beta,
+                     loss=named(FoMamlLoss(call, alpha)), batches_per_step=2)
     x, y = torch.from_numpy(X), torch.from_numpy(Y)
     res = local_train(task, x, y, [order], batch_size=2)
     np.testing.assert_allclose(res.trained["w"].numpy(), W, rtol=1e-5, atol=1e-6)
     assert res.samples_seen == 8  # four minibatches of 2: with n = 6, B0 serves twice
     # the batched loop takes the same pairs, also next to a client with another plan (one step, 3 + 2 samples)
     x2, y2 = torch.from_numpy(rng.normal(size=(5, 3)).astype(np.float32)), torch.from_numpy(rng.integers(0, 2, 5))
-    other = LocalTask({"w": torch.from_numpy(W0.copy())}, forward=task.forward, lr=beta, loss=task.loss,
+    other = LocalTask({"w": torch.from_numpy(W0.copy())}, task.model, task.forward, lr=beta, loss=task.loss,
                       batches_per_step=2)
     bat = local_train_batched([task, other], [(x, y), (x2, y2)], [[order], [np.arange(5)]], batch_size=3)
     ref = [local_train(t, a, b, [o], batch_size=3) for t, (a, b), o in

@@ -22,6 +22,7 @@ from trainer.data import DataConfig
 from trainer.local_training import local_train
 from trainer.sampling import batch_order
 from trainer.simulation import simulate
+from trainer.task_functions import Fn, ModelSpec, model_context, task_function
 
 TOL = 1e-5
 
@@ -31,20 +32,35 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
 
 
-_FORWARDS: dict[int, tuple[nn.Module, object]] = {}  # one forward per model: its tasks are one kind
+_NAMED: dict[int, tuple[object, Fn]] = {}  # a test function's id -> (the function, its name): held, so ids stay
+_LENT: dict[int, tuple[nn.Module, ModelSpec]] = {}
 
 
-def _model_forward(model: nn.Module):
-    if id(model) not in _FORWARDS:
-        def forward(p, c, x, b):
-            return functional_call(model, {**p, **b}, (x,))
-        _FORWARDS[id(model)] = (model, forward)  # the entry holds the model, so its id stays its own
-    return _FORWARDS[id(model)][1]
+def named(fn) -> Fn:
+    """A test's own function (a forward, loss, regularizer or projection) as a registered task function: one
+    name per function object, so the tasks holding it are one kind."""
+    if id(fn) not in _NAMED:
+        name = f"test.{len(_NAMED)}.{getattr(fn, '__name__', 'fn')}"
+        task_function(name)(lambda model: fn)
+        _NAMED[id(fn)] = (fn, Fn(name))
+    return _NAMED[id(fn)][1]
+
+
+def lend(model: nn.Module | None = None) -> ModelSpec:
+    """A model spec standing for a test's own module (lent to the tasks, :func:`model_context`); ``None``: a
+    spec for tasks whose functions use no model."""
+    model = model if model is not None else nn.Identity()
+    if id(model) not in _LENT:
+        _LENT[id(model)] = (model, ModelSpec(f"test.model.{len(_LENT)}", (), 0))
+    spec = _LENT[id(model)][1]
+    model_context(spec, model)
+    return spec
 
 
 def _model_task(model: nn.Module, lr: float = 0.1, **kw) -> LocalTask:
-    forward = _model_forward(model)
-    return LocalTask({k: v.detach().clone() for k, v in model.named_parameters()}, forward,
+    """The plain model's task (forward ``model``); a ``loss`` or ``project`` callable is :func:`named`."""
+    kw = {k: named(v) if callable(v) else v for k, v in kw.items()}
+    return LocalTask({k: v.detach().clone() for k, v in model.named_parameters()}, lend(model),
                      buffers={k: v.clone() for k, v in model.named_buffers()}, lr=lr, **kw)
 
 
@@ -103,7 +119,7 @@ def test_clients_that_start_from_the_same_tensors_get_their_own_copies(sizes):
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
     shared = {k: v.detach().clone() for k, v in model.named_parameters()}
     before = {k: v.clone() for k, v in shared.items()}
-    tasks = [LocalTask(dict(shared), _model_task(model).forward, lr=0.1) for _ in sizes]
+    tasks = [LocalTask(dict(shared), lend(model), lr=0.1) for _ in sizes]
     data = _clients(sizes)
     orders = [batch_order(n, 1, 0, 0, i) for i, n in enumerate(sizes)]
     got = _check_same(tasks, data, orders, 4, momentum=0.0, wd=0.0)
@@ -239,33 +255,38 @@ def test_a_chunk_that_runs_out_of_memory_is_trained_again_in_halves(monkeypatch)
         local_train_batched(tasks[:1], data[:1], orders[:1], 4)  # one client that does not fit: the error stands
 
 
-def test_tasks_group_by_equal_functions_not_by_what_closures_capture():
-    # One kind of task: equal functions (the same object, bound methods of one object, equal values) and the same
-    # tensor layout. Two closures are two kinds even when they capture equal things: the engine does not guess.
-    from trainer.losses import Proximal, RegularizerSum
-
-    class Owner:
-        def forward(self, p, c, x, b):
-            return x
-
-    a, b = Owner(), Owner()
+def test_tasks_group_by_model_function_names_and_settings():
+    # One kind of task: the same model spec, function names and settings, and the same tensor layout; nothing is
+    # compared by identity, so tasks rebuilt from data (another process, a Flower node) are of the same kind.
+    mlp, other = ModelSpec.of("mlp", (6,), 3, {"hidden": [4]}), ModelSpec.of("mlp", (6,), 3, {"hidden": [5]})
     w = {"w": torch.zeros(2, 3)}
+    prox = Fn.of("proximal", mu=0.1)
+    tasks = [LocalTask(w, mlp), LocalTask(dict(w), ModelSpec.of("mlp", [6], 3, {"hidden": (4,)})),  # equal specs
+             LocalTask(w, other),  # another model
+             LocalTask({"w": torch.zeros(3, 2)}, mlp),  # another shape
+             LocalTask(w, mlp, regularizers=(prox,)), LocalTask(w, mlp, regularizers=(Fn.of("proximal", mu=0.1),)),
+             LocalTask(w, mlp, regularizers=(Fn.of("proximal", mu=0.2),)),  # other settings
+             LocalTask(w, mlp, regularizers=(prox, Fn("scaffold.control_variate"))),
+             LocalTask(w, mlp, regularizers=(Fn("scaffold.control_variate"), prox)),  # summed in another order
+             LocalTask(w, mlp, Fn.of("bnn.forward", scale=True)), LocalTask(w, mlp, Fn.of("bnn.forward", scale=False)),
+             LocalTask(w, mlp, Fn.of("bnn.forward", scale=True))]
+    assert compatible_groups(tasks) == [[0, 1], [2], [3], [4, 5], [6], [7], [8], [9, 11], [10]]
 
-    def make(scale):
-        def forward(p, c, x, buffers):
-            return x * scale
-        return forward
 
-    shared = make(2)
-    tasks = [LocalTask(w, shared), LocalTask(dict(w), shared),  # the same function: one group
-             LocalTask(w, make(2)), LocalTask(w, make(2)),  # fresh closures capturing equal things: one each
-             LocalTask({"w": torch.zeros(3, 2)}, shared),  # another shape
-             LocalTask(w, a.forward), LocalTask(dict(w), a.forward), LocalTask(w, b.forward),  # bound methods
-             LocalTask(w, a.forward, Proximal(0.1)), LocalTask(w, a.forward, Proximal(0.1)),  # equal values
-             LocalTask(w, a.forward, Proximal(0.2)),
-             LocalTask(w, a.forward, RegularizerSum(a.forward, Proximal(0.1))),
-             LocalTask(w, a.forward, RegularizerSum(a.forward, Proximal(0.1)))]
-    assert compatible_groups(tasks) == [[0, 1], [2], [3], [4], [5, 6], [7], [8, 9], [10], [11, 12]]
+def test_an_unknown_task_function_says_which_names_exist():
+    from edgemask.errors import UnknownNameError
+
+    model = nn.Linear(6, 3)
+    data = _clients([4])
+    for fields, match in [({"loss": Fn("fedmask.no_such_loss")}, r"unknown task function 'fedmask.no_such_loss'; "
+                                                                  r"valid names: .*fedmask\.forward.*proximal"),
+                          ({"regularizers": (Fn.of("proximal", mu=0.1, nu=2),)},
+                           r"task function 'proximal': settings \{'mu': 0.1, 'nu': 2\} do not fit it")]:
+        task = _model_task(model, **fields)
+        with pytest.raises(UnknownNameError, match=match):
+            local_train(task, *data[0], [np.arange(4)], 4)
+        with pytest.raises(UnknownNameError, match=match):
+            local_train_batched([task], data, [[np.arange(4)]], 4)
 
 
 def test_random_forward_falls_back_to_the_sequential_loop():
@@ -435,7 +456,7 @@ def test_chunk_size_counts_a_constant_every_client_shares_once():
     from trainer.batched import clients_per_chunk
 
     frozen = torch.zeros(1000)  # 4,000 bytes, held by every client (FedMask's frozen weights)
-    task = LocalTask({"m": torch.zeros(250)}, forward=lambda p, c, x, b: x, constants={"w": frozen})
+    task = LocalTask({"m": torch.zeros(250)}, lend(), constants={"w": frozen})
     x = torch.zeros(10, 6)
     # per client: 3 × 1,000 (trainable) + 10 samples × (24 + 8) = 3,320 bytes (+ 4,000 when "w" is its own)
     assert clients_per_chunk(task, 10, x, 0, torch.device("cpu"), 100_000) == 100_000 // 7_320

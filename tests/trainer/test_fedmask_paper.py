@@ -21,6 +21,7 @@ from trainer.models.masking import MaskSite, effective_params
 from trainer.records import ClientUpdate
 from trainer.sampling import batch_order
 from trainer.simulation import host_trainer
+from trainer.task_program import program
 
 
 def cfg(algo="fedmask", model="mlp", clients=2, per_client=40, model_args=None, **args) -> TrainConfig:
@@ -167,7 +168,7 @@ def test_sigmoid_gradient_factor_through_the_fedmask_forward(fedmask_digits):
     d = algo.client_data(cid)
     x, y = d.train_x[:8], d.train_y[:8]
     mr = {k: (v + 0.3 * torch.randn_like(v)).requires_grad_(True) for k, v in task.trainable.items()}
-    F.cross_entropy(task.forward(mr, task.constants, x, task.buffers), y).backward()
+    F.cross_entropy(program(task).forward(mr, task.constants, x, task.buffers), y).backward()
     keep = algo.keep[cid]  # pruned elements: σ(m^r)·0 (the task carries only the pruned layers' structure)
     m = {k: (torch.sigmoid(v.detach()) * keep[k]).requires_grad_(True) for k, v in mr.items()}
     F.cross_entropy(algo.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x), y).backward()

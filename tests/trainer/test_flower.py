@@ -1,6 +1,6 @@
 """trainer.flower: the round loop with the clients' local training on Flower nodes gives simulate()'s history and
-state. Three levels: the task as it crosses the network, to a separate client-side algorithm, for every registered
-algorithm (no Flower needed); Flower's records and ClientApp answered in this process (a stand-in Grid, no Ray);
+state. Three levels: the task as it crosses the network, to a client side that holds only the data (no algorithm),
+for every registered algorithm (no Flower needed); Flower's records and ClientApp answered in this process (a stand-in Grid, no Ray);
 Flower's simulation engine (Ray), slow."""
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ import torch
 
 from edgemask.errors import EdgemaskError
 from trainer.algorithms import ALGORITHMS
-from trainer.records import LocalResult, LocalTask
+from trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
 from trainer.config import TrainConfig
-from trainer.flower import CLOSURE_FIELDS, SETTING_FIELDS, TENSOR_FIELDS, ClientSide, TaskMessage
-from trainer.simulation import SimulationResult, simulate
+from trainer.flower import SETTING_FIELDS, ClientSide, TaskMessage
+from trainer.local_training import local_train
+from trainer.sampling import batch_order
+from trainer.simulation import SimulationResult, build_algorithm, simulate
+from trainer.task_functions import Fn, ModelSpec
 
 from test_batched import TOL, _config, _max_diff  # the tiny digits run: 4 clients, 2 rounds, participation 0.75
 
@@ -41,23 +44,73 @@ def assert_same_run(ref: SimulationResult, got: SimulationResult) -> None:
 
 # -- the task as it crosses the network (no Flower) --------------------------------------------------------------
 
-def test_every_task_field_travels_or_is_rebuilt():
+def test_every_task_field_travels():
     names = {f.name for f in dataclasses.fields(LocalTask)}
-    assert set(TENSOR_FIELDS) | set(CLOSURE_FIELDS) | set(SETTING_FIELDS) == names
-    assert len(TENSOR_FIELDS) + len(CLOSURE_FIELDS) + len(SETTING_FIELDS) == len(names)
-    task = LocalTask({"w": torch.ones(2)}, forward=lambda p, c, x, b: x, epochs=3, lr=0.2, max_steps=5,
-                     lrs={"w": 0.01}, batches_per_step=2, grad_keep={"w": torch.tensor([1.0, 0.0])})
+    assert set(TENSOR_FIELDS) | set(SETTING_FIELDS) == names and not set(TENSOR_FIELDS) & set(SETTING_FIELDS)
+    spec = ModelSpec.of("mlp", (64,), 10, {"hidden": [8]}, seed=4)
+    task = LocalTask({"w": torch.ones(2)}, spec, Fn.of("bnn.forward", scale=False),
+                     (Fn.of("proximal", mu=0.25), Fn("scaffold.control_variate")), epochs=3, lr=0.2, max_steps=5,
+                     lrs={"w": 0.01}, loss=Fn.of("perfedavg.fo_maml", alpha=0.5), batches_per_step=2,
+                     project=Fn("bnn.clip"), noise={"u": (3, 2)}, seed=11, grad_keep={"w": torch.tensor([1.0, 0.0])})
     msg = TaskMessage.of("c1", 4, 1, task)
     wire = json.loads(json.dumps(msg.settings))  # what to_records sends
-    other = LocalTask({}, forward=task.forward)
-    back = TaskMessage(msg.client_id, msg.round, msg.phase, msg.tensors, wire).task(other)
-    assert (back.epochs, back.lr, back.max_steps, back.lrs, back.batches_per_step) == (3, 0.2, 5, {"w": 0.01}, 2)
-    assert back.forward is task.forward and torch.equal(back.grad_keep["w"], task.grad_keep["w"])
+    back = TaskMessage(msg.client_id, msg.round, msg.phase, msg.tensors, wire).task()
+    for f in SETTING_FIELDS:
+        assert getattr(back, f) == getattr(task, f), f
+    assert torch.equal(back.grad_keep["w"], task.grad_keep["w"]) and back.constants == {}
+
+
+def _fresh_node_trains(task: LocalTask, data, order) -> LocalResult:
+    """``task`` trained as a Flower node trains it: rebuilt from its records (tensors and JSON), its model built
+    from the spec in this process (the server's model context dropped), the sequential loop."""
+    from trainer import task_functions
+
+    msg, _ = TaskMessage.from_records(TaskMessage.of("c", 0, 0, task).to_records("x = 1\n"))
+    lent = task_functions._CONTEXTS.pop(task.model)  # as on a node: no algorithm's model to borrow
+    try:
+        return local_train(msg.task(), *data, order, 8, 0.9, 1e-3)
+    finally:
+        task_functions._CONTEXTS[task.model] = lent
+
+
+@pytest.mark.parametrize("algorithm", ["fedmask", "fedpews", "bnn_fedavg", "moon"])
+def test_a_task_survives_a_round_trip_through_records_and_trains_the_same(algorithm, flower_messages):
+    """A task is data: through Flower's records (ArrayRecords and JSON) and trained on a model built from its spec,
+    it gives the very bits the algorithm's own task gives (FedMask: a forward and a regularizer over the frozen
+    weights in its constants; FedPeWS: its own loss, per-tensor rates and noise draws; BNN: a projection;
+    MOON: a loss over the model's head)."""
+    algo = build_algorithm(_config(algorithm, False))
+    cid = algo.client_ids[1]
+    task = algo.local_task(cid, 0)
+    task.seed = 5
+    d = algo.client_data(cid)
+    order = batch_order(d.num_train, task.epochs, 0, 0, 1)
+    ref = local_train(task, d.train_x, d.train_y, order, 8, 0.9, 1e-3)
+    got = _fresh_node_trains(task, (d.train_x, d.train_y), order)
+    assert list(got.trained) == list(ref.trained) and got.samples_seen == ref.samples_seen > 0
+    for k, v in ref.trained.items():
+        assert torch.equal(got.trained[k], v), k
+    assert got.loss == ref.loss
+    assert max(float((got.trained[k] - task.trainable[k]).abs().max()) for k in got.trained) > 1e-4  # it trained
+
+
+def test_a_node_without_the_named_function_says_which_exist(flower_messages):
+    """A message naming a function no module of the node registers (another edgemask on the node) fails with the
+    names the node knows, which the server reports with the node."""
+    from edgemask.errors import UnknownNameError
+
+    cfg = _config("fedavg", False)
+    algo = build_algorithm(cfg)
+    task = algo.local_task(algo.client_ids[0], 0)
+    task.loss = Fn.of("fedfuture.loss", beta=2)
+    msg, _ = TaskMessage.from_records(TaskMessage.of(algo.client_ids[0], 0, 0, task).to_records(cfg.to_toml()))
+    with pytest.raises(UnknownNameError, match=r"unknown task function 'fedfuture.loss'; valid names: bnn.clip, "):
+        ClientSide(cfg).train(msg)
 
 
 def loopback(cfg: TrainConfig):
-    """A train_phase that sends each task through TaskMessage (settings through JSON) to a client-side algorithm
-    built separately from the same config, as a Flower node does."""
+    """A train_phase that sends each task through TaskMessage (settings through JSON) to a client side that holds
+    only the config's dataset, as a Flower node does."""
     side = ClientSide(cfg)
 
     def train_phase(algo, rnd, phase, pairs):
@@ -74,15 +127,15 @@ def loopback(cfg: TrainConfig):
 
 @pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a in ("bnn_fedavg", "fedrep", "fedselect")
                                        else a for a in ALGORITHMS.names()])
-def test_clients_with_their_own_algorithm_train_as_simulate(algorithm):
-    """Every algorithm's closures capture only what the config determines (LocalTask's contract), so a client that
-    builds its own algorithm and receives only the task's tensors and settings trains exactly as simulate()."""
+def test_clients_without_an_algorithm_train_as_simulate(algorithm):
+    """A task is data (tensors, settings, registered function names), so a client that holds only its data and
+    receives the task's tensors and settings trains exactly as simulate()."""
     try:
         ref = simulate(_config(algorithm, False))
     except EdgemaskError as e:  # an algorithm that needs another model or dataset than this small run's
         pytest.skip(f"{algorithm} does not run on digits/mlp: {e}")
     cfg = _config(algorithm, False)
-    side_phases = loopback(cfg)  # built first: building an algorithm reseeds torch
+    side_phases = loopback(cfg)
     assert_same_run(ref, simulate(cfg, train_phase=side_phases))
 
 
@@ -150,7 +203,7 @@ def flower_messages():
 def test_records_carry_tensors_dtypes_and_settings_exactly(flower_messages):
     from trainer.flower import result_from_records, result_records
 
-    task = LocalTask({"w": torch.randn(3, 2), "o:x": torch.randn(0)}, forward=None,
+    task = LocalTask({"w": torch.randn(3, 2), "o:x": torch.randn(0)}, ModelSpec.of("mlp", (6,), 3),
                      constants={"g:w": torch.randn(3, 2)}, buffers={"n": torch.tensor(7)},
                      grad_keep={"w": torch.tensor([[1.0, 0.0]] * 3)}, lrs={"w": 0.3}, max_steps=None)
     msg, toml = TaskMessage.from_records(TaskMessage.of("client-002", 1, 2, task).to_records("x = 1\n"))
@@ -210,7 +263,7 @@ def test_client_errors_and_missing_nodes_name_the_node_and_the_fix(flower_messag
     with pytest.raises(EdgemaskError, match=r"needs the training config: set config = "):
         server_app(StandInGrid(1), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     cfg = _config("fedavg", True)
-    algo = ClientSide(cfg).algo
+    algo = build_algorithm(cfg)
     with pytest.raises(EdgemaskError, match="no node: start a flower-supernode for each partition"):
         client_nodes(StandInGrid(2, nodes={}), algo.client_ids, timeout=0.0)
     with pytest.raises(EdgemaskError, match=r"partitions \[1\] of 2: start a flower-supernode"):

@@ -51,8 +51,10 @@ def test_weight_decay_never_moves_frozen_elements_in_either_loop(momentum):
 
     g = torch.Generator().manual_seed(3)
     keep = {"w": (torch.rand(6, 3, generator=g) < 0.5).float(), "v": torch.tensor([1.0, 0.0, 1.0, 0.0])}
-    tasks = [LocalTask({"w": torch.randn(6, 3, generator=g), "v": torch.randn(4, generator=g)}, forward,
-                       lr=0.1, grad_keep=keep) for _ in range(2)]
+    from test_batched import lend, named
+
+    tasks = [LocalTask({"w": torch.randn(6, 3, generator=g), "v": torch.randn(4, generator=g)}, lend(),
+                       named(forward), lr=0.1, grad_keep=keep) for _ in range(2)]
     data = [(torch.randn(20, 6, generator=g), torch.randint(0, 3, (20,), generator=g)) for _ in tasks]
     orders = [batch_order(20, 1, 0, 0, i) for i in range(2)]  # 3 steps of batch 8 (8, 8, 4)
     lr, wd = 0.1, 0.05

@@ -51,6 +51,7 @@ from trainer.models.masking import effective_params
 from trainer.models.stateless import stateless_call
 from trainer.batched_rows import Row, stacked_uploads
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask, LocalTrainer
+from trainer.task_functions import ModelSpec, model_context
 
 if TYPE_CHECKING:  # an annotation only: the config validates algorithm names against ALGORITHMS
     from trainer.config import TrainConfig
@@ -81,6 +82,10 @@ class Algorithm:
         torch.manual_seed(cfg.run.seed)  # the shared initial (or frozen) weights come from the seed
         self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
                                             **cfg.model.args)
+        # what a LocalTask names as its model: the same build, from plain values (a Flower node builds it again)
+        self.model_spec = ModelSpec.of(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.args,
+                                       cfg.run.seed)
+        self.model_context = model_context(self.model_spec, self.model)
         self.sites = model_sites(self.model)
         self.client_ids = [c.client_id for c in dataset.clients]
         self.global_params = {k: v.detach().clone() for k, v in self.model.named_parameters()}
@@ -115,12 +120,6 @@ class Algorithm:
     def call(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return stateless_call(self.model, {**params, **buffers}, (x,))
 
-    def forward_of_params(self, params: dict[str, torch.Tensor], constants: dict[str, torch.Tensor],
-                          x: torch.Tensor, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The plain :attr:`LocalTask.forward`: the model on ``params`` and ``buffers`` (one method, so the
-        tasks of a round share it)."""
-        return self.call(params, buffers, x)
-
     def clone_global(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.global_params.items()}
 
@@ -140,7 +139,7 @@ class Algorithm:
         """What client ``cid`` trains in round ``rnd`` (FedAvg: the global model, the run's settings)."""
         return LocalTask(  # the global tensors themselves: the loops copy what they train (see LocalTask)
             trainable=dict(self.global_params),
-            forward=self.forward_of_params,
+            model=self.model_spec,  # forward: the plain model (task function "model")
             buffers=dict(self.global_buffers),
             epochs=self.local_epochs, lr=self.cfg.training.lr,
         )

@@ -30,6 +30,7 @@ from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, stack_rows, weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientUpdate, LocalResult, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 
 
 @dataclass(frozen=True)
@@ -48,33 +49,52 @@ def binarize_ste(w: torch.Tensor, scale: bool) -> torch.Tensor:
     return clipped + (alpha * sign(w.detach()) - clipped).detach()
 
 
+def binary_weights(m: ModelContext) -> list[str]:
+    """The binarized weights: every conv, linear and LSTM weight (the mask sites')."""
+    return [w for s in m.sites for w in s.weights]
+
+
+@task_function("bnn.forward")
+def binarized_forward(m: ModelContext, scale: bool):
+    """The task's forward: the model on the binarized shadow weights (Eq. 1)."""
+    binary = binary_weights(m)
+
+    def forward(params: dict[str, torch.Tensor], constants: dict[str, torch.Tensor], x: torch.Tensor,
+                buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        return m.call({**params, **{w: binarize_ste(params[w], scale) for w in binary}}, buffers, x)
+
+    return forward
+
+
+@task_function("bnn.clip")
+def clip(m: ModelContext):
+    """Hubara et al. Algorithm 1: the binarized layers' shadow weights clipped to [−1, 1] after each update."""
+    binary = binary_weights(m)
+
+    def project(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {w: params[w].clamp(-1.0, 1.0) for w in binary}
+
+    return project
+
+
+CLIP = Fn("bnn.clip")
+
+
 @ALGORITHMS.register("bnn_fedavg")
 class BNNFedAvg(Algorithm):
     name = "bnn_fedavg"
     Args = BNNArgs
 
     def setup(self) -> None:
-        self.binary = [w for s in self.sites for w in s.weights]
+        self.binary = binary_weights(self.model_context)
         with torch.no_grad():  # the shared model is binary from the start
             for w in self.binary:
                 self.global_params[w] = binarize_ste(self.global_params[w], self.args.scale)
 
-    def _binarized(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {**params, **{w: binarize_ste(params[w], self.args.scale) for w in self.binary}}
-
-    def binarized_forward(self, params: dict[str, torch.Tensor], constants: dict[str, torch.Tensor], x: torch.Tensor,
-                          buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The task's forward: the model on the binarized shadow weights (Eq. 1)."""
-        return self.call(self._binarized(params), buffers, x)
-
-    def clip(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Hubara et al. Algorithm 1: the binarized layers' shadow weights clipped to [−1, 1] after each update."""
-        return {w: params[w].clamp(-1.0, 1.0) for w in self.binary}
-
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)  # shadow weights start at the received α·sign (converted back)
-        task.forward = self.binarized_forward
-        task.project = self.clip
+        task.forward = Fn.of("bnn.forward", scale=self.args.scale)
+        task.project = CLIP
         return task
 
     @functools.cached_property

@@ -37,7 +37,7 @@ class Ditto(Algorithm):
     def _personal_task(self, cid: str, result: LocalResult) -> LocalTask:
         self.round_updates[cid] = result  # the global-model update (phase 0) is what the client uploads
         v = self.personal.get(cid, self.global_params)
-        task = LocalTask({k: t.clone() for k, t in v.items()}, self.forward_of_params,
+        task = LocalTask({k: t.clone() for k, t in v.items()}, self.model_spec,
                          buffers={k: t.clone() for k, t in self.personal_buffers.get(cid, self.global_buffers).items()},
                          epochs=self.args.personal_epochs if self.args.personal_epochs > 0 else self.local_epochs,
                          lr=self.cfg.training.lr)

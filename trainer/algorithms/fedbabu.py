@@ -12,6 +12,9 @@ import torch
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.task_functions import Fn
+
+FROZEN = "frozen:"  # the fine-tuning task's constants: the body, by parameter name
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,10 @@ class FedBABU(Algorithm):
     def finetune_task(self, cid: str) -> LocalTask | None:
         if self.args.finetune_epochs <= 0:
             return None
-        body = {k: self.global_params[k] for k in self.body}
         lr = self.args.finetune_lr if self.args.finetune_lr > 0 else self.cfg.training.lr
-        return LocalTask({k: self.global_params[k].clone() for k in self.head},
-                         lambda p, c, x, b: self.call({**body, **p}, b, x),
+        return LocalTask({k: self.global_params[k].clone() for k in self.head}, self.model_spec,
+                         Fn.of("model.frozen", prefix=FROZEN),  # the head over the final body, frozen
+                         constants={FROZEN + k: self.global_params[k] for k in self.body},
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.args.finetune_epochs, lr=lr)
 

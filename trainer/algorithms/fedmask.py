@@ -42,6 +42,7 @@ from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.masks import binarize
 from trainer.models.masking import MaskSite, effective_params
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 from trainer.sampling import batch_order
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
@@ -71,6 +72,53 @@ def group_lasso(site: MaskSite, masks: dict[str, torch.Tensor]) -> torch.Tensor:
         total = total + flat.pow(2).sum(dim=(1, 2)).add(1e-12).sqrt().sum()
         total = total + flat.pow(2).sum(dim=(0, 2)).add(1e-12).sqrt().sum()
     return total
+
+
+class MaskedTask:
+    """The functions of FedMask's local task on a model: real-valued masks m^r (trainable, by weight name) over
+    the frozen weights (constants ``FROZEN`` + name), pruning structures in the constants by weight name, and
+    with ``real_output_gate`` the LSTM's W_o rows trained directly (trainable ``o:`` + name, Table 3)."""
+
+    def __init__(self, m: ModelContext, real_output_gate: bool) -> None:
+        self.m, self.sites = m, m.sites
+        self.mask_names = tuple(w for s in m.sites for w in s.weights)  # every mask, in the sites' order
+        self.real_o = {w: s.hidden for s in m.sites if s.kind == "lstm" for w in s.weights} if real_output_gate \
+            else {}
+
+    def soft_masks(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """m = σ(m^r) (Eq. 6) of every mask, times its pruning structure where the constants hold one (pruned
+        elements stay 0)."""
+        return {w: torch.sigmoid(tr[w]) * c[w] if w in c else torch.sigmoid(tr[w]) for w in self.mask_names}
+
+    def params_with_o(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        params = {k: c[FROZEN + k] for k in self.m.param_names}
+        for w, h in self.real_o.items():
+            params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
+        return params
+
+    def forward(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: torch.Tensor,
+                buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The frozen weights under the soft masks (Eq. 2, 6)."""
+        eff = effective_params(self.params_with_o(tr, c), self.soft_masks(tr, c), self.sites)
+        return self.m.call(eff, buffers, x)
+
+
+@task_function("fedmask.forward")
+def masked_forward(m: ModelContext, real_output_gate: bool = True):
+    """The task's forward (:meth:`MaskedTask.forward`)."""
+    return MaskedTask(m, real_output_gate).forward
+
+
+@task_function("fedmask.group_lasso")
+def group_lasso_term(m: ModelContext, lambda_r: float, real_output_gate: bool = True):
+    """The task's regularizer: λ_R · R_g(m) over every masked layer (Eq. 10)."""
+    task = MaskedTask(m, real_output_gate)
+
+    def regularizer(tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> torch.Tensor:
+        soft = task.soft_masks(tr, c)
+        return lambda_r * sum(group_lasso(site, soft) for site in task.sites)
+
+    return regularizer
 
 
 @ALGORITHMS.register("fedmask")
@@ -145,34 +193,22 @@ class FedMask(Algorithm):
         """``start``: the scores m^r (:meth:`_start_scores`), trained by the loops on their own copies; ``keep``:
         the pruning structure of the masks that have one (a mask without keeps every element, and multiplying
         by its all-ones structure would change nothing but the time: half of a step's large products). Every
-        client's task holds the same bound methods as its functions: one kind of task to the batched engine."""
+        client's task names the same functions and settings (``fedmask.forward``, ``fedmask.group_lasso``): one kind
+        of task to the batched engine."""
         trainable = dict(start)
         real_o = self._real_output_gates()
         for w in real_o:  # Table 3: W_o trained directly
             trainable[f"o:{w}"] = self.global_params[w][3 * self._hidden(w):].clone()
         grad_keep = dict(keep)
-        reg = self.group_lasso_term if regularize and self.args.lambda_r > 0 else None
+        real_o = self.args.lstm_real_output_gate
+        regs = (Fn.of("fedmask.group_lasso", lambda_r=self.args.lambda_r, real_output_gate=real_o),
+                ) if regularize and self.args.lambda_r > 0 else ()
         # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
         # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
-        return LocalTask(trainable, self.masked_forward, reg, constants=constants, buffers=self.buffers[cid],
-                         epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=grad_keep)
-
-    def soft_masks(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """m = σ(m^r) (Eq. 6) of every mask, times its pruning structure where the constants hold one (pruned
-        elements stay 0)."""
-        return {w: torch.sigmoid(tr[w]) * c[w] if w in c else torch.sigmoid(tr[w]) for w in self.mask_names}
-
-    def masked_forward(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: torch.Tensor,
-                       buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The task's forward: the frozen weights (constants ``FROZEN`` + name) under the soft masks (Eq. 2, 6)."""
-        eff = effective_params(self._params_with_o(tr, c), self.soft_masks(tr, c), self.sites)
-        return self.call(eff, buffers, x)
-
-    def group_lasso_term(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The task's regularizer: λ_R · R_g(m) over every masked layer (Eq. 10)."""
-        soft = self.soft_masks(tr, c)
-        return self.args.lambda_r * sum(group_lasso(site, soft) for site in self.sites)
+        return LocalTask(trainable, self.model_spec, Fn.of("fedmask.forward", real_output_gate=real_o), regs,
+                         constants=constants, buffers=self.buffers[cid], epochs=self.local_epochs,
+                         lr=self.cfg.training.lr, grad_keep=grad_keep)
 
     def _hidden(self, w: str) -> int:
         return next(s.hidden for s in self.sites if w in s.weights)
@@ -181,13 +217,6 @@ class FedMask(Algorithm):
         if not self.args.lstm_real_output_gate:
             return []
         return [w for s in self.sites if s.kind == "lstm" for w in s.weights]
-
-    def _params_with_o(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        params = {k: c[FROZEN + k] for k in self.global_params}
-        for w in self._real_output_gates():
-            h = self._hidden(w)
-            params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
-        return params
 
     def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
         """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the

@@ -41,6 +41,7 @@ from trainer.losses import cross_entropy, with_proximal
 from trainer.models.masking import MaskSite
 from trainer.models.registry import head_names
 from trainer.records import ClientUpdate, LocalResult, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 
 Tensors = dict[str, torch.Tensor]
 
@@ -75,6 +76,93 @@ def server_update(x_g: torch.Tensor, xs: list[torch.Tensor], masks: list[torch.T
     return x_g - server_lr * (x_g - avg)
 
 
+def masked_params(sites: tuple[MaskSite, ...], params: Tensors, neuron: Tensors) -> Tensors:
+    """The forward of x ⊙ 𝒢(s) (Eq. 5): each hidden neuron's mask scales its *outgoing* weights — the columns
+    of the next masked layer (a conv channel's columns repeated over the flattened positions where a
+    flatten follows) — so a dropped neuron's output reaches nothing and, as its incoming weights and bias
+    then receive no gradient either, none of its parameters move (Alg. 1 line 17).
+
+    Why the outgoing side: the straight-through estimator (§4, [49]) passes ∂L/∂m̃ to θ as if the sampling
+    were the identity, and ∂L/∂m̃_j must be the loss's sensitivity to switching neuron j on. Scaling the
+    outgoing weights gives ∂L/∂m̃_j = Σ_k δ_k W_kj relu(z_j) — the same as masking the activation — for a
+    dropped neuron too. Scaling the incoming weights instead gives relu'(m̃_j z_j)·z_j = 0 whenever m̃_j = 0,
+    so a dropped neuron's score would only ever learn from the minibatches where it happened to be kept."""
+    out = dict(params)
+    for prev, s in zip(sites, sites[1:]):
+        if prev.name not in neuron:
+            continue
+        a = neuron[prev.name]
+        W = params[s.weights[0]]
+        cols = a.repeat_interleave(W.shape[1] // a.numel())
+        out[s.weights[0]] = W * cols.reshape(1, -1, *([1] * (W.dim() - 2)))
+    return out
+
+
+def hidden_units(m: ModelContext) -> dict[str, int]:
+    """The masked hidden layers (every mask site but the head's) and their neurons, in the sites' order."""
+    head = set(m.head)
+    return {s.name: int(m.shapes[s.weights[0]][0]) for s in m.sites if s.weights[0] not in head}
+
+
+@task_function("fedpews.fixed_forward")
+def fixed_forward(m: ModelContext):
+    """FedPeWS-Fixed's forward: the weights under the client's fixed neuron masks (constants ``m:<unit>``)."""
+    units = hidden_units(m)
+
+    def forward(tr: Tensors, c: Tensors, x: torch.Tensor, b: Tensors) -> torch.Tensor:
+        return m.call(masked_params(m.sites, tr, {n: c[f"m:{n}"] for n in units}), b, x)
+
+    return forward
+
+
+@task_function("fedpews.learned_forward")
+def learned_forward(m: ModelContext):
+    """Inference-style forward of a warmup task: one sample of 𝒢(s) (the step's uniforms ``u1``)."""
+    units, weights = hidden_units(m), m.param_names
+
+    def forward(tr: Tensors, c: Tensors, x: torch.Tensor, b: Tensors) -> torch.Tensor:
+        a = {n: (c[f"u1:{n}"] < torch.sigmoid(tr[f"s:{n}"].detach())).float() for n in units}
+        return m.call(masked_params(m.sites, {w: tr[w] for w in weights}, a), b, x)
+
+    return forward
+
+
+@task_function("fedpews.learned_loss")
+def learned_loss(m: ModelContext, lambda_div: float, mask_lr: float):
+    """A warmup step's loss: Procedure I's mask step (Eq. 6) taken through a surrogate, then Procedure II's
+    weight loss (Eq. 8); λ = ``lambda_div``, η_s = ``mask_lr``."""
+    names, weights, sites = list(hidden_units(m)), list(m.param_names), m.sites
+    lam, eta_s = lambda_div, mask_lr
+
+    def loss(tr: Tensors, c: Tensors, x: torch.Tensor, y: torch.Tensor, b: Tensors) -> torch.Tensor:
+        s = [tr[f"s:{n}"] for n in names]
+        # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6); the Bernoulli draws use the
+        # step's uniforms u1, u2 (LocalTask.noise: the client's own stream, so clients can train stacked)
+        frozen = {w: tr[w].detach() for w in weights}
+
+        def procedure_one(sd: Tensors, bufs: Tensors):
+            bufs = {k: v.clone() for k, v in bufs.items()}  # its forward's batch-norm updates come back as aux
+            a = {n: bernoulli_ste(torch.sigmoid(sd[n]), c[f"u1:{n}"]) for n in names}
+            l_s = cross_entropy(m.call(masked_params(sites, frozen, a), bufs, x), y)
+            div = sum((torch.sigmoid(sd[n]) - c[f"theta:{n}"]).pow(2).sum() for n in names)
+            return l_s - lam * div, bufs
+
+        # ∇_s L_s with torch.func.grad (not autograd.grad), so the batched loop can vmap the step over clients
+        g, new_b = torch.func.grad(procedure_one, has_aux=True)({n: si.detach() for n, si in zip(names, s)}, b)
+        for k, v in new_b.items():
+            b[k].copy_(v)
+        grads = [g[n] for n in names]
+        # the step s ← s − η_s ∇_s L_s, taken by the optimizer: a surrogate worth 0 whose gradient is ∇_s L_s
+        surrogate = sum(((si - si.detach()) * g).sum() for si, g in zip(s, grads))
+        # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
+        a2 = {n: (c[f"u2:{n}"] < torch.sigmoid(si.detach() - eta_s * g)).float()
+              for n, si, g in zip(names, s, grads)}
+        l_x = cross_entropy(m.call(masked_params(sites, {w: tr[w] for w in weights}, a2), b, x), y)
+        return l_x + surrogate
+
+    return loss
+
+
 def fixed_partition(units: int, parts: int) -> list[torch.Tensor]:
     """FedPeWS-Fixed: ``parts`` binary masks over ``units`` neurons, contiguous groups, disjoint, covering all."""
     if parts > units:
@@ -101,7 +189,7 @@ class FedPeWS(Algorithm):
         self.hidden: list[MaskSite] = [s for s in self.sites if s.weights[0] not in head]
         if not self.hidden or any(s.kind == "lstm" for s in self.sites):
             raise ConfigError(f"{self.name}: model {self.cfg.model.name!r} needs hidden linear/conv layers and no LSTM")
-        self.units = {s.name: int(self.global_params[s.weights[0]].shape[0]) for s in self.hidden}
+        self.units = hidden_units(self.model_context)
         self._check_sequential()
         T = self.cfg.training.rounds
         self.warmup = self.args.warmup_rounds if self.args.warmup_rounds >= 0 else int(round(self.args.tau * T))
@@ -159,25 +247,8 @@ class FedPeWS(Algorithm):
         return out
 
     def masked_params(self, params: Tensors, neuron: Tensors) -> Tensors:
-        """The forward of x ⊙ 𝒢(s) (Eq. 5): each hidden neuron's mask scales its *outgoing* weights — the columns
-        of the next masked layer (a conv channel's columns repeated over the flattened positions where a
-        flatten follows) — so a dropped neuron's output reaches nothing and, as its incoming weights and bias
-        then receive no gradient either, none of its parameters move (Alg. 1 line 17).
-
-        Why the outgoing side: the straight-through estimator (§4, [49]) passes ∂L/∂m̃ to θ as if the sampling
-        were the identity, and ∂L/∂m̃_j must be the loss's sensitivity to switching neuron j on. Scaling the
-        outgoing weights gives ∂L/∂m̃_j = Σ_k δ_k W_kj relu(z_j) — the same as masking the activation — for a
-        dropped neuron too. Scaling the incoming weights instead gives relu'(m̃_j z_j)·z_j = 0 whenever m̃_j = 0,
-        so a dropped neuron's score would only ever learn from the minibatches where it happened to be kept."""
-        out = dict(params)
-        for prev, s in zip(self.sites, self.sites[1:]):
-            if prev.name not in neuron:
-                continue
-            a = neuron[prev.name]
-            W = params[s.weights[0]]
-            cols = a.repeat_interleave(W.shape[1] // a.numel())
-            out[s.weights[0]] = W * cols.reshape(1, -1, *([1] * (W.dim() - 2)))
-        return out
+        """:func:`masked_params` on this model's sites."""
+        return masked_params(self.sites, params, neuron)
 
     # -- local training -------------------------------------------------------------------------------
     def local_task(self, cid: str, rnd: int) -> LocalTask:
@@ -196,59 +267,21 @@ class FedPeWS(Algorithm):
         masks = self.fixed_masks[cid]
         self.neuron_masks[cid] = masks
         constants = {f"m:{n}": m for n, m in masks.items()}
-        return LocalTask(self.clone_global(), self.fixed_forward, constants=constants,
+        return LocalTask(self.clone_global(), self.model_spec, Fn("fedpews.fixed_forward"), constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.local_epochs, lr=self.cfg.training.lr)
-
-    def fixed_forward(self, tr: Tensors, c: Tensors, x: torch.Tensor, b: Tensors) -> torch.Tensor:
-        """FedPeWS-Fixed's forward: the weights under the client's fixed neuron masks (constants ``m:<unit>``)."""
-        return self.call(self.masked_params(tr, {n: c[f"m:{n}"] for n in self.units}), b, x)
 
     def _learned_task(self, cid: str) -> LocalTask:
         names = list(self.units)
         trainable = {**self.clone_global(), **{f"s:{n}": self.scores[cid][n].clone() for n in names}}
         excl = self.theta_excluding(cid)
         constants = {f"theta:{n}": excl[n] for n in names}
-        return LocalTask(trainable, self.learned_forward, constants=constants,
+        loss = Fn.of("fedpews.learned_loss", lambda_div=self.args.lambda_div, mask_lr=self.args.mask_lr)
+        return LocalTask(trainable, self.model_spec, Fn("fedpews.learned_forward"), constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.local_epochs, lr=self.cfg.training.lr,
-                         lrs={f"s:{n}": self.args.mask_lr for n in names}, loss=self.learned_loss,
+                         lrs={f"s:{n}": self.args.mask_lr for n in names}, loss=loss,
                          noise={f"{u}:{n}": (self.units[n],) for u in ("u1", "u2") for n in names})
-
-    def learned_forward(self, tr: Tensors, c: Tensors, x: torch.Tensor, b: Tensors) -> torch.Tensor:
-        """Inference-style forward of a warmup task: one sample of 𝒢(s) (the step's uniforms ``u1``)."""
-        a = {n: (c[f"u1:{n}"] < torch.sigmoid(tr[f"s:{n}"].detach())).float() for n in self.units}
-        return self.call(self.masked_params({w: tr[w] for w in self.global_params}, a), b, x)
-
-    def learned_loss(self, tr: Tensors, c: Tensors, x: torch.Tensor, y: torch.Tensor, b: Tensors) -> torch.Tensor:
-        """A warmup step's loss: Procedure I's mask step (Eq. 6) taken through a surrogate, then Procedure II's
-        weight loss (Eq. 8)."""
-        names, weights = list(self.units), list(self.global_params)
-        lam, eta_s = self.args.lambda_div, self.args.mask_lr
-        s = [tr[f"s:{n}"] for n in names]
-        # Procedure I: weights frozen; L_s = f(x ⊙ 𝒢(s)) − λ‖σ(s) − θ_{g∖i}‖² (Eq. 6); the Bernoulli draws use the
-        # step's uniforms u1, u2 (LocalTask.noise: the client's own stream, so clients can train stacked)
-        frozen = {w: tr[w].detach() for w in weights}
-
-        def procedure_one(sd: Tensors, bufs: Tensors):
-            bufs = {k: v.clone() for k, v in bufs.items()}  # its forward's batch-norm updates come back as aux
-            a = {n: bernoulli_ste(torch.sigmoid(sd[n]), c[f"u1:{n}"]) for n in names}
-            l_s = cross_entropy(self.call(self.masked_params(frozen, a), bufs, x), y)
-            div = sum((torch.sigmoid(sd[n]) - c[f"theta:{n}"]).pow(2).sum() for n in names)
-            return l_s - lam * div, bufs
-
-        # ∇_s L_s with torch.func.grad (not autograd.grad), so the batched loop can vmap the step over clients
-        g, new_b = torch.func.grad(procedure_one, has_aux=True)({n: si.detach() for n, si in zip(names, s)}, b)
-        for k, v in new_b.items():
-            b[k].copy_(v)
-        grads = [g[n] for n in names]
-        # the step s ← s − η_s ∇_s L_s, taken by the optimizer: a surrogate worth 0 whose gradient is ∇_s L_s
-        surrogate = sum(((si - si.detach()) * g).sum() for si, g in zip(s, grads))
-        # Procedure II: s frozen at its updated value, a fresh sample; L_x = f(x ⊙ 𝒢(s'), ξ) (Eq. 8)
-        a2 = {n: (c[f"u2:{n}"] < torch.sigmoid(si.detach() - eta_s * g)).float()
-              for n, si, g in zip(names, s, grads)}
-        l_x = cross_entropy(self.call(self.masked_params({w: tr[w] for w in weights}, a2), b, x), y)
-        return l_x + surrogate
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         return [self._upload(cid, rnd, res) for cid, res in results]

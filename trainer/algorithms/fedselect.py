@@ -159,7 +159,7 @@ class FedSelect(Algorithm):
 
     def _task(self, start: Tensors, buffers: Tensors, keep: Tensors, epochs: int) -> LocalTask:
         return LocalTask(trainable=dict(start),  # the loops train copies: θ_0 itself stays as it is
-                         forward=self.forward_of_params, buffers=dict(buffers), epochs=epochs,
+                         model=self.model_spec, buffers=dict(buffers), epochs=epochs,
                          lr=self.cfg.training.lr, grad_keep={k: m.float() for k, m in keep.items()})
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:

@@ -22,6 +22,7 @@ from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.masking import MaskSite, effective_params
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,20 @@ def holder_masks(params: dict[str, torch.Tensor], sites: tuple[MaskSite, ...], m
     return hold
 
 
+@task_function("heterofl.submodel")
+def submodel_forward(m: ModelContext):
+    """The task's forward: the client's submodel, the global weights under its width masks (the constants)."""
+
+    def forward(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor,
+                buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        return m.call(effective_params(params, masks, m.sites), buffers, x)
+
+    return forward
+
+
+SUBMODEL = Fn("heterofl.submodel")
+
+
 @ALGORITHMS.register("heterofl")
 class HeteroFL(Algorithm):
     name = "heterofl"
@@ -89,15 +104,9 @@ class HeteroFL(Algorithm):
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         masks = self.masks[cid]
         # the global tensors themselves: the loops train copies (LocalTask)
-        return LocalTask(dict(self.global_params),
-                         self.submodel_forward,
+        return LocalTask(dict(self.global_params), self.model_spec, SUBMODEL,
                          constants=dict(masks), buffers=dict(self.global_buffers),
                          epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
-
-    def submodel_forward(self, params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor,
-                         buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The task's forward: the client's submodel, the global weights under its width masks (the constants)."""
-        return self.call(effective_params(params, masks, self.sites), buffers, x)
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """The trained submodel; its float32 elements cost the same both ways."""

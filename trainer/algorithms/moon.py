@@ -31,6 +31,7 @@ from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.losses import cross_entropy
 from trainer.models.stateless import stateless_call
 from trainer.records import ClientUpdate, LocalResult, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 
 GLOBAL, PREV = "moon:glob:", "moon:prev:"  # the constants' prefixes: w^t and w_i^{t−1} (parameters and buffers)
 
@@ -63,6 +64,30 @@ def representation_call(model: nn.Module, head: str, tensors: dict[str, torch.Te
     return seen[0].flatten(1), logits
 
 
+@task_function("moon.loss")
+def moon_loss(m: ModelContext, head: str, mu: float, tau: float):
+    """The task's loss, Eq. 4: ℓ_sup + μ·ℓ_con, z the input of the module ``head``; w^t and w_i^{t−1} (with
+    their buffers) in the constants ``GLOBAL`` / ``PREV`` + name."""
+    model = m.model
+    n_glob, n_prev = len(GLOBAL), len(PREV)
+
+    def loss(trainable, constants, x, y, buffers):  # everything per client arrives in the arguments
+        z, logits = representation_call(model, head, {**trainable, **buffers}, x)
+        glob = {k[n_glob:]: v for k, v in constants.items() if k.startswith(GLOBAL)}
+        prev = {k[n_prev:]: v for k, v in constants.items() if k.startswith(PREV)}
+        was_training = model.training
+        model.eval()  # frozen anchors: running statistics, not updated
+        try:
+            with torch.no_grad():
+                z_glob = representation_call(model, head, glob, x)[0]
+                z_prev = representation_call(model, head, prev, x)[0]
+        finally:
+            model.train(was_training)
+        return cross_entropy(logits, y) + mu * contrastive_loss(z, z_glob, z_prev, tau)  # Eq. 4
+
+    return loss
+
+
 @ALGORITHMS.register("moon")
 class Moon(Algorithm):
     name = "moon"
@@ -76,27 +101,7 @@ class Moon(Algorithm):
                               f"set the model class's ``head`` attribute")
         self.head = heads[0]
         self.previous: dict[str, dict[str, torch.Tensor]] = {}  # w_i^{t−1} with its buffers, per client
-        self.loss = self._make_loss()
-
-    def _make_loss(self):
-        model, head, mu, tau = self.model, self.head, self.args.mu, self.args.tau
-        n_glob, n_prev = len(GLOBAL), len(PREV)
-
-        def loss(trainable, constants, x, y, buffers):  # everything per client arrives in the arguments
-            z, logits = representation_call(model, head, {**trainable, **buffers}, x)
-            glob = {k[n_glob:]: v for k, v in constants.items() if k.startswith(GLOBAL)}
-            prev = {k[n_prev:]: v for k, v in constants.items() if k.startswith(PREV)}
-            was_training = model.training
-            model.eval()  # frozen anchors: running statistics, not updated
-            try:
-                with torch.no_grad():
-                    z_glob = representation_call(model, head, glob, x)[0]
-                    z_prev = representation_call(model, head, prev, x)[0]
-            finally:
-                model.train(was_training)
-            return cross_entropy(logits, y) + mu * contrastive_loss(z, z_glob, z_prev, tau)  # Eq. 4
-
-        return loss
+        self.loss = Fn.of("moon.loss", head=self.head, mu=self.args.mu, tau=self.args.tau)
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)

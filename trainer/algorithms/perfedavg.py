@@ -31,6 +31,7 @@ import torch
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.losses import cross_entropy
 from trainer.records import ClientState, EvalModel, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class PerFedAvgArgs:
 class FoMamlLoss:
     """The first-order MAML loss of one step on two minibatches, ``x = (x_D, x_D')``, ``y = (y_D, y_D')``: D for
     the inner step, D' for the outer (a task with ``batches_per_step = 2``). ``call(params, buffers, x)`` is the
-    model; a value, so the tasks of a round (equal ``call`` and ``alpha``) are one kind of task."""
+    model. A task names it as the task function ``perfedavg.fo_maml`` (setting ``alpha``)."""
 
     call: Callable
     alpha: float
@@ -62,9 +63,10 @@ class FoMamlLoss:
         return cross_entropy(self.call(adapted, b, x_d2), y_d2)
 
 
-def fo_maml_loss(call: Callable, alpha: float) -> FoMamlLoss:
-    """Per-FedAvg's step loss (:class:`FoMamlLoss`)."""
-    return FoMamlLoss(call, alpha)
+@task_function("perfedavg.fo_maml")
+def fo_maml_loss(m: ModelContext, alpha: float) -> FoMamlLoss:
+    """Per-FedAvg's step loss (:class:`FoMamlLoss`) on the task's model."""
+    return FoMamlLoss(m.call, alpha)
 
 
 def adapt(call: Callable, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
@@ -86,7 +88,7 @@ class PerFedAvg(Algorithm):
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)
-        task.loss = fo_maml_loss(self.call, self.args.alpha)
+        task.loss = Fn.of("perfedavg.fo_maml", alpha=self.args.alpha)
         task.batches_per_step = 2  # (D, D'): two consecutive minibatches of the client's order per step
         return task
 
@@ -98,7 +100,7 @@ class PerFedAvg(Algorithm):
         rounding; the one-after-another reference runs :func:`adapt` itself."""
         if self.cfg.training.batched:
             data = [self.client_data(cid) for cid in cids]
-            tasks = [LocalTask(dict(self.global_params), self.forward_of_params, buffers=dict(self.global_buffers),
+            tasks = [LocalTask(dict(self.global_params), self.model_spec, buffers=dict(self.global_buffers),
                                lr=self.args.alpha) for _ in cids]
             whole = max([d.num_train for d in data] + [1])
             results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data],

@@ -41,6 +41,9 @@ from trainer.aggregation import mask_weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from trainer.task_functions import Fn
+
+FROZEN = "frozen:"  # the fine-tuning task's constants: the body, by parameter name
 
 
 @dataclass(frozen=True)
@@ -233,8 +236,9 @@ class PerFedMask(Algorithm):
         heads = sorted(self.head)
         body = {k: v for k, v in self.global_params.items() if k not in self.head}
         lr = self.args.finetune_lr if self.args.finetune_lr > 0 else self.cfg.training.lr
-        return LocalTask(trainable={k: self.global_params[k].clone() for k in heads},
-                         forward=lambda p, c, x, b: self.call({**body, **p}, b, x),
+        return LocalTask(trainable={k: self.global_params[k].clone() for k in heads}, model=self.model_spec,
+                         forward=Fn.of("model.frozen", prefix=FROZEN),  # the head over the final body, frozen
+                         constants={FROZEN + k: v for k, v in body.items()},
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
                          epochs=self.args.finetune_epochs, lr=lr)
 

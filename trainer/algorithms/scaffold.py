@@ -33,6 +33,7 @@ from trainer.accounting import tensor_bytes
 from trainer.aggregation import local_steps, momentum_norm, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientUpdate, LocalResult, LocalTask
+from trainer.task_functions import Fn, ModelContext, task_function
 
 C_PREFIX, CI_PREFIX, DC_PREFIX = "scaffold:c:", "scaffold:ci:", "scaffold:dc:"
 
@@ -44,7 +45,7 @@ class ScaffoldArgs:
 
 def control_variate_term(trainable: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]) -> torch.Tensor:
     """⟨y, c − c_i⟩ summed over the parameters: its gradient c − c_i turns g_i(y) into g_i(y) − c_i + c.
-    A module-level function of the task's tensors only, so the batched loop stacks clients under it."""
+    A function of the task's tensors only (the task function ``scaffold.control_variate``)."""
     total = torch.zeros(())
     for k, y in trainable.items():
         total = total + (y * (constants[C_PREFIX + k] - constants[CI_PREFIX + k])).sum()
@@ -69,6 +70,14 @@ def server_step(x: dict[str, torch.Tensor], c: dict[str, torch.Tensor], dys: lis
     return new_x, new_c
 
 
+@task_function("scaffold.control_variate")
+def _control_variate(model: ModelContext):
+    return control_variate_term
+
+
+CONTROL_VARIATE = Fn("scaffold.control_variate")
+
+
 @ALGORITHMS.register("scaffold")
 class Scaffold(Algorithm):
     name = "scaffold"
@@ -83,8 +92,7 @@ class Scaffold(Algorithm):
         task = super().local_task(cid, rnd)
         task.constants.update({C_PREFIX + k: v for k, v in self.c.items()})
         task.constants.update({CI_PREFIX + k: v for k, v in self.c_i[cid].items()})
-        task.regularizer = control_variate_term  # y ← y − η_l (g − c_i + c)
-        return task
+        return task.with_regularizer(CONTROL_VARIATE)  # y ← y − η_l (g − c_i + c)
 
     def local_steps(self, cid: str) -> float:
         """K of option II (‖a‖₁ under momentum, see the module docstring)."""

@@ -8,6 +8,8 @@ import torch
 from trainer.algorithms import ALGORITHMS, ClientUpdate
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
+from trainer.task_functions import Fn
+from trainer.task_program import program
 
 
 def _algo(name: str, args: dict, hidden=(6, 4), clients: int = 2):
@@ -26,7 +28,8 @@ def test_fedprox_task_gradient_includes_mu_times_distance():
     algo = _algo("fedprox", {"mu": 0.3})
     task = algo.local_task(algo.client_ids[0], 0)
     tr = {k: (v + 0.5).requires_grad_(True) for k, v in task.trainable.items()}  # w − w_g = 0.5 everywhere
-    task.regularizer(tr, task.constants).backward()
+    assert task.regularizers == (Fn.of("proximal", mu=0.3),)
+    program(task).regularizer(tr, task.constants).backward()
     for k, v in tr.items():
         assert torch.allclose(v.grad, torch.full_like(v, 0.3 * 0.5)), k
 

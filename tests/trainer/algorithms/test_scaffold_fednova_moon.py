@@ -23,6 +23,7 @@ from trainer.local_training import evaluate, local_train
 from trainer.run_dir import load_run
 from trainer.sampling import batch_order
 from trainer.simulation import simulate
+from trainer.task_program import program
 
 
 def cfg(algo, clients=2, per_client=40, rounds=1, model="mlp", model_args=None, args=None, data=None,
@@ -257,7 +258,7 @@ def test_moon_task_loss_is_cross_entropy_plus_mu_contrastive_with_global_and_pre
     cos = lambda u, v: (u * v).sum(1) / (u.norm(dim=1) * v.norm(dim=1))  # noqa: E731
     pos, neg = torch.exp(cos(z, zg) / 0.5), torch.exp(cos(z, zp) / 0.5)
     con = float(-torch.log(pos / (pos + neg)).mean())
-    got = task.loss({k: v.clone().requires_grad_(True) for k, v in local.items()}, task.constants, x, y, {})
+    got = program(task).loss({k: v.clone().requires_grad_(True) for k, v in local.items()}, task.constants, x, y, {})
     assert float(got.detach()) == pytest.approx(float(ce) + 2.0 * con, rel=1e-5)
     swapped = float(-torch.log(neg / (pos + neg)).mean())
     assert abs(con - swapped) > 1e-3 and con > 1e-3
