@@ -149,7 +149,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from edgemask.demo import run_demo
+    from cli.demo import run_demo
 
     run_demo(_ws(args), rounds=args.rounds, formats=[f for f in args.formats.split(",") if f])
     return 0

@@ -4,10 +4,10 @@ FedAvg and FedMask on scikit-learn's digits (8 clients, 2 classes each) → ever
 exported (plus the dense baselines) to ONNX and ExecuTorch → profiled on the built-in ``local`` device through
 the same Connection and remote runner an SSH board uses → results store, report, and a summary.
 
-The model (edgemask/configs/demo-*.toml: a 64-3072-2048-10 MLP) is sized so that what is measured is the model,
+The model (cli/configs/demo-*.toml: a 64-3072-2048-10 MLP) is sized so that what is measured is the model,
 not the runner: its dense batch-1 latency on one thread is about half a millisecond, far above the runner's own
 per-call overhead (tens of microseconds), and a batch-1 MLP is memory-bound, so a compacted client's speedup
-should follow its parameter-byte ratio. The runner (edgemask/configs/demo-campaign.toml) uses one thread and a
+should follow its parameter-byte ratio. The runner (cli/configs/demo-campaign.toml) uses one thread and a
 timed window of at least 3 s and 500 runs per setting, long enough for the median and the CV to settle.
 """
 
@@ -29,7 +29,7 @@ def _stage(name: str) -> None:
 
 
 def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None = None) -> dict:
-    from edgemask.cli import _progress_printer
+    from cli.main import _progress_printer
     from export import export_run
     from profiling.campaign import load_campaign, run_campaign
     from profiling.report import write_report

@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
     ws = tmp_path / "ws"
-    p = subprocess.run([sys.executable, "-m", "edgemask.cli", "demo", "--workspace", str(ws), "--rounds", "3"],
+    p = subprocess.run([sys.executable, "-m", "cli", "demo", "--workspace", str(ws), "--rounds", "3"],
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "mean pers. acc" in p.stdout and "fedmask" in p.stdout and "fedavg" in p.stdout
