@@ -51,10 +51,11 @@ from typing import Any
 from devices.inventory import FORMAT_RUNTIME
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
-from edgemask.manifest import MANIFEST, ArtifactFile, load_manifest
+from edgemask.manifest import MANIFEST, load_manifest
 from edgemask.registry import Registry
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
+from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
 
 # Format name -> the runtime that runs it (docs/contracts.md): the devices' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.
@@ -73,38 +74,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # ------------------------------------------------------------------------------------------------
 # Configuration
 # ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ArtifactSelection:
-    """Which artifacts of one run: some clients or all of them, plus the run's dense baseline."""
-
-    run: str
-    clients: tuple[str, ...] | None = None  # None means every client the run exported
-    dense: bool = True
-
-
-@dataclass(frozen=True)
-class CampaignConfig:
-    name: str
-    artifacts: tuple[ArtifactSelection, ...]
-    formats: tuple[str, ...]
-    variants: tuple[str, ...] = ("fp32",)
-    devices: tuple[str, ...] = ("local",)
-    threads: tuple[int, ...] = (1,)
-    repetitions: int = 1
-    runner: RunnerSettings = field(default_factory=RunnerSettings)
-    timeout_s: float = 600.0
-    cooldown_s: float = 0.0
-    retries: int = 2
-    retry_backoff_s: float = 2.0
-    inventory: str | None = None
-
-    def results_dir(self, workspace: str | Path) -> Path:
-        return Path(workspace) / "results" / self.name
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 _CAMPAIGN_KEYS = {f.name for f in dataclasses.fields(CampaignConfig)} - {"artifacts", "runner"}
 _RUNNER_KEYS = {f.name for f in dataclasses.fields(RunnerSettings)} - {"threads"}
 _SELECTION_KEYS = {"run", "clients", "dense"}
@@ -270,31 +239,6 @@ def load_campaign(path: str | Path, known_devices: Collection[str] | None = None
 # ------------------------------------------------------------------------------------------------
 # Artifacts and jobs
 # ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ArtifactInfo:
-    """The key numbers of one artifact's ``manifest.json`` that the report needs."""
-
-    run_id: str
-    client_id: str
-    kind: str  # "dense" | "compacted"
-    algorithm: str
-    model: str
-    dataset: str
-    params_dense: int
-    params_compacted: int
-    flops_dense: int
-    flops_compacted: int
-    files: tuple[ArtifactFile, ...]
-    manifest: Mapping[str, Any] = field(compare=False, repr=False)  # the whole manifest, as JSON (the store keeps it)
-
-    @property
-    def artifact(self) -> str:
-        return f"{self.run_id}/{self.client_id}"
-
-    def file_for(self, fmt: str, variant: str) -> ArtifactFile | None:
-        return next((f for f in self.files if f.format == fmt and f.variant == variant), None)
-
-
 def read_manifest(path: str | Path) -> ArtifactInfo:
     """Read an artifact's ``manifest.json`` (or its directory) with the shared reader into an ``ArtifactInfo``.
 
@@ -306,33 +250,6 @@ def read_manifest(path: str | Path) -> ArtifactInfo:
         flops_dense=m.flops["dense"], flops_compacted=m.flops["compacted"], files=tuple(m.files),
         manifest=m.to_dict(),
     )
-
-
-@dataclass(frozen=True)
-class Job:
-    """One measurement to take. ``job_id`` is stable across runs of the same campaign: it keys resume."""
-
-    artifact: str  # "<run-id>/<client-id>"
-    format: str
-    variant: str
-    device: str
-    threads: int
-    repetition: int
-
-    @property
-    def job_id(self) -> str:
-        return f"{self.artifact}|{self.format}|{self.variant}|{self.device}|t{self.threads}|r{self.repetition}"
-
-
-@dataclass(frozen=True)
-class SkippedJob:
-    """A (artifact, format, variant, device) combination the plan left out, and why."""
-
-    artifact: str
-    format: str
-    variant: str
-    device: str
-    reason: str
 
 
 @dataclass(frozen=True)
