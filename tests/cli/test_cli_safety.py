@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from edgemask.fileio import sha256_file
-from lock_holder import hold_lock
 from test_cli import assert_clean_failure, edgemask
 from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
 from trainer.simulation import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgemask"))  # the lock holder tests/edgemask uses too
+from lock_holder import hold_lock  # noqa: E402
 
 TRAIN_TOML = """[run]
 run_id = {run_id}
