@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import disk_full
+from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
 from edgemask.workspace import Workspace
 
 
@@ -209,9 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")
     e.add_argument("--clients", default="all", help="'all' or a comma-separated list of client ids")
-    e.add_argument("--formats", default="onnx,pte", help="comma-separated formats: onnx, pte, tflite")
-    e.add_argument("--target", default=None, help="device profile for format options (e.g. jetson-tx2: ONNX "
-                   "opset ≤ 15 for its onnxruntime 1.10)")
+    e.add_argument("--formats", default="onnx,pte", help="comma-separated formats: " + ", ".join(
+                   f"{f.name} ({f.title})" for f in FORMAT_FACTS.values()))
+    tx2 = BOARDS["jetson-tx2"]
+    e.add_argument("--target", default=None, help=f"device profile for format options (e.g. {tx2.kind}: ONNX "
+                   f"opset ≤ {tx2.max_onnx_opset} for its onnxruntime {TX2_ONNXRUNTIME})")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
     e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
                    "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")

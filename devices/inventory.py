@@ -32,59 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgemask.tomlio import read_toml
 from edgemask.errors import ConfigError
+from edgemask.targets import BOARDS, FORMAT_RUNTIME, RUNTIME_NAMES, BoardProfile
+from edgemask.tomlio import read_toml
 
-KINDS = ("local", "linux", "jetson-tx2", "rpi4")
-RUNTIME_NAMES = ("onnxruntime", "executorch", "tflite")
 POWER_SENSORS = ("auto", "none", "ina3221", "hwmon", "rapl")  # the runner's registry + auto/none
 GOVERNORS = ("performance", "powersave", "ondemand", "schedutil", "conservative", "userspace")
-FORMAT_RUNTIME = {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite"}
 
-
-@dataclass(frozen=True)
-class KindProfile:
-    """What a kind of board ships with: the facts that decide which artifacts it can run."""
-
-    kind: str
-    os: str
-    python: str
-    runtimes: tuple[str, ...]
-    max_onnx_opset: int | None  # None: the newest onnxruntime, no limit known here
-    power_sensors: tuple[str, ...]
-    notes: str = ""
-
-
-KIND_PROFILES: dict[str, KindProfile] = {
-    "jetson-tx2": KindProfile(
-        kind="jetson-tx2",
-        os="JetPack 4.6 / L4T 32.7 (Ubuntu 18.04, glibc 2.27), aarch64",
-        python="3.6",
-        runtimes=("onnxruntime",),
-        max_onnx_opset=15,  # onnxruntime 1.10.0 is the last cp36 aarch64 wheel
-        power_sensors=("ina3221",),
-        notes="onnxruntime 1.10.0 + numpy 1.19.5; no TFLite or ExecuTorch wheel for Python 3.6; "
-        "INA3221 input rail VDD_IN in sysfs",
-    ),
-    "rpi4": KindProfile(
-        kind="rpi4",
-        os="Raspberry Pi OS bookworm (glibc 2.36), aarch64",
-        python="3.11",
-        runtimes=("onnxruntime", "tflite", "executorch"),
-        max_onnx_opset=None,
-        power_sensors=("hwmon",),
-        notes="onnxruntime 1.31.1; tflite-runtime 2.14 (numpy<2) or ai-edge-litert 2.3; executorch 1.4.1 needs "
-        "torch on the board; power only with an INA219/INA226 hwmon board; vcgencmd for throttling",
-    ),
-    "linux": KindProfile(
-        kind="linux", os="any Linux", python="3", runtimes=("onnxruntime",), max_onnx_opset=None,
-        power_sensors=("rapl", "hwmon"),
-    ),
-    "local": KindProfile(
-        kind="local", os=sys.platform, python=".".join(map(str, sys.version_info[:2])),
-        runtimes=("onnxruntime", "executorch", "tflite"), max_onnx_opset=None, power_sensors=("rapl", "hwmon"),
-    ),
-}
+# What each kind of board ships with (OS, Python, runtimes, ONNX opset cap, sensors) and which runtime reads which
+# format: the project's one table, edgemask.targets, under the names devices has always used.
+KindProfile = BoardProfile
+KIND_PROFILES: dict[str, KindProfile] = BOARDS
+KINDS = tuple(KIND_PROFILES)  # local, linux, jetson-tx2, rpi4
 
 
 @dataclass(frozen=True)

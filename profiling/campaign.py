@@ -48,16 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices.inventory import FORMAT_RUNTIME
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.manifest import MANIFEST, load_manifest
 from edgemask.registry import Registry
+from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
 from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
 
-# Format name -> the runtime that runs it (docs/contracts.md): the devices' one map, as a registry so an unknown
+# Format name -> the runtime that runs it (docs/contracts.md): edgemask.targets' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.
 FORMATS: Registry[str] = Registry("format")
 for _fmt, _runtime in FORMAT_RUNTIME.items():
