@@ -29,7 +29,7 @@ def _stage(name: str) -> None:
 
 
 def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None = None) -> dict:
-    from cli.main import _progress_printer
+    from cli.progress import progress_printer
     from export import export_run
     from profiling.campaign import load_campaign, run_campaign
     from profiling.report import write_report
@@ -46,7 +46,7 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
         cfg = TrainConfig.load(CONFIGS / f"demo-{algo}.toml")
         if rounds is not None:
             cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=rounds))
-        runs[algo] = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
+        runs[algo] = train(cfg, ws.runs, progress=progress_printer(f"train {cfg.run_id}"))
         print(f"wrote {runs[algo]}", file=sys.stderr)
     timings["train"] = time.perf_counter() - t0
 

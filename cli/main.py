@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from cli.progress import progress_printer
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import disk_full
 from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
@@ -20,25 +21,6 @@ from edgemask.workspace import Workspace
 
 def _ws(args: argparse.Namespace) -> Workspace:
     return Workspace.at(args.workspace)
-
-
-def _progress_printer(label: str):
-    from tqdm import tqdm
-
-    bar = None
-
-    def cb(done: int, total: int, metrics: dict) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=total, desc=label, unit="round", file=sys.stderr)
-        bar.update(done - bar.n)
-        acc = metrics.get("mean_accuracy")
-        if acc == acc and acc is not None:
-            bar.set_postfix(mean_acc=f"{acc:.3f}")
-        if done == total:
-            bar.close()
-
-    return cb
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -57,7 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         cfg = cfg.replace(training=dataclasses.replace(cfg.training, **overrides))
     ws = _ws(args)
-    progress = _progress_printer(f"train {cfg.run_id}")
+    progress = progress_printer(f"train {cfg.run_id}")
     if args.engine == "flower":
         from trainer.flower import train_flower
 
