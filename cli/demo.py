@@ -93,8 +93,10 @@ What the numbers are:
   setting           <run>/<client> measured on a device: `dense` is the run's uncompacted model. FedMask's
                     dense model is its frozen random weights without a mask (the mask is the model): the right
                     latency baseline (the same network before compaction), not an accuracy one
-  p50, p99 ms       median and 99th-percentile batch-1 latency on this machine (local device, 1 runtime thread)
-  CV                standard deviation / mean of the timed runs
+  runs              timed latency samples; each is the mean of ~10 ms of back-to-back batch-1 inferences
+  p50, p99 ms       median and 99th percentile of those samples, per inference, on this machine (local
+                    device, 1 runtime thread)
+  CV                standard deviation / mean of the samples
   speedup           the dense baseline's p50 (same run, format, device, threads) / this p50; marked † when
                     either verdict is INVALID (then it is not a number to quote)
   FLOP bound        dense FLOPs / compacted FLOPs: the speedup if time followed FLOPs

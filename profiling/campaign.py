@@ -27,8 +27,9 @@ campaign's store before the next one starts, so a campaign stopped at any point 
 
     [runner]                           # any field of devices.records.RunnerSettings except threads
     warmup_runs = 1
-    min_runs = 50
+    min_runs = 50                      # timed latency samples, at least
     min_seconds = 1.0
+    sample_min_ms = 0.0                # > 0: a sample is the mean of back-to-back inferences lasting this long
     profile_layers = true              # also per-operator profiled runs, apart from the timed ones
     profile_warmup = 5
     profile_runs = 20
