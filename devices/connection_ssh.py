@@ -16,7 +16,7 @@ from pathlib import Path
 
 import paramiko
 
-from devices.connection import Connection, RunResult
+from devices.connection_base import Connection, RunResult
 from devices.errors import DeviceError, HostKeyError, RunInterrupted, RunTimeout
 from devices.inventory import DeviceSpec
 

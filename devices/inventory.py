@@ -26,65 +26,26 @@ field: a measurement taken under other clocks than the inventory promises would 
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgemask.tomlio import read_toml
 from edgemask.errors import ConfigError
+from edgemask.schema import Field, Table
+from edgemask.targets import BOARDS, FORMAT_RUNTIME, RUNTIME_NAMES, BoardProfile
+from edgemask.tomlio import read_toml
 
-KINDS = ("local", "linux", "jetson-tx2", "rpi4")
-RUNTIME_NAMES = ("onnxruntime", "executorch", "tflite")
 POWER_SENSORS = ("auto", "none", "ina3221", "hwmon", "rapl")  # the runner's registry + auto/none
 GOVERNORS = ("performance", "powersave", "ondemand", "schedutil", "conservative", "userspace")
-FORMAT_RUNTIME = {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite"}
 
-
-@dataclass(frozen=True)
-class KindProfile:
-    """What a kind of board ships with: the facts that decide which artifacts it can run."""
-
-    kind: str
-    os: str
-    python: str
-    runtimes: tuple[str, ...]
-    max_onnx_opset: int | None  # None: the newest onnxruntime, no limit known here
-    power_sensors: tuple[str, ...]
-    notes: str = ""
-
-
-KIND_PROFILES: dict[str, KindProfile] = {
-    "jetson-tx2": KindProfile(
-        kind="jetson-tx2",
-        os="JetPack 4.6 / L4T 32.7 (Ubuntu 18.04, glibc 2.27), aarch64",
-        python="3.6",
-        runtimes=("onnxruntime",),
-        max_onnx_opset=15,  # onnxruntime 1.10.0 is the last cp36 aarch64 wheel
-        power_sensors=("ina3221",),
-        notes="onnxruntime 1.10.0 + numpy 1.19.5; no TFLite or ExecuTorch wheel for Python 3.6; "
-        "INA3221 input rail VDD_IN in sysfs",
-    ),
-    "rpi4": KindProfile(
-        kind="rpi4",
-        os="Raspberry Pi OS bookworm (glibc 2.36), aarch64",
-        python="3.11",
-        runtimes=("onnxruntime", "tflite", "executorch"),
-        max_onnx_opset=None,
-        power_sensors=("hwmon",),
-        notes="onnxruntime 1.31.1; tflite-runtime 2.14 (numpy<2) or ai-edge-litert 2.3; executorch 1.4.1 needs "
-        "torch on the board; power only with an INA219/INA226 hwmon board; vcgencmd for throttling",
-    ),
-    "linux": KindProfile(
-        kind="linux", os="any Linux", python="3", runtimes=("onnxruntime",), max_onnx_opset=None,
-        power_sensors=("rapl", "hwmon"),
-    ),
-    "local": KindProfile(
-        kind="local", os=sys.platform, python=".".join(map(str, sys.version_info[:2])),
-        runtimes=("onnxruntime", "executorch", "tflite"), max_onnx_opset=None, power_sensors=("rapl", "hwmon"),
-    ),
-}
+# What each kind of board ships with (OS, Python, runtimes, ONNX opset cap, sensors) and which runtime reads which
+# format: the project's one table, edgemask.targets, under the names devices has always used.
+KindProfile = BoardProfile
+KIND_PROFILES: dict[str, KindProfile] = BOARDS
+KINDS = tuple(KIND_PROFILES)  # local, linux, jetson-tx2, rpi4
 
 
 @dataclass(frozen=True)
@@ -140,104 +101,76 @@ def local_device(workspace: Path, name: str = "local", **overrides: Any) -> Devi
     return DeviceSpec(**kw)
 
 
-_FIELD_TYPES = {
-    "kind": str, "host": str, "port": int, "user": str, "key_file": str, "known_hosts": str, "python": str,
-    "workdir": str, "runtimes": list, "power_sensor": str, "trust_on_first_use": bool, "governor": str,
-    "jetson_clocks": bool, "connect_timeout": (int, float),
+_DEVICE = {  # a [devices.NAME] table (edgemask.schema: one wording for every mistake)
+    "kind": Field(str, choices=KINDS, what="kind"),
+    "host": Field(str, None), "port": Field(int, 22, minimum=1, maximum=65535), "user": Field(str, None),
+    "key_file": Field(str, None), "known_hosts": Field(str, None), "python": Field(str, None),
+    "workdir": Field(str, None), "runtimes": Field(list, None, items=str, choices=RUNTIME_NAMES, what="runtime"),
+    "power_sensor": Field(str, "auto", choices=POWER_SENSORS, what="power sensor"),
+    "trust_on_first_use": Field(bool, False), "governor": Field(str, None, choices=GOVERNORS, what="governor"),
+    "jetson_clocks": Field(bool, False), "connect_timeout": Field(float, 10.0, above=0),
 }
 
 
-def _type_name(t: Any) -> str:
-    names = {str: "a string", int: "an integer", list: "a list of strings", bool: "true or false"}
-    return names.get(t, "a number")
-
-
-def _check_remote_path(value: str, where: str) -> str:
+def _check_remote_path(value: str) -> str | None:
+    """Why ``value`` is no device path edgemask may use ("wrong; what to do"), else None."""
     if "~" in value or "$" in value:
-        raise ConfigError(f"{where}: {value!r} must not use ~ or $ (they are not expanded); "
-                          "give a path relative to the login directory, or an absolute one")
+        return (f"{value!r} uses ~ or $, which are not expanded; give a path relative to the login directory, "
+                "or an absolute one")
     if ".." in value.split("/"):
-        raise ConfigError(f"{where}: {value!r} must not contain '..'")
-    return posixpath.normpath(value)
+        return f"{value!r} contains '..'; give a path inside the login directory, or an absolute one"
+    return None
 
 
 def parse_device(name: str, table: dict[str, Any], source: Path, workspace: Path) -> DeviceSpec:
     """One `[devices.NAME]` table -> DeviceSpec; every problem names the file, device and field."""
-    where = f"{source}: [devices.{name}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where} must be a table of fields")
-    unknown = sorted(set(table) - set(_FIELD_TYPES))
-    if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(sorted(_FIELD_TYPES))}")
-    for key, value in table.items():
-        want = _FIELD_TYPES[key]
-        ok = isinstance(value, want) and not (want in (int, (int, float)) and isinstance(value, bool))
-        if not ok:
-            raise ConfigError(f"{where}.{key} = {value!r} must be {_type_name(want)}")
-    if "kind" not in table:
-        raise ConfigError(f"{where}: missing field 'kind'; one of {', '.join(KINDS)}")
-    kind = table["kind"]
-    if kind not in KINDS:
-        raise ConfigError(f"{where}.kind = {kind!r} is unknown; valid kinds: {', '.join(KINDS)}")
+    schema = {**_DEVICE, "workdir": dataclasses.replace(_DEVICE["workdir"], check=_check_remote_path)}
+    t = Table(str(source), f"devices.{name}", table, schema)
+    kind = t["kind"]
     if kind == "local":
         for key in ("host", "port", "user", "key_file", "known_hosts", "trust_on_first_use"):
-            if key in table:
-                raise ConfigError(f"{where}.{key}: a local device has no {key}; remove it or use kind = \"linux\"")
+            if key in t:
+                raise t.error(key, f"a local device has no {key}", 'remove it or use kind = "linux"')
     else:
         for key in ("host", "user"):
-            if not table.get(key):
-                raise ConfigError(f"{where}: missing field {key!r} (needed to reach a {kind} over SSH)")
-    port = table.get("port", 22)
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{where}.port = {port} must be between 1 and 65535")
+            if not t[key]:
+                raise t.error(key, "missing field", f"add {key} = … (needed to reach a {kind} over SSH)")
+    if t["jetson_clocks"] and kind != "jetson-tx2":
+        raise t.error("jetson_clocks", "only a Jetson has jetson_clocks", f"remove it for kind {kind!r}")
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{source}: [devices.{name}]: device names may hold letters, digits, '-' and '_' only; "
+                          "rename the table")
 
     def local_path(key: str) -> Path | None:
-        if key not in table:
+        if t[key] is None:
             return None
-        p = Path(table[key]).expanduser()
+        p = Path(t[key]).expanduser()
         return p if p.is_absolute() else (source.parent / p).resolve()
 
     key_file = local_path("key_file")
     if key_file is not None and not key_file.is_file():
-        raise ConfigError(f"{where}.key_file: no such file {key_file}; create one with "
-                          f"`ssh-keygen -t ed25519 -f {key_file}` or leave the field out to use the SSH agent")
+        raise t.error("key_file", f"no such file {key_file}", f"create one with `ssh-keygen -t ed25519 -f "
+                      f"{key_file}` or leave the field out to use the SSH agent")
     known_hosts = local_path("known_hosts")
-
-    profile = KIND_PROFILES[kind]
-    runtimes = tuple(table.get("runtimes", profile.runtimes))
-    for rt in runtimes:
-        if rt not in RUNTIME_NAMES:
-            raise ConfigError(f"{where}.runtimes: unknown runtime {rt!r}; valid: {', '.join(RUNTIME_NAMES)}")
-    sensor = table.get("power_sensor", "auto")
-    if sensor not in POWER_SENSORS:
-        raise ConfigError(f"{where}.power_sensor = {sensor!r} is unknown; valid: {', '.join(POWER_SENSORS)}")
-    governor = table.get("governor")
-    if governor is not None and governor not in GOVERNORS:
-        raise ConfigError(f"{where}.governor = {governor!r} is unknown; valid: {', '.join(GOVERNORS)}")
-    if table.get("jetson_clocks") and kind != "jetson-tx2":
-        raise ConfigError(f"{where}.jetson_clocks: only a Jetson has jetson_clocks; remove it for kind {kind!r}")
-    timeout = float(table.get("connect_timeout", 10.0))
-    if timeout <= 0:
-        raise ConfigError(f"{where}.connect_timeout = {timeout} must be positive")
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"{where}: device names may hold letters, digits, '-' and '_' only")
+    runtimes = tuple(t["runtimes"] if t["runtimes"] is not None else KIND_PROFILES[kind].runtimes)
+    sensor, governor, workdir = t["power_sensor"], t["governor"], t["workdir"]
 
     if kind == "local":
         overrides: dict[str, Any] = {"runtimes": runtimes, "power_sensor": sensor}
-        if "python" in table:
-            overrides["python"] = table["python"]
-        if "workdir" in table:
-            overrides["workdir"] = str(Path(_check_remote_path(table["workdir"], f"{where}.workdir")).resolve())
+        if t["python"] is not None:
+            overrides["python"] = t["python"]
+        if workdir is not None:
+            overrides["workdir"] = str(Path(posixpath.normpath(workdir)).resolve())
         if governor is not None:
             overrides["governor"] = governor
         return local_device(workspace, name, **overrides)
 
     return DeviceSpec(
-        name=name, kind=kind, host=table["host"], port=port, user=table["user"], key_file=key_file,
-        known_hosts=known_hosts, python=table.get("python", "python3"),
-        workdir=_check_remote_path(table.get("workdir", "edgemask"), f"{where}.workdir"),
-        runtimes=runtimes, power_sensor=sensor, trust_on_first_use=table.get("trust_on_first_use", False),
-        governor=governor, jetson_clocks=table.get("jetson_clocks", False), connect_timeout=timeout,
+        name=name, kind=kind, host=t["host"], port=t["port"], user=t["user"], key_file=key_file,
+        known_hosts=known_hosts, python=t["python"] or "python3",
+        workdir=posixpath.normpath(workdir if workdir is not None else "edgemask"),
+        runtimes=runtimes, power_sensor=sensor, trust_on_first_use=t["trust_on_first_use"],
+        governor=governor, jetson_clocks=t["jetson_clocks"], connect_timeout=t["connect_timeout"],
     )
 
 

@@ -15,6 +15,9 @@ class RunnerSettings:
     warmup_seconds: float = 0.5
     min_runs: int = 50
     min_seconds: float = 1.0
+    # each latency sample times back-to-back inferences until it lasts this long, and records their mean
+    # (pyperf's loops calibrated to min_time); 0: one inference per sample, as benchmark_model does
+    sample_min_ms: float = 0.0
     threads: int = 1
     tolerance: float = 1e-5
     power_rate_hz: float = 50.0
@@ -31,6 +34,7 @@ class RunnerSettings:
             "--warmup-seconds", str(self.warmup_seconds),
             "--min-runs", str(self.min_runs),
             "--min-seconds", str(self.min_seconds),
+            "--sample-min-ms", str(self.sample_min_ms),
             "--threads", str(self.threads),
             "--tolerance", repr(self.tolerance),
             "--power-rate-hz", str(self.power_rate_hz),
@@ -50,7 +54,8 @@ class Measurement:
     threads: int
     ok: bool
     error: str | None = None
-    latency_ms: tuple[float, ...] = ()
+    latency_ms: tuple[float, ...] = ()  # one per timed sample: the mean of its inferences, ms
+    inferences_per_sample: int = 1  # back-to-back inferences each latency sample timed (sample_min_ms)
     load_ms: float = math.nan
     first_inference_ms: float = math.nan
     peak_rss_kb: int = 0
@@ -74,7 +79,13 @@ class Measurement:
     # -- derived statistics (never stored separately) --------------------------------------------
     @property
     def runs(self) -> int:
+        """Timed latency samples."""
         return len(self.latency_ms)
+
+    @property
+    def inferences(self) -> int:
+        """Timed inferences: samples × inferences per sample."""
+        return self.runs * self.inferences_per_sample
 
     def percentile(self, q: float) -> float:
         """Linear-interpolation percentile (numpy's default) of the latency samples, in ms."""
@@ -96,16 +107,16 @@ class Measurement:
 
     @property
     def energy_per_inference_mj(self) -> float:
-        """Mean power over the timed window × window length ÷ runs, in millijoules."""
+        """Mean power over the timed window × window length ÷ timed inferences, in millijoules."""
         if not self.power_w or not self.runs:
             return math.nan
-        return self.mean_power_w * self.timed_window_s / self.runs * 1e3
+        return self.mean_power_w * self.timed_window_s / self.inferences * 1e3
 
     @property
     def energy_above_idle_mj(self) -> float:
         if not self.power_w or not self.runs or math.isnan(self.idle_power_w):
             return math.nan
-        return (self.mean_power_w - self.idle_power_w) * self.timed_window_s / self.runs * 1e3
+        return (self.mean_power_w - self.idle_power_w) * self.timed_window_s / self.inferences * 1e3
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

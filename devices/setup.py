@@ -3,8 +3,8 @@ and the runtimes its kind supports, installed from the board's own package index
 
 What a kind gets (see DESIGN.md, "What the boards can run"):
 
-- jetson-tx2 (Python 3.6): numpy==1.19.5, onnxruntime==1.10.0; no TFLite for Python 3.6, no ExecuTorch
-  (it needs Python >= 3.10).
+- jetson-tx2 (Python 3.6): numpy==1.19.5, onnxruntime==1.10.0 (pinned in ``edgemask.targets``); no TFLite for
+  Python 3.6, no ExecuTorch (it needs Python >= 3.10).
 - rpi4 (Python 3.11): numpy, onnxruntime, tflite-runtime (then numpy<2), ExecuTorch's runtime; with ExecuTorch
   wanted too, ai-edge-litert for TFLite.
 - linux, local: numpy and whatever the inventory declares (onnxruntime, ai-edge-litert, executorch).
@@ -61,10 +61,11 @@ def packages_for(spec: DeviceSpec) -> list[Package]:
     """What ``spec``'s kind needs for its declared runtimes, numpy first; runtimes its kind cannot run are left out
     (`unavailable_runtimes` says why)."""
     wanted = [rt for rt in spec.runtimes if rt in spec.profile.runtimes or spec.kind in GENERIC_KINDS]
-    if spec.kind == "jetson-tx2":
-        pkgs = [Package("numpy", "numpy==1.19.5", "numpy")]
+    if spec.kind == "jetson-tx2":  # Python 3.6: the last wheels for it, pinned in its profile
+        pins = spec.profile.requirements
+        pkgs = [Package("numpy", pins["numpy"], "numpy")]
         if "onnxruntime" in wanted:
-            pkgs.append(Package("onnxruntime", "onnxruntime==1.10.0", "onnxruntime"))
+            pkgs.append(Package("onnxruntime", pins["onnxruntime"], "onnxruntime"))
         return pkgs
     # tflite-runtime (numpy<2) on a Pi unless ExecuTorch (numpy>=2) is wanted too: then ai-edge-litert
     tflite_runtime = spec.kind == "rpi4" and "executorch" not in wanted

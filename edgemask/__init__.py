@@ -1,8 +1,10 @@
 """edgemask: train personalized sparse models federatedly, compact them, profile them on edge boards.
 
-The four stages live in the top-level packages ``trainer``, ``export``, ``devices`` and ``profiling``;
-this package holds the command line, the workspace layout and the few pieces every stage shares
-(errors, registries, atomic file writes, the artifact manifest).
+This package is the ground every stage stands on, and imports none of them: errors, registries, atomic file
+writes and locks, the artifact manifest, TOML reading (``tomlio``) and checking (``schema``), the boards' and
+formats' facts (``targets``), the workspace layout, the quiet terminal. The four stages live in the top-level
+packages ``trainer``, ``export``, ``devices`` and ``profiling``; the command line and the demo that drive them
+live in ``cli`` (the top). Imports go one way: cli -> stages -> edgemask (``tests/test_architecture.py``).
 """
 
 __version__ = "0.1.0"

@@ -19,14 +19,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ArtifactInfo": "profiling.campaign",
-    "ArtifactSelection": "profiling.campaign",
-    "CampaignConfig": "profiling.campaign",
+    "ArtifactInfo": "profiling.records",
+    "ArtifactSelection": "profiling.records",
+    "CampaignConfig": "profiling.records",
     "CampaignPlan": "profiling.campaign",
     "CampaignResult": "profiling.campaign",
     "FailedJob": "profiling.campaign",
-    "Job": "profiling.campaign",
-    "SkippedJob": "profiling.campaign",
+    "Job": "profiling.records",
+    "SkippedJob": "profiling.records",
     "load_campaign": "profiling.campaign",
     "parse_campaign": "profiling.campaign",
     "plan_campaign": "profiling.campaign",

@@ -27,8 +27,9 @@ campaign's store before the next one starts, so a campaign stopped at any point 
 
     [runner]                           # any field of devices.records.RunnerSettings except threads
     warmup_runs = 1
-    min_runs = 50
+    min_runs = 50                      # timed latency samples, at least
     min_seconds = 1.0
+    sample_min_ms = 0.0                # > 0: a sample is the mean of back-to-back inferences lasting this long
     profile_layers = true              # also per-operator profiled runs, apart from the timed ones
     profile_warmup = 5
     profile_runs = 20
@@ -48,15 +49,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices.inventory import FORMAT_RUNTIME
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
-from edgemask.manifest import MANIFEST, ArtifactFile, load_manifest
+from edgemask.manifest import MANIFEST, load_manifest
 from edgemask.registry import Registry
+from edgemask.schema import Field, Table
+from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
+from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
 
-# Format name -> the runtime that runs it (docs/contracts.md): the devices' one map, as a registry so an unknown
+# Format name -> the runtime that runs it (docs/contracts.md): edgemask.targets' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.
 FORMATS: Registry[str] = Registry("format")
 for _fmt, _runtime in FORMAT_RUNTIME.items():
@@ -73,190 +76,88 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # ------------------------------------------------------------------------------------------------
 # Configuration
 # ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ArtifactSelection:
-    """Which artifacts of one run: some clients or all of them, plus the run's dense baseline."""
-
-    run: str
-    clients: tuple[str, ...] | None = None  # None means every client the run exported
-    dense: bool = True
+def _runner_field(name: str, default: Any) -> Field:
+    if isinstance(default, bool):
+        return Field(bool)
+    return Field(int if isinstance(default, int) else float, minimum=1 if name == "min_runs" else 0)
 
 
-@dataclass(frozen=True)
-class CampaignConfig:
-    name: str
-    artifacts: tuple[ArtifactSelection, ...]
-    formats: tuple[str, ...]
-    variants: tuple[str, ...] = ("fp32",)
-    devices: tuple[str, ...] = ("local",)
-    threads: tuple[int, ...] = (1,)
-    repetitions: int = 1
-    runner: RunnerSettings = field(default_factory=RunnerSettings)
-    timeout_s: float = 600.0
-    cooldown_s: float = 0.0
-    retries: int = 2
-    retry_backoff_s: float = 2.0
-    inventory: str | None = None
-
-    def results_dir(self, workspace: str | Path) -> Path:
-        return Path(workspace) / "results" / self.name
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-_CAMPAIGN_KEYS = {f.name for f in dataclasses.fields(CampaignConfig)} - {"artifacts", "runner"}
-_RUNNER_KEYS = {f.name for f in dataclasses.fields(RunnerSettings)} - {"threads"}
-_SELECTION_KEYS = {"run", "clients", "dense"}
-
-
-class _Fields:
-    """Typed reads from one TOML table; every error names the file and the dotted field."""
-
-    def __init__(self, source: str, table: Mapping[str, Any], prefix: str, allowed: Collection[str]) -> None:
-        self.source, self.table, self.prefix = source, table, prefix
-        unknown = sorted(set(table) - set(allowed))
-        if unknown:
-            raise ConfigError(
-                f"{source}: unknown field {self.where(unknown[0])}; valid fields: {', '.join(sorted(allowed))}"
-            )
-
-    def where(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def fail(self, key: str, why: str) -> ConfigError:
-        return ConfigError(f"{self.source}: field {self.where(key)} {why}")
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-        if key not in self.table:
-            if default is ...:
-                raise self.fail(key, "is missing")
-            return default
-        value = self.table[key]
-        # bool is an int in Python; a count of true is a mistake, not 1.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self.fail(key, f"must be {_kind_name(kind)}, not {value!r}")
-        if not isinstance(value, kind):
-            raise self.fail(key, f"must be {_kind_name(kind)}, not {value!r}")
-        return value
-
-    def number(self, key: str, default: Any = ..., *, minimum: float = 0.0) -> float:
-        value = float(self.get(key, (int, float), default))
-        if value < minimum:
-            raise self.fail(key, f"must be >= {minimum}, not {value}")
-        return value
-
-    def integer(self, key: str, default: Any = ..., *, minimum: int = 0) -> int:
-        value = self.get(key, int, default)
-        if value < minimum:
-            raise self.fail(key, f"must be >= {minimum}, not {value}")
-        return value
-
-    def names(self, key: str, registry: Registry[Any] | None = None, default: Any = ...) -> tuple[str, ...]:
-        value = self.get(key, list, default)
-        if not value:
-            raise self.fail(key, "must name at least one entry")
-        out: list[str] = []
-        for item in value:
-            if not isinstance(item, str):
-                raise self.fail(key, f"must be a list of names, not {value!r}")
-            if registry is not None and item not in registry:
-                raise self.fail(key, f"has unknown {registry.kind} {item!r}; valid names: {', '.join(registry.names())}")
-            if item in out:
-                raise self.fail(key, f"names {item!r} twice")
-            out.append(item)
-        return tuple(out)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    words = {int: "an integer", float: "a number", str: "a string", list: "a list", bool: "true or false", dict: "a table"}
-    return " or ".join(words.get(k, k.__name__) for k in kinds)
+_TOP = {"campaign": Field(dict), "artifacts": Field(list, nonempty=True, what="[[artifacts]] table"),
+        "runner": Field(dict, default={})}
+_CAMPAIGN = {
+    "name": Field(str),
+    "formats": Field(list, items=str, choices=FORMATS, what="format", nonempty=True, unique=True),
+    "variants": Field(list, ["fp32"], items=str, choices=VARIANTS, what="variant", nonempty=True, unique=True),
+    "devices": Field(list, ["local"], items=str, what="device", nonempty=True, unique=True),
+    "threads": Field(list, [1], items=int, minimum=1, what="thread count", nonempty=True, unique=True),
+    "repetitions": Field(int, 1, minimum=1),
+    "timeout_s": Field(float, 600.0, above=0),
+    "cooldown_s": Field(float, 0.0, minimum=0),
+    "retries": Field(int, 2, minimum=0),
+    "retry_backoff_s": Field(float, 2.0, minimum=0),
+    "inventory": Field(str, None),
+}
+_SELECTION = {"run": Field(str), "clients": Field((str, list), "all", items=str, what="client id", unique=True),
+              "dense": Field(bool, True)}
+# any field of RunnerSettings except threads (the campaign's own list)
+_RUNNER = {f.name: _runner_field(f.name, f.default) for f in dataclasses.fields(RunnerSettings) if f.name != "threads"}
 
 
 def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
                    known_devices: Collection[str] | None = None) -> CampaignConfig:
-    """Validate a parsed ``campaign.toml``. ``known_devices``: the inventory's names, checked when given."""
-    top = _Fields(source, data, "", {"campaign", "artifacts", "runner"})
-    camp = _Fields(source, top.get("campaign", dict), "campaign", _CAMPAIGN_KEYS)
+    """Validate a parsed ``campaign.toml`` against its schema (:mod:`edgemask.schema`: one wording for every
+    mistake). ``known_devices``: the inventory's names, checked when given."""
+    top = Table(source, "", data, _TOP)
+    schema = _CAMPAIGN if known_devices is None else {
+        **_CAMPAIGN, "devices": dataclasses.replace(_CAMPAIGN["devices"], choices=sorted(known_devices))}
+    camp = Table(source, "campaign", top["campaign"], schema)
 
-    name = camp.get("name", str)
-    check_name(name, f"{source}: field campaign.name")
+    name = camp["name"]
+    check_name(name, f"{source}: [campaign] name")
     if not _NAME_RE.match(name):
-        raise camp.fail("name", f"must be a directory name (letters, digits, '.', '_', '-'), not {name!r}")
-
-    devices = camp.names("devices", default=["local"])
-    if known_devices is not None:
-        for dev in devices:
-            if dev not in known_devices:
-                raise camp.fail("devices", f"has unknown device {dev!r}; valid names: {', '.join(sorted(known_devices))}")
-
-    threads = tuple(camp.get("threads", list, [1]))
-    if not threads or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in threads):
-        raise camp.fail("threads", f"must be a list of positive integers, not {list(threads)!r}")
-    if len(set(threads)) != len(threads):
-        raise camp.fail("threads", f"names a thread count twice: {list(threads)!r}")
+        raise camp.error("name", f"{name!r} is not a directory name", "use letters, digits, '.', '_' and '-'")
 
     selections = []
-    raw_sel = top.get("artifacts", list)
-    if not raw_sel:
-        raise top.fail("artifacts", "must select at least one run ([[artifacts]] run = ...)")
-    for i, entry in enumerate(raw_sel):
+    for i, entry in enumerate(top["artifacts"]):
         if not isinstance(entry, dict):
-            raise top.fail("artifacts", "must be an array of tables ([[artifacts]])")
-        sel = _Fields(source, entry, f"artifacts[{i}]", _SELECTION_KEYS)
-        run = sel.get("run", str)
-        check_name(run, f"{source}: field {sel.where('run')}")
+            raise top.error("artifacts", f"holds {entry!r}", "write each selection as an [[artifacts]] table")
+        sel = Table(source, f"artifacts[{i}]", entry, _SELECTION)
+        run = sel["run"]
+        check_name(run, f"{source}: [artifacts[{i}]] run")
         if not _NAME_RE.match(run):
-            raise sel.fail("run", f"must be a run id, not {run!r}")
-        clients_raw = sel.get("clients", (str, list), "all")
+            raise sel.error("run", f"{run!r} is not a run id", "use letters, digits, '.', '_' and '-'")
+        clients_raw = sel["clients"]
         if isinstance(clients_raw, str):
             if clients_raw != "all":
-                raise sel.fail("clients", f'must be "all" or a list of client ids, not {clients_raw!r}')
+                raise sel.error("clients", f"is {clients_raw!r}", 'write "all" or a list of client ids')
             clients = None
-        elif not clients_raw:  # [] = the dense baseline alone (e.g. FedAvg, whose clients all run it)
-            clients = ()
-        else:
-            clients = sel.names("clients")
+        else:  # [] = the dense baseline alone (e.g. FedAvg, whose clients all run it)
+            clients = tuple(clients_raw)
             for client in clients:  # each becomes artifacts/<run>/<client>: "..", "/" would leave the run
-                check_name(client, f"{source}: field {sel.where('clients')}")
+                check_name(client, f"{source}: [artifacts[{i}]] clients")
             if DENSE_CLIENT in clients:
-                raise sel.fail("clients", 'must not list "dense"; use dense = true for the baseline')
-        dense = sel.get("dense", bool, True)
+                raise sel.error("clients", 'lists "dense"', "remove it; dense = true measures the baseline")
+        dense = sel["dense"]
         if clients == () and not dense:
-            raise sel.fail("clients", "is empty and dense = false: the selection measures nothing")
+            raise sel.error("clients", "is empty and dense = false: the selection measures nothing",
+                            "name clients or set dense = true")
         selections.append(ArtifactSelection(run=run, clients=clients, dense=dense))
 
-    runner_table = top.get("runner", dict, {})
-    runner_fields = _Fields(source, runner_table, "runner", _RUNNER_KEYS)
-    defaults = RunnerSettings()
-    runner_kw: dict[str, Any] = {}
-    for key in sorted(runner_table):
-        default = getattr(defaults, key)
-        if isinstance(default, bool):
-            runner_kw[key] = runner_fields.get(key, bool)
-        elif isinstance(default, int):
-            runner_kw[key] = runner_fields.integer(key, minimum=0)
-        else:
-            runner_kw[key] = runner_fields.number(key)
-    if runner_kw.get("min_runs", defaults.min_runs) < 1:
-        raise runner_fields.fail("min_runs", "must be >= 1")
-
-    inventory = camp.get("inventory", str, None)
+    runner = Table(source, "runner", top["runner"], _RUNNER)
     return CampaignConfig(
         name=name,
         artifacts=tuple(selections),
-        formats=camp.names("formats", FORMATS),
-        variants=camp.names("variants", VARIANTS, default=["fp32"]),
-        devices=devices,
-        threads=tuple(int(t) for t in threads),
-        repetitions=camp.integer("repetitions", 1, minimum=1),
-        runner=RunnerSettings(**runner_kw),
-        timeout_s=camp.number("timeout_s", 600.0, minimum=1e-3),
-        cooldown_s=camp.number("cooldown_s", 0.0),
-        retries=camp.integer("retries", 2),
-        retry_backoff_s=camp.number("retry_backoff_s", 2.0),
-        inventory=inventory,
+        formats=tuple(camp["formats"]),
+        variants=tuple(camp["variants"]),
+        devices=tuple(camp["devices"]),
+        threads=tuple(camp["threads"]),
+        repetitions=camp["repetitions"],
+        runner=RunnerSettings(**runner.values()),
+        timeout_s=camp["timeout_s"],
+        cooldown_s=camp["cooldown_s"],
+        retries=camp["retries"],
+        retry_backoff_s=camp["retry_backoff_s"],
+        inventory=camp["inventory"],
     )
 
 
@@ -270,31 +171,6 @@ def load_campaign(path: str | Path, known_devices: Collection[str] | None = None
 # ------------------------------------------------------------------------------------------------
 # Artifacts and jobs
 # ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ArtifactInfo:
-    """The key numbers of one artifact's ``manifest.json`` that the report needs."""
-
-    run_id: str
-    client_id: str
-    kind: str  # "dense" | "compacted"
-    algorithm: str
-    model: str
-    dataset: str
-    params_dense: int
-    params_compacted: int
-    flops_dense: int
-    flops_compacted: int
-    files: tuple[ArtifactFile, ...]
-    manifest: Mapping[str, Any] = field(compare=False, repr=False)  # the whole manifest, as JSON (the store keeps it)
-
-    @property
-    def artifact(self) -> str:
-        return f"{self.run_id}/{self.client_id}"
-
-    def file_for(self, fmt: str, variant: str) -> ArtifactFile | None:
-        return next((f for f in self.files if f.format == fmt and f.variant == variant), None)
-
-
 def read_manifest(path: str | Path) -> ArtifactInfo:
     """Read an artifact's ``manifest.json`` (or its directory) with the shared reader into an ``ArtifactInfo``.
 
@@ -306,33 +182,6 @@ def read_manifest(path: str | Path) -> ArtifactInfo:
         flops_dense=m.flops["dense"], flops_compacted=m.flops["compacted"], files=tuple(m.files),
         manifest=m.to_dict(),
     )
-
-
-@dataclass(frozen=True)
-class Job:
-    """One measurement to take. ``job_id`` is stable across runs of the same campaign: it keys resume."""
-
-    artifact: str  # "<run-id>/<client-id>"
-    format: str
-    variant: str
-    device: str
-    threads: int
-    repetition: int
-
-    @property
-    def job_id(self) -> str:
-        return f"{self.artifact}|{self.format}|{self.variant}|{self.device}|t{self.threads}|r{self.repetition}"
-
-
-@dataclass(frozen=True)
-class SkippedJob:
-    """A (artifact, format, variant, device) combination the plan left out, and why."""
-
-    artifact: str
-    format: str
-    variant: str
-    device: str
-    reason: str
 
 
 @dataclass(frozen=True)

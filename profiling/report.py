@@ -221,12 +221,13 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     """Write ``report.html``, ``summary.md``, ``plots/*.png`` and the tidy tables (``results.parquet``,
     ``samples.parquet``; also ``results.csv`` and ``samples.csv`` when ``csv``) into ``results_dir``, beside the
     store; return the paths of the page and the summary. ``rules`` (default: the verdict module's thresholds
-    with ``cv_threshold``) decide each setting's verdict."""
+    and the campaign's own minimums, :meth:`VerdictRules.for_campaign`, with ``cv_threshold``) decide each
+    setting's verdict."""
     results_dir, workspace = Path(results_dir), Path(workspace)
-    rules = rules or VerdictRules(cv_threshold=cv_threshold)
     data = _load(results_dir)
     df, artifacts, failures, skipped, config = (data[k] for k in ("df", "artifacts", "failures", "skipped",
                                                                      "config"))
+    rules = rules or VerdictRules.for_campaign(config, cv_threshold)
     name = config.get("name", results_dir.name)
     summary = summarize(df, rules=rules)
     write_tidy(results_dir, summary, df, csv=csv)
@@ -301,6 +302,7 @@ def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:
 _SUMMARY_COLUMNS = [
     ("artifact", "setting", fmt_text), ("device", "device", fmt_text), ("format", "format", fmt_text),
     ("variant", "variant", fmt_text), ("threads", "thr", fmt_int), ("runs", "runs", fmt_int),
+    ("inferences_per_sample", "inf/sample", fmt_int),
     ("p50_ms", "p50 ms", fmt_ms), ("p99_ms", "p99 ms", fmt_ms), ("cv", "CV", fmt_pct),
     ("speedup", "speedup", fmt_ratio, "comparison_valid"), ("flop_bound", "FLOP bound", fmt_ratio),
     ("param_ratio", "param bytes", fmt_ratio), ("verdict", "verdict", fmt_text),
@@ -311,8 +313,9 @@ _SUMMARY_COLUMNS = [
 def summary_table(results_dir: str | Path, *, rules: VerdictRules | None = None) -> str:
     """The campaign's settings as plain text for a terminal: the verdict lines first, then one row per setting
     (latency, CV, speedup over the dense baseline against its FLOP bound and parameter-byte ratio, verdict)."""
-    rules = rules or VerdictRules()
-    summary = summarize(_load(Path(results_dir))["df"], rules=rules)
+    data = _load(Path(results_dir))
+    rules = rules or VerdictRules.for_campaign(data["config"])
+    summary = summarize(data["df"], rules=rules)
     lines = verdict_lines(summary, rules)
     if summary.empty:
         return "\n".join(lines)

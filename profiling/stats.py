@@ -93,6 +93,13 @@ def _median(values: pd.Series) -> float:
     return float(v.median()) if len(v) else math.nan
 
 
+def _loops(rows: pd.DataFrame) -> pd.Series:
+    """Inferences per latency sample of each row (1 where a table predates the column)."""
+    if "inferences_per_sample" not in rows.columns:
+        return pd.Series(1, index=rows.index, dtype=int)
+    return pd.to_numeric(rows["inferences_per_sample"], errors="coerce").fillna(1).astype(int)
+
+
 def _summarize_group(g: pd.DataFrame, rules: VerdictRules) -> dict[str, Any]:
     ok = g[g["ok"].astype(bool)]
     samples = [x for xs in ok["latency_ms"] for x in xs]
@@ -102,10 +109,13 @@ def _summarize_group(g: pd.DataFrame, rules: VerdictRules) -> dict[str, Any]:
     row["min_ms"] = float(min(samples)) if samples else math.nan
     row["max_ms"] = float(max(samples)) if samples else math.nan
     row["runs_min"] = int(ok["latency_ms"].map(len).min()) if len(ok) else 0
+    loops = _loops(ok)
+    row["inferences_per_sample"] = int(loops.max()) if len(ok) else 0
+    row["inferences"] = int((ok["latency_ms"].map(len) * loops).sum()) if len(ok) else 0
     row["timed_window_s_min"] = float(pd.to_numeric(ok["timed_window_s"]).min()) if len(ok) else math.nan
     energies, above = [], []
-    for m in ok.itertuples():
-        runs = len(m.latency_ms)
+    for m, k in zip(ok.itertuples(), loops):
+        runs = len(m.latency_ms) * int(k)  # timed inferences
         energies.append(energy_per_inference_mj(m.power_w, m.timed_window_s, runs))
         above.append(energy_above_idle_mj(m.power_w, m.idle_power_w, m.timed_window_s, runs))
     finite = [e for e in energies if not math.isnan(e)]

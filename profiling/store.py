@@ -37,16 +37,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError, EdgemaskError
 from edgemask.fileio import atomic_path
-
-if TYPE_CHECKING:
-    from profiling.campaign import ArtifactInfo, CampaignConfig, Job, SkippedJob
+from profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
 
 SCHEMA_VERSION = 2
 MEASURED, FAILED, INTERRUPTED = "measured", "failed", "interrupted"
@@ -351,8 +349,6 @@ class ResultsStore:
         return self._jobs_and_measurements("measurements")
 
     def _jobs_and_measurements(self, table: str) -> list[tuple["Job", Measurement]]:
-        from profiling.campaign import Job
-
         rows = self._read(f"SELECT {', '.join(_JOB_COLUMNS[1:])}, measurement FROM {table} ORDER BY rowid")
         return [(Job(*r[:6]), Measurement.from_dict(json.loads(r[6]))) for r in rows]
 

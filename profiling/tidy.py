@@ -2,7 +2,7 @@
 sample), so ``pandas.read_parquet`` is all a user needs. Columns are documented in ``docs/contracts.md``.
 
 Tidy in Wickham's sense (each variable a column, each observation a row): a setting is one observation of the
-statistics table; one timed inference (or one power reading) is one observation of the samples table, in the same
+statistics table; one timed latency sample (or one power reading) is one observation of the samples table, in the same
 long format as a run's ``history.parquet`` (``metric``, ``value``).
 """
 
@@ -35,9 +35,10 @@ def results_frame(summary: pd.DataFrame) -> pd.DataFrame:
 
 def samples_frame(measurements: pd.DataFrame) -> pd.DataFrame:
     """One row per raw sample of ``ResultsStore.to_dataframe()``: the artifact and setting columns, ``job_id``,
-    ``repetition``, ``metric`` (``latency_ms`` or ``power_w``), ``sample`` (its index within the repetition,
-    in the order taken) and ``value``. Failed repetitions hold no samples, so they have no rows."""
-    keys = [*ID_COLUMNS, "job_id", "repetition"]
+    ``repetition``, ``inferences_per_sample`` (how many back-to-back inferences a latency sample averages),
+    ``metric`` (``latency_ms`` or ``power_w``), ``sample`` (its index within the repetition, in the order taken)
+    and ``value``. Failed repetitions hold no samples, so they have no rows."""
+    keys = [*ID_COLUMNS, "job_id", "repetition", "inferences_per_sample"]
     parts = []
     for column, metric in SAMPLE_METRICS.items():
         lengths = measurements[column].map(len).to_numpy() if len(measurements) else np.zeros(0, int)

@@ -8,7 +8,7 @@ variant × device × threads, all its repetitions — is VALID when every rule b
 | --------------------- | ------------------------------------------------------------------------------ |
 | `failed`              | every repetition produced a measurement (the runner did not fail)             |
 | `output-check-failed` | the outputs on the device matched the host's reference within tolerance        |
-| `too-few-runs`        | each repetition timed at least ``min_runs`` inferences                         |
+| `too-few-runs`        | each repetition timed at least ``min_runs`` latency samples                    |
 | `too-short`           | each repetition's timed window lasted at least ``min_seconds``                 |
 | `high-cv`             | the pooled latency samples' CV (sample std ÷ mean) is at most ``cv_threshold`` |
 | `throttled`           | the board reported no throttling during any repetition                         |
@@ -55,8 +55,18 @@ class VerdictRules:
     cv_threshold: float = CV_THRESHOLD
     max_temp_drift_c: float = MAX_TEMP_DRIFT_C
 
+    @classmethod
+    def for_campaign(cls, config: Mapping[str, Any] | None, cv_threshold: float = CV_THRESHOLD) -> "VerdictRules":
+        """The rules for a stored campaign (``ResultsStore.campaign_config()``): the minimums are the module's
+        floor or the campaign's own ``[runner] min_runs`` / ``min_seconds``, whichever is higher — a repetition
+        that timed less than the campaign asked for is not the measurement it planned."""
+        runner = (config or {}).get("runner") or {}
+        return cls(min_runs=max(MIN_RUNS, int(runner.get("min_runs") or 0)),
+                   min_seconds=max(MIN_SECONDS, float(runner.get("min_seconds") or 0.0)),
+                   cv_threshold=cv_threshold)
+
     def describe(self) -> str:
-        return (f"at least {self.min_runs} runs and {self.min_seconds:g} s per repetition, CV at most "
+        return (f"at least {self.min_runs} timed samples and {self.min_seconds:g} s per repetition, CV at most "
                 f"{100 * self.cv_threshold:g} %, output check passed, no throttling, temperature drift at most "
                 f"{self.max_temp_drift_c:g} °C")
 
@@ -193,7 +203,7 @@ def judge(rows: pd.DataFrame, cv: float, rules: VerdictRules = VerdictRules()) -
 
     runs = ok["latency_ms"].map(len)
     if (runs < rules.min_runs).any():
-        reasons.append(("too-few-runs", f"{int(runs.min())} timed runs < {rules.min_runs}"))
+        reasons.append(("too-few-runs", f"{int(runs.min())} timed samples < {rules.min_runs}"))
     window = pd.to_numeric(ok["timed_window_s"], errors="coerce")
     if window.isna().any() or (window < rules.min_seconds).any():
         shortest = "no timed window" if window.isna().any() else f"timed window {window.min():.3g} s"

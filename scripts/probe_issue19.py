@@ -21,7 +21,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args, **kw):
-    return subprocess.run([PY, "-m", "edgemask.cli", *map(str, args)], capture_output=True, text=True, env=ENV,
+    return subprocess.run([PY, "-m", "cli", *map(str, args)], capture_output=True, text=True, env=ENV,
                           timeout=900, **kw)
 
 

@@ -935,6 +935,15 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def inferences_per_sample(sample_min_ms, warm_ms):
+    """How many back-to-back inferences one latency sample times: enough that a sample lasts at least
+    ``sample_min_ms`` at the warm-up's mean latency ``warm_ms`` (pyperf's calibration of ``loops`` to its
+    ``min_time``). 0 (the default) or a model slower than the target: 1, every sample one inference."""
+    if not sample_min_ms > 0 or not warm_ms > 0:
+        return 1
+    return max(1, int(math.ceil(sample_min_ms / warm_ms)))
+
+
 def benchmark(args):
     import numpy as np
 
@@ -994,10 +1003,12 @@ def benchmark(args):
 
     # Warm-up: at least warmup_runs runs and at least warmup_seconds.
     k = 0
-    t_end = time.perf_counter() + args.warmup_seconds
+    w0 = time.perf_counter()
+    t_end = w0 + args.warmup_seconds
     while k < args.warmup_runs or time.perf_counter() < t_end:
         rt.run(batches[k % n])
         k += 1
+    loops = inferences_per_sample(args.sample_min_ms, _ms(w0, time.perf_counter()) / k)
 
     sampler = PowerSampler(sensor, args.power_rate_hz) if sensor is not None else None
     if sampler is not None:
@@ -1007,12 +1018,22 @@ def benchmark(args):
     w0 = clock()
     t_end = w0 + args.min_seconds
     i = 0
-    while len(latencies) < args.min_runs or clock() < t_end:
-        x = batches[i % n]
-        t0 = clock()
-        rt.run(x)
-        latencies.append(_ms(t0, clock()))
-        i += 1
+    if loops == 1:  # one inference per sample: nothing between the clock reads but the call
+        while len(latencies) < args.min_runs or clock() < t_end:
+            x = batches[i % n]
+            t0 = clock()
+            rt.run(x)
+            latencies.append(_ms(t0, clock()))
+            i += 1
+    else:  # each sample: the mean of `loops` back-to-back inferences (pyperf's loops, timeit's number)
+        run = rt.run
+        while len(latencies) < args.min_runs or clock() < t_end:
+            xs = [batches[(i + j) % n] for j in range(loops)]
+            t0 = clock()
+            for x in xs:
+                run(x)
+            latencies.append(_ms(t0, clock()) / loops)
+            i += loops
     window_s = clock() - w0
     power = sampler.stop() if sampler is not None else []
 
@@ -1020,6 +1041,7 @@ def benchmark(args):
     result = {
         "ok": True,
         "latency_ms": latencies,
+        "inferences_per_sample": loops,
         "load_ms": load_ms,
         "first_inference_ms": first_ms,
         "peak_rss_kb": int(peak),
@@ -1097,6 +1119,8 @@ def build_parser():
     p.add_argument("--warmup-seconds", type=float, default=0.5)
     p.add_argument("--min-runs", type=int, default=50)
     p.add_argument("--min-seconds", type=float, default=1.0)
+    p.add_argument("--sample-min-ms", type=float, default=0.0,
+                   help="time back-to-back inferences per latency sample until it lasts this long (0: one each)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tolerance", type=float, default=1e-5)
     p.add_argument("--power-rate-hz", type=float, default=50.0)

@@ -1,4 +1,5 @@
-"""What every export format provides, the format registry and the device profiles that constrain formats."""
+"""What every export format provides, the format registry and the device profiles that constrain formats (their
+facts, and each format's runtime and file names, are :mod:`edgemask.targets`')."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
+from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, BoardProfile
 
 
 class FormatUnavailableError(EdgemaskError):
@@ -26,18 +28,12 @@ class ExportFormatError(EdgemaskError):
     """A converter failed, or its file does not compute what the torch model computes."""
 
 
-@dataclass(frozen=True)
-class DeviceProfile:
-    """What a target board's runtime can read."""
-
-    name: str
-    max_onnx_opset: int | None = None
-    note: str = ""
-
-
+# What a target board's runtime can read (--target): the boards' one table, edgemask.targets, as a registry so an
+# unknown name lists the valid ones.
+DeviceProfile = BoardProfile
 DEVICE_PROFILES: Registry[DeviceProfile] = Registry("device profile")
-DEVICE_PROFILES.add("jetson-tx2", DeviceProfile("jetson-tx2", 15, "JetPack 4.6: onnxruntime 1.10 (Python 3.6) reads opset ≤ 15"))
-DEVICE_PROFILES.add("rpi4", DeviceProfile("rpi4", None, "Raspberry Pi OS bookworm: onnxruntime 1.31"))
+for _kind in ("jetson-tx2", "rpi4"):  # the boards with a fixed profile (linux, local: whatever is installed)
+    DEVICE_PROFILES.add(_kind, BOARDS[_kind])
 
 
 @dataclass(frozen=True)
@@ -67,12 +63,15 @@ class FormatContext:
 class Format:
     """One export format. ``write`` returns the manifest fields it adds (opset, backend, runtime, ...)."""
 
-    name: str = ""
-    runtime: str = ""
+    name: str = ""  # a key of edgemask.targets.FORMATS, which says its runtime and file names
     variants: tuple[str, ...] = ("fp32",)
 
+    @property
+    def runtime(self) -> str:
+        return FORMAT_FACTS[self.name].runtime
+
     def filename(self, variant: str) -> str:
-        return f"model.{self.name}" if variant == "fp32" else f"model.{variant}.{self.name}"
+        return FORMAT_FACTS[self.name].file_name(variant)
 
     def check_available(self) -> None:
         """Raise :class:`FormatUnavailableError` (with the install command) when the toolchain is missing."""

@@ -34,7 +34,6 @@ def _opset_of(path: Path) -> int:
 
 class Onnx(Format):
     name = "onnx"
-    runtime = "onnxruntime"
     variants = ("fp32", "int8")
 
     def write(self, model: nn.Module, path: Path, ctx: FormatContext, variant: str = "fp32") -> dict[str, Any]:

@@ -42,7 +42,6 @@ def _explicit_pool_stride(ep) -> None:
 
 class Pte(Format):
     name = "pte"
-    runtime = "executorch"
     variants = ("fp32", "int8")
 
     def write(self, model: nn.Module, path: Path, ctx: FormatContext, variant: str = "fp32") -> dict[str, Any]:

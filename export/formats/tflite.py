@@ -19,7 +19,6 @@ INSTALL = "install the tflite extra: pip install -e .[tflite]"
 
 class Tflite(Format):
     name = "tflite"
-    runtime = "tflite"
     variants = ("fp32", "int8")
 
     def check_available(self) -> None:

@@ -69,26 +69,34 @@ def test_kind_profiles_hold_the_board_facts():
 
 
 @pytest.mark.parametrize("table, field, hint", [
-    ('kind = "jetson"\nhost = "h"\nuser = "u"', "kind", "jetson-tx2"),
-    ('kind = "rpi4"\nuser = "u"', "'host'", "missing field"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nport = "22"', ".port", "an integer"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nport = 70000', ".port", "between 1 and 65535"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nhostname = "x"', "'hostname'", "valid fields"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\npower_sensor = "ina999"', ".power_sensor", "ina3221"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nruntimes = ["tensorrt"]', ".runtimes", "onnxruntime"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nworkdir = "../etc"', ".workdir", "'..'"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nworkdir = "~/em"', ".workdir", "~"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nkey_file = "nope"', ".key_file", "ssh-keygen"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\njetson_clocks = true', ".jetson_clocks", "only a Jetson"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\ntrust_on_first_use = "yes"', ".trust_on_first_use", "true or false"),
-    ('kind = "local"\nhost = "h"', ".host", "local device"),
+    ('kind = "jetson"\nhost = "h"\nuser = "u"',
+     "] kind: unknown kind 'jetson'", "valid names: jetson-tx2, linux, local, rpi4"),
+    ('kind = "rpi4"\nuser = "u"', "] host: missing field", "add host = …"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nport = "22"', "] port: must be an integer, not '22'", "without quotes"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nport = 70000',
+     "] port: 70000 is out of range", "use a value between 1 and 65535"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nhostname = "x"',
+     "] hostname: unknown field", "did you mean 'host'? valid fields"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\npower_sensor = "ina999"',
+     "] power_sensor: unknown power sensor 'ina999'", "ina3221"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nruntimes = ["tensorrt"]',
+     "] runtimes: unknown runtime 'tensorrt'", "onnxruntime"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nworkdir = "../etc"',
+     "] workdir: '../etc' contains '..'", "give a path inside"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nworkdir = "~/em"', "] workdir: '~/em' uses ~", "not expanded"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nkey_file = "nope"', "] key_file: no such file", "ssh-keygen"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\njetson_clocks = true', "] jetson_clocks:", "only a Jetson"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\ntrust_on_first_use = "yes"',
+     "] trust_on_first_use: must be true or false", "true or false"),
+    ('kind = "local"\nhost = "h"', "] host: a local device has no host", "remove it"),
 ])
 def test_bad_entry_names_file_device_and_field(tmp_path, table, field, hint):
     path = write(tmp_path, f"[devices.board7]\n{table}\n")
     with pytest.raises(ConfigError) as e:
         load_inventory(path, tmp_path)
     msg = str(e.value)
-    assert str(path) in msg and "[devices.board7]" in msg and field in msg and hint in msg
+    # one wording: <file>: [devices.NAME] field: what is wrong; what to do
+    assert msg.startswith(f"{path}: [devices.board7] ") and field in msg and hint in msg, msg
 
 
 def test_local_name_is_reserved_and_bad_toml_is_named(tmp_path):

@@ -251,3 +251,32 @@ def test_an_int8_file_is_checked_against_its_own_host_deviation(local, tmp_path,
     write_manifest(art, replace(load_manifest(art), files=[replace(entry, max_abs_diff=None)]))
     m = run_benchmark(LocalConnection(local), local, art, fmt, "int8", settings=FAST, timeout=300)
     assert not m.ok and f"{art / name}: the manifest records no host output deviation" in m.error
+
+
+def test_samples_are_calibrated_to_last_sample_min_ms(local, tmp_path, monkeypatch, fake_root):
+    """With sample_min_ms, each latency sample is the mean of k back-to-back inferences, k from the warm-up's
+    mean latency; energy per inference divides by every timed inference, not by the samples."""
+    fake_root("sys/bus/i2c/drivers/ina3221x/0-0041/iio:device1/rail_name_0", "VDD_IN")
+    fake_root("sys/bus/i2c/drivers/ina3221x/0-0041/iio:device1/in_power0_input", "2000")
+    monkeypatch.setenv("EDGEMASK_SYSFS_ROOT", str(fake_root.root))
+    art = make_artifact(tmp_path / "art", n=10)
+    settings = replace(FAST, warmup_seconds=0.2, min_runs=20, min_seconds=0.3, sample_min_ms=5.0)
+    with open_connection(local) as conn:
+        m = run_benchmark(conn, local, art, "onnx", settings=settings)
+    assert m.ok, m.error
+    k = m.inferences_per_sample
+    assert k > 1 and m.inferences == k * m.runs and m.runs >= 20
+    # each sample lasted about sample_min_ms (k was sized on the warm-up; the timed window holds them all)
+    assert sum(m.latency_ms) * k <= m.timed_window_s * 1e3
+    assert 2.0 < min(m.latency_ms) * k and max(m.latency_ms) * k < 1e3
+    assert m.energy_per_inference_mj == pytest.approx(2.0 * m.timed_window_s / (k * m.runs) * 1e3)
+    one = run_benchmark(LocalConnection(local), local, art, "onnx", settings=FAST)
+    assert one.ok and one.inferences_per_sample == 1 and one.inferences == one.runs
+
+
+def test_inferences_per_sample_follows_the_warm_up_latency():
+    from devices.remote.runner import inferences_per_sample
+
+    assert inferences_per_sample(10.0, 0.55) == 19  # ceil(10 / 0.55): 19 × 0.55 = 10.45 ms >= 10 ms
+    assert inferences_per_sample(10.0, 2.5) == 4 and inferences_per_sample(10.0, 12.0) == 1
+    assert inferences_per_sample(0.0, 0.55) == 1  # the default: one inference per sample

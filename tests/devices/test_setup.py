@@ -113,7 +113,7 @@ def test_setup_refuses_the_local_device(tmp_path):
 
 
 def test_cli_setup_needs_a_name_and_refuses_local(tmp_path, capsys):
-    from edgemask.cli import main
+    from cli.main import main
 
     ws = str(tmp_path / "ws")
     assert main(["devices", "setup", "--workspace", ws]) == 2

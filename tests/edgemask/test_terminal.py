@@ -83,12 +83,12 @@ def test_train_and_export_print_no_third_party_line(tmp_path):
     lines and onnxruntime's quantization advice all land in the log, not on the terminal."""
     ws = tmp_path / "ws"
     cfg = tmp_path / "tiny.toml"
-    text = (ROOT / "edgemask" / "configs" / "demo-fedmask.toml").read_text()
+    text = (ROOT / "cli" / "configs" / "demo-fedmask.toml").read_text()
     cfg.write_text(re.sub(r"hidden = \[[^]]*\]", "hidden = [32, 16]", text))
     out = ""
     for args in (["train", "--config", str(cfg), "--rounds", "1"],
                  ["export", "--run", "demo-fedmask", "--clients", "client-000", "--formats", "onnx,pte", "--int8"]):
-        p = subprocess.run([sys.executable, "-m", "edgemask.cli", *args, "--workspace", str(ws)], cwd=tmp_path,
+        p = subprocess.run([sys.executable, "-m", "cli", *args, "--workspace", str(ws)], cwd=tmp_path,
                            capture_output=True, text=True, timeout=1200)
         assert p.returncode == 0, p.stderr[-3000:]
         out += p.stdout + p.stderr

@@ -21,7 +21,7 @@ from devices.deploy import remote_path
 from devices.probe import check_device
 from devices.records import RunnerSettings
 from devices.setup import setup_device
-from edgemask.cli import main as edgemask_main
+from cli.main import main as edgemask_main
 from edgemask.fileio import sha256_file
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, Manifest, TensorSpec, write_manifest, write_sample_io
 from export.formats import FORMATS, ExportSettings, FormatContext

@@ -13,7 +13,7 @@ from artifacts import make_artifact
 from devices.benchmark import run_benchmark
 from devices.connection import open_connection
 from devices.records import RunnerSettings
-from edgemask.cli import main as edgemask_main
+from cli.main import main as edgemask_main
 from fleet.standin import write_inventory
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]

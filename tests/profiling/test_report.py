@@ -94,7 +94,7 @@ def test_invalid_settings_lead_the_summary_and_carry_their_flag(tmp_path):
     text = summary_table(results)
     assert text.splitlines()[0] == "0 of 2 settings VALID; INVALID for too-few-runs (2), too-short (2), high-cv (1)"
     row = next(line for line in text.splitlines() if line.startswith("run-a/client-000"))
-    assert row.split()[5:] == ["5", "3.000", "9.760", "88.4%", "3.33×", "†", "5.00×", "2.50×", "INVALID",
+    assert row.split()[5:] == ["5", "1", "3.000", "9.760", "88.4%", "3.33×", "†", "5.00×", "2.50×", "INVALID",
                                "too-few-runs;too-short;high-cv"]
 
 

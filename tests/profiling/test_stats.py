@@ -90,6 +90,17 @@ def test_summarize_pools_repetitions_and_compares_to_dense():
     assert s.loc["r/dense", "speedup"] == pytest.approx(1.0)
 
 
+def test_energy_per_inference_counts_every_inference_of_a_sample():
+    """A sample averaging 10 inferences: 3 W × 1 s over 5 samples × 10 inferences = 60 mJ, not 600."""
+    row = _row("r/client-000", "compacted", SAMPLES)
+    df = pd.DataFrame([_row("r/dense", "dense", [10.0] * 5, flops=(1000, 1000)), {**row, "inferences_per_sample": 10}])
+    df.loc[0, "inferences_per_sample"] = 1
+    c = stats.summarize(df).set_index("artifact").loc["r/client-000"]
+    assert c["energy_mj"] == pytest.approx(60.0) and c["energy_above_idle_mj"] == pytest.approx(40.0)
+    assert c["runs"] == 5 and c["inferences"] == 50 and c["inferences_per_sample"] == 10
+    assert c["energy_reduction"] == pytest.approx(0.9)  # the dense baseline's 600 mJ over 5 single inferences
+
+
 def test_summarize_gives_each_setting_its_verdict_and_flags_missing_energy():
     df = pd.DataFrame([
         _row("r/dense", "dense", [5.0, 5.0], flops=(1000, 1000)),

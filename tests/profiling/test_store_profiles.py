@@ -69,7 +69,7 @@ def test_profile_layers_option_and_runner_arguments():
     args = cfg.runner.to_args()
     assert args[-4:] == ["--profile-runs", "7", "--profile-warmup", "5"]
     assert "--profile-runs" not in RunnerSettings().to_args()  # off by default: the runner's command unchanged
-    with pytest.raises(ConfigError, match="runner.profile_layers must be true or false"):
+    with pytest.raises(ConfigError, match=r"\[runner\] profile_layers: must be true or false, not 1; write true or f"):
         parse_campaign(tomllib.loads(pf.campaign_toml().replace("[runner]", "[runner]\nprofile_layers = 1")))
 
 

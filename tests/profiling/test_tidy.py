@@ -41,6 +41,7 @@ def _campaign(tmp_path):
             power = tuple(rng.uniform(2, 5, int(rng.integers(3, 9)))) if job.device == "dev-a" else ()
             store.record(job, Measurement(
                 ok=True, latency_ms=tuple(rng.lognormal(0, 0.1, int(rng.integers(50, 80)))), timed_window_s=1.1,
+                inferences_per_sample=1 + i % 3,
                 output_check_passed=True, power_w=power, power_source="ina3221:VDD_IN" if power else None,
                 idle_power_w=2.0, energy_missing_reason=None if power else "no power sensor", **ids))
     return ws, results
@@ -65,6 +66,7 @@ def test_samples_parquet_round_trips_every_sample_in_the_store(tmp_path):
         job = by_job[row.job_id]
         assert (row.artifact, row.format, row.variant, row.device, row.threads, row.repetition) == (
             job.artifact, job.format, job.variant, job.device, job.threads, job.repetition)
+        assert row.inferences_per_sample == dict(measured)[job].inferences_per_sample
         assert (row.run_id, row.client_id) == tuple(job.artifact.split("/"))
         assert row.algorithm == "fedmask" and row.kind == ("dense" if row.client_id == "dense" else "compacted")
     assert samples.columns[:len(ID_COLUMNS)].tolist() == ID_COLUMNS

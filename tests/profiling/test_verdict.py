@@ -71,8 +71,18 @@ def test_a_setting_meeting_every_rule_is_valid(tmp_path):
 def test_too_few_runs(tmp_path):
     row = setting(tmp_path, runner_doc(), runner_doc(latency_ms=STEADY[:40]))
     assert row["verdict"] == INVALID and row["invalid_rules"] == "too-few-runs"
-    assert row["reasons"] == "too-few-runs: 40 timed runs < 50"
+    assert row["reasons"] == "too-few-runs: 40 timed samples < 50"
     assert not row["comparison_valid"]  # the speedup rests on this verdict
+
+
+def test_the_campaigns_own_minimums_raise_the_floor(tmp_path):
+    """60 samples over 1.2 s meet the floor (50, 1 s) but not a campaign that asked for 100 samples and 2 s."""
+    rules = VerdictRules.for_campaign({"runner": {"min_runs": 100, "min_seconds": 2.0}})
+    assert (rules.min_runs, rules.min_seconds) == (100, 2.0)
+    assert VerdictRules.for_campaign({"runner": {"min_runs": 5, "min_seconds": 0.01}}) == VerdictRules()
+    row = setting(tmp_path, runner_doc(), rules=rules)
+    assert row["invalid_rules"] == "too-few-runs;too-short"
+    assert row["reasons"] == "too-few-runs: 60 timed samples < 100; too-short: timed window 1.2 s < 2 s"
 
 
 def test_too_short(tmp_path):

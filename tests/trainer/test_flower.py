@@ -140,7 +140,7 @@ def test_clients_without_an_algorithm_train_as_simulate(algorithm):
 
 
 def test_without_flower_the_engine_says_how_to_install_it(monkeypatch, tmp_path, capsys):
-    from edgemask.cli import main
+    from cli.main import main
     from trainer.flower import require_flwr
 
     monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError

@@ -16,7 +16,7 @@ from trainer.simulation import simulate
 
 
 def edgemask(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgemask.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=600)
 
 

@@ -12,32 +12,15 @@ import json
 import sys
 from pathlib import Path
 
+from cli.progress import progress_printer
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import disk_full
+from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
 from edgemask.workspace import Workspace
 
 
 def _ws(args: argparse.Namespace) -> Workspace:
     return Workspace.at(args.workspace)
-
-
-def _progress_printer(label: str):
-    from tqdm import tqdm
-
-    bar = None
-
-    def cb(done: int, total: int, metrics: dict) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=total, desc=label, unit="round", file=sys.stderr)
-        bar.update(done - bar.n)
-        acc = metrics.get("mean_accuracy")
-        if acc == acc and acc is not None:
-            bar.set_postfix(mean_acc=f"{acc:.3f}")
-        if done == total:
-            bar.close()
-
-    return cb
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -56,7 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         cfg = cfg.replace(training=dataclasses.replace(cfg.training, **overrides))
     ws = _ws(args)
-    progress = _progress_printer(f"train {cfg.run_id}")
+    progress = progress_printer(f"train {cfg.run_id}")
     if args.engine == "flower":
         from trainer.flower import train_flower
 
@@ -149,7 +132,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from edgemask.demo import run_demo
+    from cli.demo import run_demo
 
     run_demo(_ws(args), rounds=args.rounds, formats=[f for f in args.formats.split(",") if f])
     return 0
@@ -209,9 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")
     e.add_argument("--clients", default="all", help="'all' or a comma-separated list of client ids")
-    e.add_argument("--formats", default="onnx,pte", help="comma-separated formats: onnx, pte, tflite")
-    e.add_argument("--target", default=None, help="device profile for format options (e.g. jetson-tx2: ONNX "
-                   "opset ≤ 15 for its onnxruntime 1.10)")
+    e.add_argument("--formats", default="onnx,pte", help="comma-separated formats: " + ", ".join(
+                   f"{f.name} ({f.title})" for f in FORMAT_FACTS.values()))
+    tx2 = BOARDS["jetson-tx2"]
+    e.add_argument("--target", default=None, help=f"device profile for format options (e.g. {tx2.kind}: ONNX "
+                   f"opset ≤ {tx2.max_onnx_opset} for its onnxruntime {TX2_ONNXRUNTIME})")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
     e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
                    "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")

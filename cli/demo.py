@@ -4,10 +4,10 @@ FedAvg and FedMask on scikit-learn's digits (8 clients, 2 classes each) → ever
 exported (plus the dense baselines) to ONNX and ExecuTorch → profiled on the built-in ``local`` device through
 the same Connection and remote runner an SSH board uses → results store, report, and a summary.
 
-The model (edgemask/configs/demo-*.toml: a 64-3072-2048-10 MLP) is sized so that what is measured is the model,
+The model (cli/configs/demo-*.toml: a 64-3072-2048-10 MLP) is sized so that what is measured is the model,
 not the runner: its dense batch-1 latency on one thread is about half a millisecond, far above the runner's own
 per-call overhead (tens of microseconds), and a batch-1 MLP is memory-bound, so a compacted client's speedup
-should follow its parameter-byte ratio. The runner (edgemask/configs/demo-campaign.toml) uses one thread and a
+should follow its parameter-byte ratio. The runner (cli/configs/demo-campaign.toml) uses one thread and a
 timed window of at least 3 s and 500 runs per setting, long enough for the median and the CV to settle.
 """
 
@@ -29,7 +29,7 @@ def _stage(name: str) -> None:
 
 
 def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None = None) -> dict:
-    from edgemask.cli import _progress_printer
+    from cli.progress import progress_printer
     from export import export_run
     from profiling.campaign import load_campaign, run_campaign
     from profiling.report import write_report
@@ -46,7 +46,7 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
         cfg = TrainConfig.load(CONFIGS / f"demo-{algo}.toml")
         if rounds is not None:
             cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=rounds))
-        runs[algo] = train(cfg, ws.runs, progress=_progress_printer(f"train {cfg.run_id}"))
+        runs[algo] = train(cfg, ws.runs, progress=progress_printer(f"train {cfg.run_id}"))
         print(f"wrote {runs[algo]}", file=sys.stderr)
     timings["train"] = time.perf_counter() - t0
 
@@ -93,8 +93,10 @@ What the numbers are:
   setting           <run>/<client> measured on a device: `dense` is the run's uncompacted model. FedMask's
                     dense model is its frozen random weights without a mask (the mask is the model): the right
                     latency baseline (the same network before compaction), not an accuracy one
-  p50, p99 ms       median and 99th-percentile batch-1 latency on this machine (local device, 1 runtime thread)
-  CV                standard deviation / mean of the timed runs
+  runs              timed latency samples; each is the mean of ~10 ms of back-to-back batch-1 inferences
+  p50, p99 ms       median and 99th percentile of those samples, per inference, on this machine (local
+                    device, 1 runtime thread)
+  CV                standard deviation / mean of the samples
   speedup           the dense baseline's p50 (same run, format, device, threads) / this p50; marked † when
                     either verdict is INVALID (then it is not a number to quote)
   FLOP bound        dense FLOPs / compacted FLOPs: the speedup if time followed FLOPs

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from edgemask.fileio import sha256_file
-from lock_holder import hold_lock
 from test_cli import assert_clean_failure, edgemask
 from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
 from trainer.simulation import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgemask"))  # the lock holder tests/edgemask uses too
+from lock_holder import hold_lock  # noqa: E402
 
 TRAIN_TOML = """[run]
 run_id = {run_id}
@@ -128,7 +130,7 @@ def check_artifacts(root: Path, expected: set[str]) -> None:
 def test_two_concurrent_exports_of_a_run_leave_whole_artifacts_or_one_clean_refusal(fedmask_ws, tmp_path, wait):
     ws = tmp_path / "ws"
     shutil.copytree(fedmask_ws / "runs", ws / "runs")
-    cmd = [sys.executable, "-m", "edgemask.cli", "export", "--workspace", str(ws), "--run", "fm", "--formats",
+    cmd = [sys.executable, "-m", "cli", "export", "--workspace", str(ws), "--run", "fm", "--formats",
            "onnx", *(["--wait", wait] if wait != "0" else [])]  # without --wait: leave at once
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(600), *p.communicate()) for p in procs]
@@ -187,7 +189,7 @@ def test_full_disk_is_one_line_and_loses_no_finished_run(small_disk, tmp_path):
 def test_sqlite_disk_full_hidden_by_a_failed_rollback_is_one_line(small_disk):
     """The profiling store's COMMIT fails on a full disk and its ROLLBACK then raises "cannot rollback": the
     command line finds "database or disk is full" in the chain and says it in one line."""
-    from edgemask.cli import _environment_failure
+    from cli.main import _environment_failure
 
     db = sqlite3.connect(small_disk / "results.sqlite", isolation_level=None)
     db.execute("CREATE TABLE t (x BLOB)")

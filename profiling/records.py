@@ -1,0 +1,101 @@
+"""The records a campaign and its store share: what a campaign is (:class:`CampaignConfig`), the artifacts it
+measures (:class:`ArtifactInfo`), the jobs it runs (:class:`Job`) and those it leaves out (:class:`SkippedJob`).
+
+`profiling.campaign` makes them (from ``campaign.toml`` and the manifests) and `profiling.store` writes and reads
+them back; both import this module, which imports neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devices.records import RunnerSettings
+from edgemask.manifest import ArtifactFile
+
+
+@dataclass(frozen=True)
+class ArtifactSelection:
+    """Which artifacts of one run: some clients or all of them, plus the run's dense baseline."""
+
+    run: str
+    clients: tuple[str, ...] | None = None  # None means every client the run exported
+    dense: bool = True
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    name: str
+    artifacts: tuple[ArtifactSelection, ...]
+    formats: tuple[str, ...]
+    variants: tuple[str, ...] = ("fp32",)
+    devices: tuple[str, ...] = ("local",)
+    threads: tuple[int, ...] = (1,)
+    repetitions: int = 1
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
+    timeout_s: float = 600.0
+    cooldown_s: float = 0.0
+    retries: int = 2
+    retry_backoff_s: float = 2.0
+    inventory: str | None = None
+
+    def results_dir(self, workspace: str | Path) -> Path:
+        return Path(workspace) / "results" / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """The key numbers of one artifact's ``manifest.json`` that the report needs."""
+
+    run_id: str
+    client_id: str
+    kind: str  # "dense" | "compacted"
+    algorithm: str
+    model: str
+    dataset: str
+    params_dense: int
+    params_compacted: int
+    flops_dense: int
+    flops_compacted: int
+    files: tuple[ArtifactFile, ...]
+    manifest: Mapping[str, Any] = field(compare=False, repr=False)  # the whole manifest, as JSON (the store keeps it)
+
+    @property
+    def artifact(self) -> str:
+        return f"{self.run_id}/{self.client_id}"
+
+    def file_for(self, fmt: str, variant: str) -> ArtifactFile | None:
+        return next((f for f in self.files if f.format == fmt and f.variant == variant), None)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement to take. ``job_id`` is stable across runs of the same campaign: it keys resume."""
+
+    artifact: str  # "<run-id>/<client-id>"
+    format: str
+    variant: str
+    device: str
+    threads: int
+    repetition: int
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.artifact}|{self.format}|{self.variant}|{self.device}|t{self.threads}|r{self.repetition}"
+
+
+@dataclass(frozen=True)
+class SkippedJob:
+    """A (artifact, format, variant, device) combination the plan left out, and why."""
+
+    artifact: str
+    format: str
+    variant: str
+    device: str
+    reason: str
