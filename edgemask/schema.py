@@ -80,13 +80,9 @@ def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
 def _range_text(f: Field) -> str | None:
     if f.minimum is not None and f.maximum is not None:
         return f"between {f.minimum:g} and {f.maximum:g}"
-    if f.minimum is not None:
-        return f">= {f.minimum:g}"
-    if f.above is not None:
-        return f"> {f.above:g}"
-    if f.maximum is not None:
-        return f"<= {f.maximum:g}"
-    return None
+    low = f">= {f.minimum:g}" if f.minimum is not None else f"> {f.above:g}" if f.above is not None else None
+    high = f"<= {f.maximum:g}" if f.maximum is not None else None
+    return " and ".join(t for t in (low, high) if t) or None
 
 
 class Table:

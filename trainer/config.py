@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgemask.errors import ConfigError
+from edgemask.schema import Field, Table
 from edgemask.tomlio import dumps_toml, read_toml
 from edgemask.workspace import check_name
 from trainer.data.base import DataConfig
@@ -71,12 +71,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
-        sections = {"run": RunConfig, "data": DataConfig, "model": ModelConfig,
-                    "algorithm": AlgorithmConfig, "training": TrainingConfig}
-        unknown = set(d) - set(sections)
-        if unknown:
-            raise ConfigError(f"{source}: unknown section [{sorted(unknown)[0]}]; valid: {', '.join(sections)}")
-        kw = {k: _section(typ, d.get(k, {}), f"{source} [{k}]") for k, typ in sections.items()}
+        """Read and check a config table: every mistake one line, ``<source>: [section] field: what; what to do``
+        (:mod:`edgemask.schema`)."""
+        top = Table(source, "", d, {name: Field(dict, {}) for name in _SECTIONS})
+        kw = {name: typ(**Table(source, name, top[name], _SCHEMAS[name]).values())
+              for name, typ in _SECTIONS.items()}
         cfg = cls(**kw)
         _validate(cfg, source)
         return cfg
@@ -89,26 +88,27 @@ class TrainConfig:
         return dataclasses.replace(self, **sections)
 
 
-def _section(typ: type, raw: Any, where: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a table")
-    fields = {f.name: f for f in dataclasses.fields(typ)}
-    for k, v in raw.items():
-        if k not in fields:
-            raise ConfigError(f"{where}: unknown field {k!r}; valid: {', '.join(fields)}")
-    kw = {}
-    for k, v in raw.items():
-        default = fields[k].default
-        if isinstance(default, bool) and not isinstance(v, bool):
-            raise ConfigError(f"{where}: field {k!r} must be true or false, got {v!r}")
-        if isinstance(default, int) and not isinstance(default, bool) and not (isinstance(v, int) and not isinstance(v, bool)):
-            raise ConfigError(f"{where}: field {k!r} must be an integer, got {v!r}")
-        if isinstance(default, float) and not isinstance(v, (int, float)):
-            raise ConfigError(f"{where}: field {k!r} must be a number, got {v!r}")
-        if isinstance(default, float):
-            v = float(v)
-        kw[k] = v
-    return typ(**kw)
+def _below_one(value: float) -> str | None:
+    return None if value < 1 else f"{value!r} is out of range; use a value between 0 and 1, both excluded"
+
+
+_SECTIONS: dict[str, type] = {"run": RunConfig, "data": DataConfig, "model": ModelConfig,
+                              "algorithm": AlgorithmConfig, "training": TrainingConfig}
+# Each section's fields, their types and ranges; defaults stay the dataclasses' (a field left out keeps it).
+_SCHEMAS: dict[str, dict[str, Field]] = {
+    "run": {"seed": Field(int), "run_id": Field(str)},
+    "data": {"name": Field(str), "num_clients": Field(int, minimum=1), "partition": Field(str),
+             "classes_per_client": Field(int, minimum=1), "balance_rate": Field(float, above=0, maximum=1),
+             "alpha": Field(float, above=0), "test_fraction": Field(float, above=0, check=_below_one),
+             "samples_per_client": Field(int, minimum=1), "root": Field(str), "options": Field(dict)},
+    "model": {"name": Field(str), "args": Field(dict)},
+    "algorithm": {"name": Field(str), "args": Field(dict)},
+    "training": {"rounds": Field(int, minimum=0), "local_epochs": Field(int, minimum=1),
+                 "batch_size": Field(int, minimum=1), "lr": Field(float, above=0),
+                 "momentum": Field(float, minimum=0), "weight_decay": Field(float, minimum=0),
+                 "participation": Field(float, above=0, maximum=1), "eval_every": Field(int, minimum=1),
+                 "device": Field(str), "batched": Field(bool), "target_accuracy": Field(float, above=0, maximum=1)},
+}
 
 
 def _validate(cfg: TrainConfig, source: str) -> None:
@@ -121,17 +121,3 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     DATASETS.get(cfg.data.name)
     MODELS.get(cfg.model.name)
     ALGORITHMS.get(cfg.algorithm.name)
-    t = cfg.training
-    checks = [
-        (t.rounds >= 0, "training.rounds must be ≥ 0"),
-        (t.local_epochs >= 1, "training.local_epochs must be ≥ 1"),
-        (t.batch_size >= 1, "training.batch_size must be ≥ 1"),
-        (t.lr > 0, "training.lr must be > 0"),
-        (0 < t.participation <= 1, "training.participation must be in (0, 1]"),
-        (cfg.data.num_clients >= 1, "data.num_clients must be ≥ 1"),
-        (0 < cfg.data.test_fraction < 1, "data.test_fraction must be in (0, 1)"),
-        (t.eval_every >= 1, "training.eval_every must be ≥ 1"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(f"{source}: {msg}")

@@ -79,16 +79,38 @@ def test_lstm_dead_hidden_unit_outputs_zero():
     assert eff["bias_ih_l0"][9] == 0 and eff["bias_ih_l0"][13] != 0  # g gated, o untouched
 
 
+@pytest.mark.parametrize("section, line, message", [
+    ("training", "participation = 0", "[training] participation: 0 is out of range; use a value > 0 and <= 1"),
+    ("training", "participation = 1.5", "[training] participation: 1.5 is out of range; use a value > 0 and <= 1"),
+    ("training", "lr = -0.1", "[training] lr: -0.1 is out of range; use a value > 0"),
+    ("training", "local_epochs = 0", "[training] local_epochs: 0 is out of range; use a value >= 1"),
+    ("training", "batched = 1", "[training] batched: must be true or false, not 1; write true or false"),
+    ("data", "test_fraction = 1.0", "[data] test_fraction: 1.0 is out of range; use a value between 0 and 1, both"),
+    ("data", "num_clients = 0", "[data] num_clients: 0 is out of range; use a value >= 1"),
+])
+def test_config_mistakes_read_one_way(tmp_path, section, line, message):
+    """The training config is checked by edgemask.schema like the campaign and the inventory: one wording,
+    ``<file>: [section] field: what is wrong; what to do``."""
+    bad = tmp_path / "c.toml"
+    bad.write_text(f"[{section}]\n{line}\n")
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.load(bad)
+    assert str(e.value).startswith(f"{bad}: {message}")
+
+
 def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
     bad = tmp_path / "c.toml"
     bad.write_text('[algorithm]\nname = "fedmagic"\n')
     with pytest.raises(UnknownNameError, match="valid names: .*fedavg"):
         TrainConfig.load(bad)
     bad.write_text('[training]\nroundz = 3\n')
-    with pytest.raises(ConfigError, match="unknown field 'roundz'"):
+    with pytest.raises(ConfigError, match=r"c\.toml: \[training\] roundz: unknown field; did you mean 'rounds'\?"):
         TrainConfig.load(bad)
     bad.write_text('[training]\nrounds = "ten"\n')
-    with pytest.raises(ConfigError, match="must be an integer"):
+    with pytest.raises(ConfigError, match=r"\[training\] rounds: must be an integer, not 'ten'; write a whole"):
+        TrainConfig.load(bad)
+    bad.write_text('[trainig]\nrounds = 3\n')
+    with pytest.raises(ConfigError, match=r"c\.toml: trainig: unknown field; did you mean 'training'\?"):
         TrainConfig.load(bad)
     bad.write_text('[data]\nname = "digits"\npartition = "pathological"\nbalance_rate = 0.5\n'
                    '[algorithm]\nname = "fedmask"\n[algorithm.args]\nprune_rate = 0.3\n')
