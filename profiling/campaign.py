@@ -19,6 +19,7 @@ campaign's store before the next one starts, so a campaign stopped at any point 
     retries = 2                        # extra attempts after a connection fault
     retry_backoff_s = 2.0              # base of the jittered exponential backoff
     inventory = "devices.toml"         # optional, relative to the workspace
+    remeasure_unstable = 0             # re-measure a repetition whose CV > the verdict's 10 %, up to N times
 
     [[artifacts]]
     run = "digits-fedmask-20261122"    # artifacts/<run>/...
@@ -58,6 +59,8 @@ from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
 from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
+from profiling.stats import cv
+from profiling.verdict import CV_THRESHOLD
 
 # Format name -> the runtime that runs it (docs/contracts.md): edgemask.targets' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.
@@ -96,6 +99,7 @@ _CAMPAIGN = {
     "retries": Field(int, 2, minimum=0),
     "retry_backoff_s": Field(float, 2.0, minimum=0),
     "inventory": Field(str, None),
+    "remeasure_unstable": Field(int, 0, minimum=0),
 }
 _SELECTION = {"run": Field(str), "clients": Field((str, list), "all", items=str, what="client id", unique=True),
               "dense": Field(bool, True)}
@@ -158,6 +162,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
         retries=camp["retries"],
         retry_backoff_s=camp["retry_backoff_s"],
         inventory=camp["inventory"],
+        remeasure_unstable=camp["remeasure_unstable"],
     )
 
 
@@ -453,7 +458,9 @@ class _DeviceWorker:
         settings = dataclasses.replace(self.config.runner, threads=job.threads)
         artifact_dir = self.workspace / "artifacts" / job.artifact
         attempts = self.config.retries + 1
-        for attempt in range(attempts):
+        unstable = 0  # attempts dropped for their CV (remeasure_unstable)
+        for attempt in range(attempts + self.config.remeasure_unstable):
+            attempt -= unstable  # the link-fault retries count their own attempts
             try:
                 if not self._ready:
                     self._prepare()
@@ -495,6 +502,14 @@ class _DeviceWorker:
                 self.store.record(job, measurement, attempts=attempt + 1)
                 self._failed(job, measurement.error or "the runner failed without a reason", attempt + 1, "failed")
                 return
+            spread = cv(measurement.latency_ms)
+            if not spread <= CV_THRESHOLD and unstable < self.config.remeasure_unstable:
+                # disturbed while it was timed: kept as an unstable attempt, measured again
+                unstable += 1
+                self.store.record_unstable(job, measurement, attempts=attempt + 1)
+                self.bar.set_postfix_str(f"CV {100 * spread:.0f} %: measuring again "
+                                         f"({unstable}/{self.config.remeasure_unstable})", refresh=True)
+                continue
             if self.store.record(job, measurement, attempts=attempt + 1):
                 self.recorded.append(job.job_id)
                 if self.on_recorded is not None:

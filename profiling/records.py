@@ -41,6 +41,9 @@ class CampaignConfig:
     retries: int = 2
     retry_backoff_s: float = 2.0
     inventory: str | None = None
+    # measure a repetition again when its own CV exceeds the verdict's threshold (a disturbance on the board),
+    # up to this many times; each dropped attempt is kept in the store (superseded, status "unstable")
+    remeasure_unstable: int = 0
 
     def results_dir(self, workspace: str | Path) -> Path:
         return Path(workspace) / "results" / self.name

@@ -26,7 +26,7 @@ from profiling.layers import REALIZED_FLAG, LayerBreakdown, breakdowns
 from profiling.stats import DEFAULT_CV_THRESHOLD, summarize
 from profiling.store import ResultsStore
 from profiling.tidy import write_tidy
-from profiling.verdict import RULES, VerdictRules, headline
+from profiling.verdict import CV_THRESHOLD, RULES, VerdictRules, headline
 
 
 # -- number formatting (one place, so HTML and Markdown agree) ----------------------------------------
@@ -294,6 +294,12 @@ def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:
             unchecked.setdefault((rule, why), set()).add(str(device))
     for (rule, why), devices in sorted(unchecked.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][1])):
         lines.append(f"{rule} not checked on {', '.join(sorted(devices))}: {why}.")
+    again = summary[summary.get("unstable_attempts", pd.Series(0, index=summary.index)) > 0]
+    if len(again):
+        which = ", ".join(f"{r.artifact} {r.format} {r.device} ({int(r.unstable_attempts)})"
+                          for r in again.itertuples())
+        lines.append(f"Measured again after an attempt with CV above {100 * CV_THRESHOLD:g} % (campaign "
+                     f"remeasure_unstable; the dropped attempts are kept in the store): {which}.")
     if not summary["comparison_valid"].all():
         lines.append(INVALID_LEGEND + ".")
     return lines

@@ -109,6 +109,7 @@ def _summarize_group(g: pd.DataFrame, rules: VerdictRules) -> dict[str, Any]:
     row["min_ms"] = float(min(samples)) if samples else math.nan
     row["max_ms"] = float(max(samples)) if samples else math.nan
     row["runs_min"] = int(ok["latency_ms"].map(len).min()) if len(ok) else 0
+    row["unstable_attempts"] = int(g["unstable_attempts"].sum()) if "unstable_attempts" in g.columns else 0
     loops = _loops(ok)
     row["inferences_per_sample"] = int(loops.max()) if len(ok) else 0
     row["inferences"] = int((ok["latency_ms"].map(len) * loops).sum()) if len(ok) else 0

@@ -48,6 +48,7 @@ from profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
 
 SCHEMA_VERSION = 2
 MEASURED, FAILED, INTERRUPTED = "measured", "failed", "interrupted"
+UNSTABLE = "unstable"  # a superseded attempt dropped for its CV (campaign remeasure_unstable)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -279,6 +280,13 @@ class ResultsStore:
 
         return self._transaction(write)
 
+    def record_unstable(self, job: "Job", measurement: Measurement, *, attempts: int = 1) -> None:
+        """Keep an attempt that was measured again because its CV exceeded the verdict's threshold: a row of
+        ``superseded`` with status ``unstable``, counted in ``to_dataframe()``'s ``unstable_attempts``."""
+        row = (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
+               int(measurement.ok), attempts, _now(), _measurement_json(measurement), UNSTABLE)
+        self._write(f"INSERT INTO superseded ({_MEASUREMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [row])
+
     def record_failure(self, job: "Job", reason: str, attempts: int, *, status: str = FAILED,
                        measurement: Measurement | None = None) -> None:
         """Note a failed or interrupted outcome (history); the job stays to do. ``measurement``: what the runner
@@ -304,7 +312,8 @@ class ResultsStore:
         return pd.DataFrame(self._read(f"SELECT {', '.join(cols)} FROM failures {where} ORDER BY id"), columns=cols)
 
     def superseded(self) -> list[tuple["Job", Measurement]]:
-        """Failed rows that a later run replaced, oldest first."""
+        """Rows that a later run replaced, oldest first: failed ones, and attempts measured again for their CV
+        (status ``unstable``)."""
         return self._jobs_and_measurements("superseded")
 
     # -- what the campaign did to a board ---------------------------------------------------------
@@ -362,6 +371,8 @@ class ResultsStore:
             "m.recorded_at, m.measurement, a.run_id, a.client_id, a.kind, a.algorithm, a.model, a.dataset, "
             "a.params_dense, a.params_compacted, a.flops_dense, a.flops_compacted, a.manifest "
             "FROM measurements m LEFT JOIN artifacts a ON a.artifact = m.artifact ORDER BY m.rowid")
+        unstable = dict(self._read(f"SELECT job_id, COUNT(*) FROM superseded WHERE status = '{UNSTABLE}' "
+                                   "GROUP BY job_id"))
         records = []
         for r in rows:
             (job_id, artifact, fmt, variant, device, threads, rep, attempts, recorded_at, mjson,
@@ -381,11 +392,12 @@ class ResultsStore:
                 rec[f.name] = value
             rec["throttled"] = throttled(m.get("state_before") or {}) or throttled(m.get("state_after") or {})
             rec["model_bytes"] = _file_bytes(manifest, fmt, variant)
+            rec["unstable_attempts"] = int(unstable.get(job_id, 0))
             records.append(rec)
         columns = [*_JOB_COLUMNS, "attempts", "recorded_at", *_ARTIFACT_COLUMNS,
                    *[f.name for f in dataclasses.fields(Measurement)
                      if f.name not in _NOT_COLUMNS],
-                   "throttled", "model_bytes"]
+                   "throttled", "model_bytes", "unstable_attempts"]
         df = pd.DataFrame.from_records(records, columns=columns)
         for col in ("params_dense", "params_compacted", "flops_dense", "flops_compacted", "model_bytes"):
             df[col] = df[col].astype("Int64")

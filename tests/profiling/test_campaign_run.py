@@ -169,3 +169,38 @@ def test_backoff_grows_with_jitter():
     for a, d in enumerate(delays):
         assert 0.5 * 2**a <= d < 1.5 * 2**a
     assert backoff_delay(10, 1.0, cap_s=5.0, rng=rng) < 7.5
+
+
+def test_an_unstable_repetition_is_measured_again_and_its_attempts_kept(tmp_path):
+    """remeasure_unstable = 2: a repetition whose own CV exceeds 10 % is measured again (at most twice); the
+    dropped attempts stay in the store (superseded, status unstable) and are counted per setting."""
+    ws = pf.small_workspace(tmp_path / "ws", clients=("client-000", "client-001"))
+    text = pf.campaign_toml(devices=("dev-a",), formats=("onnx",), repetitions=1)
+    cfg = parse_campaign(tomllib.loads(text.replace("retries = 2", "retries = 2\nremeasure_unstable = 2")))
+    assert cfg.remeasure_unstable == 2
+    noisy = (4.0, 4.0, 4.0, 4.0, 8.0)  # mean 4.8, sample std 1.79: CV 37 %
+    calls: dict[str, int] = {}
+
+    def bench(conn, spec, artifact_dir, fmt, variant="fp32", settings=None, timeout=600):
+        artifact = f"{artifact_dir.parent.name}/{artifact_dir.name}"
+        calls[artifact] = calls.get(artifact, 0) + 1
+        # client-000: noisy once, then steady; client-001: noisy every time; dense: steady
+        bad = (artifact.endswith("client-000") and calls[artifact] == 1) or artifact.endswith("client-001")
+        return pf.fake_measurement(spec, artifact_dir, fmt, variant, settings,
+                                   **({"latency_ms": noisy} if bad else {}))
+
+    res = _run(cfg, ws, bench, devices=("dev-a",))
+    assert res.complete and calls == {"run-a/dense": 1, "run-a/client-000": 2, "run-a/client-001": 3}
+    with ResultsStore.open(res.store_path) as store:
+        dropped = store.superseded()
+        df = store.to_dataframe().set_index("artifact")
+    assert sorted(job.artifact for job, _ in dropped) == ["run-a/client-000", "run-a/client-001",
+                                                          "run-a/client-001"]
+    assert all(m.latency_ms == noisy for _, m in dropped)
+    assert df["unstable_attempts"].to_dict() == {"run-a/dense": 0, "run-a/client-000": 1, "run-a/client-001": 2}
+    assert df.loc["run-a/client-000", "latency_ms"] != list(noisy)  # the steady attempt is the result
+    assert df.loc["run-a/client-001", "latency_ms"] == list(noisy)  # out of attempts: the last one stands
+    # without the setting, nothing is measured twice
+    ws2, cfg2 = _setup(tmp_path / "plain", devices=("dev-a",), formats=("onnx",), repetitions=1)
+    calls.clear()
+    assert _run(cfg2, ws2, bench, devices=("dev-a",)).complete and set(calls.values()) == {1}

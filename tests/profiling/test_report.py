@@ -134,3 +134,16 @@ def test_fedmasks_dense_baseline_is_named_for_what_it_is(tmp_path):
     for out in (md, text):
         assert "run-a/dense (frozen random weights, no mask)" in out
         assert "run-a/client-000 (" not in out
+
+
+def test_the_summary_names_settings_measured_again_for_their_cv():
+    from profiling.report import verdict_lines
+
+    summary = pd.DataFrame({"artifact": ["r/dense", "r/client-000"], "format": ["onnx", "pte"],
+                            "device": ["pi", "pi"], "not_checked": ["", ""], "valid": [True, True],
+                            "invalid_rules": ["", ""], "comparison_valid": [True, True],
+                            "unstable_attempts": [0, 2]})
+    lines = verdict_lines(summary, VerdictRules())
+    assert lines[-1] == ("Measured again after an attempt with CV above 10 % (campaign remeasure_unstable; the "
+                         "dropped attempts are kept in the store): r/client-000 pte pi (2).")
+    assert not any("Measured again" in line for line in verdict_lines(summary.iloc[:1], VerdictRules()))
