@@ -510,6 +510,8 @@ class _DeviceWorker:
                 self.bar.set_postfix_str(f"CV {100 * spread:.0f} %: measuring again "
                                          f"({unstable}/{self.config.remeasure_unstable})", refresh=True)
                 continue
+            if unstable or attempt:  # measured in the end: the retry's note no longer applies
+                self.bar.set_postfix_str("", refresh=False)
             if self.store.record(job, measurement, attempts=attempt + 1):
                 self.recorded.append(job.job_id)
                 if self.on_recorded is not None:

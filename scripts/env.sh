@@ -17,9 +17,15 @@ if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$HASH" ]; then HAVE="$(sed -n 2
 ALL="$(printf '%s\n' ${EXTRAS//,/ } ${HAVE//,/ } | sort -u | paste -sd, -)"
 if [ ! -f "$STAMP" ] || [ "$(head -1 "$STAMP")" != "$HASH" ] || [ "$ALL" != "$HAVE" ]; then
   echo "edgemask: installing into $VENV${ALL:+ with extras [$ALL]} (first time: a few minutes)" >&2
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # pip's own messages go to a log beside the venv; shown only when the install fails.
   # torch is pinned to 2.13.0 in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build.
-  "$VENV/bin/python" -m pip install -q -e "$ROOT${ALL:+[$ALL]}"
+  LOG="$VENV/install.log"
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip \
+         && "$VENV/bin/python" -m pip install -q -e "$ROOT${ALL:+[$ALL]}"; } > "$LOG" 2>&1; then
+    echo "edgemask: installing into $VENV failed; the end of $LOG:" >&2
+    tail -n 25 "$LOG" >&2
+    exit 1
+  fi
   printf '%s\n%s\n' "$HASH" "$ALL" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
