@@ -110,9 +110,12 @@ def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None)
     handles = [Patch(facecolor=DENSE_COLOR, label="dense baseline"),
                Patch(facecolor=COMPACTED_COLOR, label="compacted client"),
                Patch(facecolor="white", edgecolor=INVALID_COLOR, hatch="///", label="INVALID setting")]
+    loops = pd.to_numeric(ok.get("inferences_per_sample", pd.Series(1, index=ok.index))).fillna(1)
+    sample = ("a sample: the mean of back-to-back inferences (the runner's sample_min_ms)" if (loops > 1).any()
+              else "a sample: one inference")
     fig.legend(handles=handles if valid else handles[:2], loc="outside lower center", ncols=3, fontsize=8,
                title=f"box p25–p75 and median, whiskers p1–p99; number above: samples slower than "
-                     f"{SLOW_FACTOR:g}× the median (not drawn)", title_fontsize=8)
+                     f"{SLOW_FACTOR:g}× the median (not drawn); {sample}", title_fontsize=8)
     return fig
 
 
