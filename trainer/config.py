@@ -74,7 +74,7 @@ class TrainConfig:
         """Read and check a config table: every mistake one line, ``<source>: [section] field: what; what to do``
         (:mod:`edgemask.schema`)."""
         top = Table(source, "", d, {name: Field(dict, {}) for name in _SECTIONS})
-        kw = {name: typ(**Table(source, name, top[name], _SCHEMAS[name]).values())
+        kw = {name: typ(**Table(source, name, _unset_dropped(typ, top[name]), _SCHEMAS[name]).values())
               for name, typ in _SECTIONS.items()}
         cfg = cls(**kw)
         _validate(cfg, source)
@@ -86,6 +86,15 @@ class TrainConfig:
 
     def replace(self, **sections: Any) -> "TrainConfig":
         return dataclasses.replace(self, **sections)
+
+
+def _unset_dropped(typ: type, raw: Any) -> Any:
+    """A section without the fields that are None where None is the default ("not set": ``to_dict()`` writes
+    them so; TOML itself has no None)."""
+    if not isinstance(raw, dict):
+        return raw
+    unset = {f.name for f in dataclasses.fields(typ) if f.default is None}
+    return {k: v for k, v in raw.items() if not (v is None and k in unset)}
 
 
 def _below_one(value: float) -> str | None:

@@ -118,6 +118,13 @@ def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
     again = tmp_path / "again.toml"
     again.write_text(cfg.to_toml())
     assert TrainConfig.load(again).to_dict() == cfg.to_dict()
+    # the dict form round-trips too: None is "not set" where None is the default, an error elsewhere
+    assert cfg.to_dict()["data"]["samples_per_client"] is None
+    assert TrainConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+    broken = cfg.to_dict()
+    broken["training"]["rounds"] = None
+    with pytest.raises(ConfigError, match=r"\[training\] rounds: must be an integer, not None"):
+        TrainConfig.from_dict(broken)
 
 
 def test_build_model_unknown_name_lists_models():
