@@ -179,3 +179,50 @@ def test_check_device_over_ssh(sshd, tmp_path):
     assert "onnx" in row["formats"]
     unknown = check_device(sshd.spec(tmp_path, known_hosts=tmp_path / "empty_known_hosts"))
     assert unknown["reachable"] is False and "ssh-keyscan" in unknown["error"]
+
+
+class _LateChannel:
+    """A channel whose exit status arrives first and whose output trickles in after it, in chunks apart by
+    ``gap_s`` (as sshd may send them under load), then EOF; or never EOF (``eof=False``)."""
+
+    def __init__(self, chunks: list[bytes], gap_s: float, eof: bool = True) -> None:
+        self.t0, self.chunks, self.gap_s, self.eof = time.monotonic(), list(chunks), gap_s, eof
+        self.sent = 0
+
+    def _due(self) -> int:  # chunks that have arrived by now
+        return min(len(self.chunks), 1 + int((time.monotonic() - self.t0) / self.gap_s))
+
+    def recv_ready(self) -> bool:
+        return self.sent < self._due()
+
+    def recv(self, n: int) -> bytes:
+        self.sent += 1
+        return self.chunks[self.sent - 1]
+
+    def recv_stderr_ready(self) -> bool:
+        return False
+
+    def exit_status_ready(self) -> bool:
+        return True
+
+    @property
+    def eof_received(self) -> bool:
+        return self.eof and self.sent == len(self.chunks)
+
+
+def test_output_arriving_after_the_exit_status_is_read_to_the_end():
+    """The exit status is not the end of the output: a pause after it must not cut stdout short (the old loop
+    stopped at the first moment with the exit status in and nothing to read)."""
+    from devices.connection_ssh import OutputDrain
+
+    chunks = [b"a" * 1000, b"b" * 1000, b"c" * 1000]
+    drain = OutputDrain(_LateChannel(chunks, gap_s=0.05), idle_s=0.001)
+    while not drain.done():
+        pass
+    assert b"".join(drain.out) == b"".join(chunks)
+    # no EOF ever (a background child holds stdout open): done once nothing came for eof_grace_s
+    t0 = time.monotonic()
+    drain = OutputDrain(_LateChannel([b"x"], gap_s=1.0, eof=False), eof_grace_s=0.2, idle_s=0.001)
+    while not drain.done():
+        pass
+    assert drain.out == [b"x"] and 0.2 <= time.monotonic() - t0 < 1.0
