@@ -47,7 +47,7 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
 from trainer.run_dir import run_lock
-from trainer.simulation import SimulationResult, phase_stream, simulate, train_on_data
+from trainer.simulation import SimulationResult, phase_stream, room_check, simulate, train_on_data
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message, RecordDict
@@ -296,10 +296,13 @@ def client_nodes(grid: "Grid", client_ids: list[str], timeout: float = 600.0) ->
 def make_server_app(configs: Sequence[TrainConfig] | None = None,
                     on_result: Callable[[SimulationResult], None] | None = None,
                     progress: Callable[[int, int, dict[str, float]], None] | None = None,
-                    engine: str = f"flower {FLWR_VERSION} deployment") -> "ServerApp":
+                    engine: str = f"flower {FLWR_VERSION} deployment", runs_root: Path | None = None,
+                    on_error: Callable[[EdgemaskError], None] | None = None) -> "ServerApp":
     """A ServerApp that runs ``configs`` one after another and hands each result to ``on_result``. Without
     ``configs``: the deployed app — one config, the file its run config's ``config`` names, and the run directory
-    written under its ``runs-root`` (default ``workspace/runs``). ``engine`` goes into each summary."""
+    written under its ``runs-root`` (default ``workspace/runs``). ``engine`` goes into each summary. Each run is
+    refused before its first round when it will not fit under ``runs_root`` (the deployed app: ``runs-root``);
+    ``on_error`` receives an edgemask error instead of Flower (which would log it and end the run)."""
     require_flwr()
     from flwr.serverapp import ServerApp
 
@@ -312,8 +315,17 @@ def make_server_app(configs: Sequence[TrainConfig] | None = None,
         if configs is None and not rc["config"]:
             raise ConfigError("trainer.flower:server_app needs the training config: set config = \"path/to.toml\" "
                               "in [tool.flwr.app.config] or `flwr run ... --run-config 'config=\"path/to.toml\"'`")
+        root = runs_root if configs is not None else Path(str(rc["runs-root"]))
         for cfg in configs if configs is not None else [TrainConfig.load(str(rc["config"]))]:
-            res = simulate(cfg, progress or (None if configs is not None else _log_progress), trainer)
+            ready = room_check(cfg, root / cfg.run_id) if root is not None else None
+            try:
+                res = simulate(cfg, progress or (None if configs is not None else _log_progress), trainer,
+                               ready=ready)
+            except EdgemaskError as e:
+                if on_error is None:
+                    raise
+                on_error(e)
+                return
             res.summary["engine"] = engine
             if configs is None:
                 path = res.write(Path(str(rc["runs-root"])) / cfg.run_id)
@@ -341,10 +353,11 @@ def _log_progress(done: int, total: int, metrics: dict[str, float]) -> None:
 
 def simulate_flower(configs: Sequence[TrainConfig], workers: int | None = None,
                     progress: Callable[[int, int, dict[str, float]], None] | None = None,
-                    verbose: bool = False) -> list[SimulationResult]:
+                    verbose: bool = False, runs_root: Path | None = None) -> list[SimulationResult]:
     """Each config's :func:`~trainer.simulation.simulate` with its local training on Flower's simulation engine:
     one Ray start-up for all, one virtual node per client (of the config with most), ``workers`` Ray CPUs (default:
-    this host's, at most the clients) so that many clients train at a time, one torch thread each."""
+    this host's, at most the clients) so that many clients train at a time, one torch thread each. With
+    ``runs_root``, a run that will not fit under it is refused before its first round."""
     require_flwr()
     import logging
 
@@ -358,13 +371,16 @@ def simulate_flower(configs: Sequence[TrainConfig], workers: int | None = None,
     nodes = max(c.data.num_clients for c in configs)
     workers = workers or max(1, min(os.cpu_count() or 1, nodes))
     results: list[SimulationResult] = []
+    errors: list[EdgemaskError] = []
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     backend = {"init_args": {"num_cpus": workers}, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
     app = make_server_app(configs, results.append, progress, f"flower {FLWR_VERSION} simulation (Ray, {workers} "
-                          f"worker{'s' if workers > 1 else ''})")
+                          f"worker{'s' if workers > 1 else ''})", runs_root=runs_root, on_error=errors.append)
     run_simulation(server_app=app, client_app=client_app_object(), num_supernodes=nodes, backend_config=backend,
                    verbose_logging=verbose)
+    if errors:
+        raise errors[0]
     if len(results) != len(configs):
         raise EdgemaskError(f"Flower's simulation ended after {len(results)} of {len(configs)} run(s); rerun with "
                             "--verbose for Flower's and Ray's log")
@@ -376,7 +392,7 @@ def train_flower(cfg: TrainConfig, runs_root: Path, workers: int | None = None, 
     """:func:`simulate_flower` for one config, written to ``runs_root/<run-id>/`` like
     :func:`trainer.simulation.train`."""
     with run_lock(Path(runs_root) / check_name(cfg.run_id, "run.run_id")) as path:
-        (res,) = simulate_flower([cfg], workers, progress, verbose)
+        (res,) = simulate_flower([cfg], workers, progress, verbose, runs_root=Path(runs_root))
         return res.write(path)
 
 

@@ -324,12 +324,18 @@ def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
     """Simulate and write ``runs_root/<run-id>/``, holding the run's lock from before the first round (a second
     training of the run id leaves at once, and an unwritable ``runs/`` is found before the work)."""
     path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
+    with run_lock(path):
+        return simulate(cfg, progress, ready=room_check(cfg, path)).write(path)
 
-    def fits(algo: Algorithm) -> None:  # the run's size is known once the model is built: refuse before round 1
+
+def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
+    """``simulate``'s ``ready``: the run's size is known once the model is built, so refuse a run that will not
+    fit at ``path`` then, before the first round (:func:`trainer.run_dir.check_room`)."""
+
+    def fits(algo: Algorithm) -> None:
         cids = list(algo.client_ids)
         per_round = max(1, round(cfg.training.participation * len(cids)))
         rows = cfg.training.rounds * (per_round * 12 + 2 * len(cids) + 4)  # ~12 metrics a trained client
         check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), rows)
 
-    with run_lock(path):
-        return simulate(cfg, progress, ready=fits).write(path)
+    return fits

@@ -166,6 +166,7 @@ def fill(disk: Path, leave_kib: int) -> None:
     (disk / "filler").write_bytes(b"\0" * max(0, free - leave_kib * 1024))
 
 
+@pytest.mark.slow  # a Flower simulation starts Ray
 def test_full_disk_is_one_line_and_loses_no_finished_run(small_disk, tmp_path):
     ws = small_disk / "ws"
     p = edgemask("train", "--workspace", str(ws), "--config", str(train_toml(tmp_path / "a.toml", "r", hidden=8)))
@@ -179,6 +180,11 @@ def test_full_disk_is_one_line_and_loses_no_finished_run(small_disk, tmp_path):
     assert tree(ws / "runs" / "r") == before and not leftovers(ws)
     p = edgemask("train", "--workspace", str(ws), "--config", str(train_toml(tmp_path / "c.toml", "s", hidden=256)))
     assert_clean_failure(p, "KiB free; free some space")
+    assert not (ws / "runs" / "s").exists() and not leftovers(ws)
+    # on Flower's simulation engine too: the ServerApp refuses before its first round, the CLI says why
+    p = edgemask("train", "--workspace", str(ws), "--config", str(train_toml(tmp_path / "c.toml", "s", hidden=256)),
+                 "--engine", "flower", "--flower-workers", "1")
+    assert_clean_failure(p, f"{ws / 'runs' / 's'}: the run needs about", "(checked before training)")
     assert not (ws / "runs" / "s").exists() and not leftovers(ws)
     # export onto the full disk: one line, no temporary left, the run untouched
     p = edgemask("export", "--workspace", str(ws), "--run", "r", "--formats", "onnx")
