@@ -459,8 +459,8 @@ class _DeviceWorker:
         artifact_dir = self.workspace / "artifacts" / job.artifact
         attempts = self.config.retries + 1
         unstable = 0  # attempts dropped for their CV (remeasure_unstable)
-        for attempt in range(attempts + self.config.remeasure_unstable):
-            attempt -= unstable  # the link-fault retries count their own attempts
+        for tried in range(attempts + self.config.remeasure_unstable):
+            attempt = tried - unstable  # this try among the link-fault attempts (re-measures count apart)
             try:
                 if not self._ready:
                     self._prepare()

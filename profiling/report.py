@@ -294,7 +294,7 @@ def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:
             unchecked.setdefault((rule, why), set()).add(str(device))
     for (rule, why), devices in sorted(unchecked.items(), key=lambda kv: (RULES.index(kv[0][0]), kv[0][1])):
         lines.append(f"{rule} not checked on {', '.join(sorted(devices))}: {why}.")
-    again = summary[summary.get("unstable_attempts", pd.Series(0, index=summary.index)) > 0]
+    again = summary[summary["unstable_attempts"] > 0]
     if len(again):
         which = ", ".join(f"{r.artifact} {r.format} {r.device} ({int(r.unstable_attempts)})"
                           for r in again.itertuples())

@@ -260,8 +260,7 @@ class ResultsStore:
         written, if the store already holds a good measurement of the job."""
         status = MEASURED if measurement.ok else FAILED
         mjson = _measurement_json(measurement)
-        row = (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
-               int(measurement.ok), attempts, _now(), mjson, status)
+        row = _measurement_row(job, measurement, attempts, mjson, status)
 
         def write(cur: sqlite3.Cursor) -> bool:
             old = cur.execute("SELECT status FROM measurements WHERE job_id = ?", (job.job_id,)).fetchone()
@@ -283,8 +282,7 @@ class ResultsStore:
     def record_unstable(self, job: "Job", measurement: Measurement, *, attempts: int = 1) -> None:
         """Keep an attempt that was measured again because its CV exceeded the verdict's threshold: a row of
         ``superseded`` with status ``unstable``, counted in ``to_dataframe()``'s ``unstable_attempts``."""
-        row = (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
-               int(measurement.ok), attempts, _now(), _measurement_json(measurement), UNSTABLE)
+        row = _measurement_row(job, measurement, attempts, _measurement_json(measurement), UNSTABLE)
         self._write(f"INSERT INTO superseded ({_MEASUREMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [row])
 
     def record_failure(self, job: "Job", reason: str, attempts: int, *, status: str = FAILED,
@@ -418,6 +416,12 @@ class ResultsStore:
         with atomic_path(path) as tmp:
             df.to_csv(tmp, index=False)
         return path
+
+
+def _measurement_row(job: Job, measurement: Measurement, attempts: int, mjson: str, status: str) -> tuple:
+    """A row of ``measurements`` (or ``superseded``), in :data:`_MEASUREMENT_COLUMNS`' order."""
+    return (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
+            int(measurement.ok), attempts, _now(), mjson, status)
 
 
 def _measurement_json(measurement: Measurement) -> str:

@@ -328,7 +328,7 @@ def make_server_app(configs: Sequence[TrainConfig] | None = None,
                 return
             res.summary["engine"] = engine
             if configs is None:
-                path = res.write(Path(str(rc["runs-root"])) / cfg.run_id)
+                path = res.write(root / cfg.run_id)
                 _log(f"edgemask: wrote {path} (mean personalized accuracy {res.summary['mean_accuracy']:.4f})")
             if on_result is not None:
                 on_result(res)

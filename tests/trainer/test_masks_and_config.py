@@ -164,3 +164,14 @@ def test_the_paper_settings_are_shipped():
     assert [TrainConfig.load(Path(CONFIGS[0]).parent / f"perfedmask-cifar10-{c}.toml").training.participation
             for c in ("c1", "c01")] == [1.0, 0.1]
     assert TrainConfig.load(Path(CONFIGS[0]).parent / "ic-cifar10-fedmask.toml").data.samples_per_client == 25
+
+
+def test_the_schema_declares_every_config_field_and_no_other():
+    """A field added to a section's dataclass but not to its schema would be refused as unknown in every file."""
+    from dataclasses import fields
+
+    from trainer.config import _SCHEMAS, _SECTIONS
+
+    assert set(_SCHEMAS) == set(_SECTIONS)
+    for name, typ in _SECTIONS.items():
+        assert set(_SCHEMAS[name]) == {f.name for f in fields(typ)}, name
