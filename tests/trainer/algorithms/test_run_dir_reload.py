@@ -27,7 +27,7 @@ CASES = {
 
 def _cfg(algo: str, args: dict) -> TrainConfig:
     return TrainConfig.from_dict({
-        "run": {"seed": 3, "run_id": f"h6-{algo}"},
+        "run": {"seed": 3, "run_id": f"reload-{algo}"},
         "data": {"name": "digits", "num_clients": 3, "samples_per_client": 60},
         "model": {"name": "mlp", "args": {"hidden": [16, 12]}},
         "algorithm": {"name": algo, "args": args},
@@ -38,7 +38,7 @@ def _cfg(algo: str, args: dict) -> TrainConfig:
 @pytest.mark.parametrize("algo", sorted(CASES))
 def test_run_directory_reloads_to_recorded_accuracy(algo, tmp_path):
     res = simulate(_cfg(algo, CASES[algo]))
-    run = load_run(res.write(tmp_path / f"h6-{algo}"))
+    run = load_run(res.write(tmp_path / f"reload-{algo}"))
     assert run.summary["algorithm"] == algo
     for cid in run.client_ids:
         d = run.dataset.client(cid)
