@@ -41,7 +41,7 @@ from torch import nn
 from edgemask.errors import EdgemaskError
 from export.compact.flops import count_flops, count_params
 from export.compact.graph import StackedLSTM, fold_batch_norms, get_module, output_layers, set_module, split_lstm
-from export.compact.handlers import HANDLERS, ConvHandler, handler_for
+from export.compact.handlers import HANDLERS, handler_for
 from trainer.models.masking import MaskedModel, unit_alive
 
 
