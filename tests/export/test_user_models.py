@@ -115,6 +115,29 @@ def test_trace_rules():
     assert traced_norms(Shapes()) == {"c1": "n1"}
 
 
+class MyConv(nn.Conv2d):
+    """A user's own conv subclass (torch.fx would trace into it and see F.conv2d, not the layer)."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.0
+
+
+class OwnLayers(nn.Module):
+    head = ("out",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = MyConv(3, 4, 1), nn.BatchNorm2d(4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.bn(self.conv(x)).mean(dim=(2, 3)))
+
+
+def test_trace_keeps_a_users_layer_subclass_whole():
+    assert traced_norms(OwnLayers()) == {"conv": "bn"}
+
+
 class Untraceable(nn.Module):
     """A forward torch.fx cannot trace (control flow on a tensor's value)."""
 

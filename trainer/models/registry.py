@@ -73,8 +73,13 @@ def traced_norms(model: nn.Module) -> dict[str, str] | str:
     sum or concatenation of several layers is nobody's: a unit dead in one of them is not zero there."""
     import torch.fx
 
+    class Tracer(torch.fx.Tracer):
+        # a user's subclass of nn.Conv2d / nn.BatchNorm2d (defined outside torch.nn) stays one call_module node
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return isinstance(m, (*_LAYERS, nn.modules.batchnorm._BatchNorm)) or super().is_leaf_module(m, qualname)
+
     try:
-        graph = torch.fx.symbolic_trace(model).graph
+        graph = Tracer().trace(model)
     except Exception as exc:  # noqa: BLE001 - any tracing failure means: no trace, say why
         first = (str(exc).strip().splitlines() or [""])[0]
         return f"torch.fx cannot trace {type(model).__name__}.forward ({type(exc).__name__}: {first[:160]})"
