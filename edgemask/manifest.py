@@ -69,13 +69,21 @@ class Counts(TypedDict):  # parameters or FLOPs of the dense model and of the co
     compacted: int
 
 
+class KeptDead(TypedDict):
+    reason: str  # why compaction keeps these dead units (export.compact.LayerStat.why_kept)
+    units: list[int]  # unit indices in the dense layer
+
+
 class LayerAttribution(TypedDict, total=False):
-    """Optional per-layer fields written by ``export.layers``: FLOPs of one sample, dense and compacted, and per
-    ONNX file the names its graph carries for the layer (node and output tensor names)."""
+    """Optional per-layer fields written by ``export.layers``: FLOPs of one sample, dense and compacted, per
+    ONNX file the names its graph carries for the layer (node and output tensor names), the units the client's
+    masks kill (``dead``) and the dead units compaction keeps, with why (``why_kept``)."""
 
     flops_dense: int
     flops_compacted: int
     graph_names: dict[str, list[str]]
+    dead: int
+    why_kept: list[KeptDead]
 
 
 class LayerUnits(LayerAttribution):

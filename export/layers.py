@@ -3,7 +3,8 @@ the pruned layer and to the FLOPs its mask removed (DESIGN.md, "Per-layer profil
 
 Per layer (conv, linear, LSTM module path of the compacted model, which is the dense model's path too):
 
-* units kept / total (from compaction);
+* units kept / total (from compaction), the units the masks kill, and the dead units compaction keeps with the
+  reason (a residual branch keeps them live, an ungated batch norm, an op mapping 0 to non-zero, ...);
 * FLOPs of one sample, dense and compacted: 2 × the layer's MACs (:func:`export.compact.flops.layer_flops`, the
   terms :func:`~export.compact.flops.count_flops` sums, so they add up to the manifest's totals). A layer's
   **FLOP bound** is ``flops_dense / flops_compacted``: the speedup its operator would show if time followed FLOPs;
@@ -100,7 +101,8 @@ def onnx_graph_names(path: str | Path, layers: Iterable[str]) -> dict[str, list[
 def layer_records(dense: nn.Module, compacted: nn.Module, example: tuple[torch.Tensor, ...],
                   units: Sequence, onnx_files: dict[str, Path]) -> list[dict]:
     """The manifest's ``layers`` entries: ``{"name", "kept", "total", "flops_dense", "flops_compacted",
-    "graph_names": {file: [names]}}`` per layer of ``units`` (compaction's :class:`LayerStat` records).
+    "graph_names": {file: [names]}, "dead", "why_kept": [{"reason", "units"}]}`` per layer of ``units``
+    (compaction's :class:`LayerStat` records; ``why_kept``: the dead units it keeps, grouped by reason).
 
     ``dense``: the unmasked model (:func:`dense_twin` is applied here); ``onnx_files``: file name -> path of each
     exported ONNX file."""
@@ -110,7 +112,23 @@ def layer_records(dense: nn.Module, compacted: nn.Module, example: tuple[torch.T
     graph = {f: onnx_graph_names(p, names) for f, p in onnx_files.items()}
     return [{"name": u.name, "kept": u.kept, "total": u.total, "flops_dense": fd.get(u.name, 0),
              "flops_compacted": fc.get(u.name, 0),
-             "graph_names": {f: g.get(u.name, []) for f, g in graph.items()}} for u in units]
+             "graph_names": {f: g.get(u.name, []) for f, g in graph.items()},
+             "dead": u.dead, "why_kept": [{"reason": r, "units": list(us)} for r, us in u.why_kept]}
+            for u in units]
+
+
+def kept_dead_notes(layers: Iterable[dict]) -> list[str]:
+    """One line per layer whose dead units compaction keeps, from manifest ``layers`` records: what makes a
+    1× speedup where the masks promised more, e.g. ``stage1.b: keeps 2 of its 2 dead units (1, 3): residual add:
+    live in 'entry'``."""
+    lines = []
+    for rec in layers:
+        for why in rec.get("why_kept", []):
+            units = why["units"]
+            shown = ", ".join(map(str, units[:8])) + (", ..." if len(units) > 8 else "")
+            lines.append(f"{rec['name']}: keeps {len(units)} of its {rec.get('dead', len(units))} dead units "
+                         f"({shown}): {why['reason']}")
+    return lines
 
 
 def write_etrecord(model: nn.Module, example: torch.Tensor, path: Path) -> Path:

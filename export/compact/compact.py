@@ -21,6 +21,11 @@ Steps (each on a copy; Torch-Pruning's ``group.prune()`` is not atomic):
    layer whose every unit is removable but not every one dead keeps its first unread unit (the consumers'
    outputs are then their biases; a zero-width layer would not export);
 5. fold batch norm into the preceding conv (inference graph; ExecuTorch's XNNPACK lowering wants it).
+
+A unit the masks kill but compaction keeps costs its full share of time on the device, so every such unit comes
+with the reason (:attr:`LayerStat.why_kept`): a residual add whose other branch keeps it live, a batch norm after
+it that is not gated (no traced "norm right after" the layer: it still emits β − γ·μ/σ), an op that reads it and
+maps 0 to non-zero, a layer with no handler, the model's output, or baked weights that are not zero.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from torch import nn
 from edgemask.errors import EdgemaskError
 from export.compact.flops import count_flops, count_params
 from export.compact.graph import StackedLSTM, fold_batch_norms, get_module, output_layers, set_module, split_lstm
-from export.compact.handlers import HANDLERS, ConvHandler, handler_for
+from export.compact.handlers import HANDLERS, handler_for
 from trainer.models.masking import MaskedModel, unit_alive
 
 
@@ -49,6 +54,13 @@ class LayerStat:
     name: str  # module path in the compacted model (stacked LSTMs: "<lstm>.layer<i>")
     kept: int
     total: int
+    dead: int = 0  # units the client's masks kill (mask row all zero)
+    # dead units compaction keeps, grouped by why: ((reason, (unit index in the dense layer, ...)), ...)
+    why_kept: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def dead_kept(self) -> int:
+        return sum(len(u) for _, u in self.why_kept)
 
 
 @dataclass
@@ -159,10 +171,19 @@ def _on_root(n_root: int, item, per_unit: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _why(why: dict[int, list[str]] | None, idx: torch.Tensor, reason: str) -> None:
+    if why is not None:
+        for i in idx.tolist():
+            if reason not in why.setdefault(i, []):
+                why[i].append(reason)
+
+
 def _removable(dg: tp.DependencyGraph, group, names: dict[nn.Module, str], dead: dict[str, torch.Tensor],
-               n_root: int, removed: dict[nn.Module, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+               n_root: int, removed: dict[nn.Module, torch.Tensor], why: dict[int, list[str]] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bool per root index of ``group``: (removable by either rule, removable by the row rule); see the module
-    docstring. ``removed``: output units the current plan removes, per producer (their rows don't read)."""
+    docstring. ``removed``: output units the current plan removes, per producer (their rows don't read).
+    ``why``: if given, filled with root index -> what keeps it by the row rule (one line per cause)."""
     ok = torch.ones(n_root, dtype=torch.bool)
     unread = torch.ones(n_root, dtype=torch.bool)
     readers, only_columns = 0, True  # the column rule needs consumers, and nothing else reading
@@ -189,11 +210,15 @@ def _removable(dg: tp.DependencyGraph, group, names: dict[nn.Module, str], dead:
         if mod not in names:  # one of Torch-Pruning's op nodes (activation, add, reshape, ...)
             if not _zero_preserving(item.dep.target):
                 ok[root] = False
+                op = re.sub(r"Backward\d*$", "", _op_name(item.dep.target)) or "an untraced op"
+                _why(why, root, f"read by op {op}, which does not map 0 to 0")
             only_columns &= _channel_local(item.dep.target)
             continue
         if h is None:  # a layer we know nothing about: keep every unit it touches
             ok[root] = False
             only_columns = False
+            _why(why, root, f"also reaches layer {names[mod]!r} ({type(mod).__name__}), which has no compaction "
+                            f"handler (export.compact.register_handler)")
             continue
         zero = h.zero_units(names[mod], mod, dead.get(names[mod]))
         items.append((mod, zero, item))
@@ -203,6 +228,7 @@ def _removable(dg: tp.DependencyGraph, group, names: dict[nn.Module, str], dead:
             z_root[root] = zero[torch.as_tensor(item.idxs)]
             for up in _upstream_of_depthwise(dg, node):
                 exempt[up] = exempt.get(up, torch.ones(n_root, dtype=torch.bool)) & z_root
+    zeros: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # module -> (zero, covered) per root index
     for mod, zero, item in items:
         z_root = torch.zeros(n_root, dtype=torch.bool)
         z_root[torch.as_tensor(item.root_idxs, dtype=torch.long)] = zero[torch.as_tensor(item.idxs)]
@@ -212,22 +238,41 @@ def _removable(dg: tp.DependencyGraph, group, names: dict[nn.Module, str], dead:
         covered = torch.zeros(n_root, dtype=torch.bool)
         covered[torch.as_tensor(item.root_idxs, dtype=torch.long)] = True
         ok &= z_root | ~covered
+        zeros[mod] = z_root, covered
+    for mod, (z_root, covered) in (zeros.items() if why is not None else ()):
+        live = covered & ~z_root
+        name = names[mod]
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            # a leak only where what feeds it is zero (a live input is the producer's reason, said there)
+            src = [n.module for n in dg.module2node[mod].inputs]
+            if len(src) == 1 and src[0] in zeros:
+                live &= zeros[src[0]][0]
+            _why(why, live.nonzero().flatten(),
+                 f"batch norm {name!r} is not gated (not traced as right after a masked layer): it emits β − γ·μ/σ")
+        elif _is_depthwise(mod):  # a live depthwise filter reads the channel (its output is not zero)
+            _why(why, live.nonzero().flatten(), f"the depthwise conv {name!r} after it keeps that channel live")
+        else:  # the layer itself (weights not baked to zero) or another coupled producer
+            _why(why, live.nonzero().flatten(), f"live in {name!r}")
     if readers and only_columns:
         return ok | unread, ok
     return ok, ok
 
 
 def _plan(dg: tp.DependencyGraph, groups: list, names: dict[nn.Module, str],
-          dead: dict[str, torch.Tensor]) -> list[tuple[nn.Module, object, list[int]]]:
+          dead: dict[str, torch.Tensor]) -> tuple[list[tuple[nn.Module, object, list[int]]],
+                                                  dict[str, dict[int, list[str]]]]:
     """Per group, ``(root, pruning fn, root indices to remove)``, run to a fixed point: a consumer's removed
     rows read nothing, so they can leave more of its input units unread. Removal only grows from pass to pass
-    (the unit a layer keeps when all are unread is the same in every pass), so this ends."""
+    (the unit a layer keeps when all are unread is the same in every pass), so this ends.
+
+    Also returns, per producer layer path, unit index -> what keeps it by the row rule (in the final plan)."""
     removed: dict[nn.Module, torch.Tensor] = {}
     while True:
-        plans, now = [], {}
+        plans, now, reasons = [], {}, {}
         for group in groups:
             root = group[0].dep.target.module
-            ok, by_row = _removable(dg, group, names, dead, len(group[0].idxs), removed)
+            why: dict[int, list[str]] = {}
+            ok, by_row = _removable(dg, group, names, dead, len(group[0].idxs), removed, why)
             if by_row.all():
                 producers = sorted({names[it.dep.target.module] for it in group
                                     if dg.is_out_channel_pruning_fn(it.dep.handler) and
@@ -246,9 +291,33 @@ def _plan(dg: tp.DependencyGraph, groups: list, names: dict[nn.Module, str],
                     gone = now.setdefault(mod, torch.zeros(handler_for(mod).out_units(mod), dtype=torch.bool))
                     gone[torch.as_tensor(item.idxs, dtype=torch.long)] = ok[torch.as_tensor(item.root_idxs,
                                                                                              dtype=torch.long)]
+                    per_unit = reasons.setdefault(names[mod], {})
+                    for u, r in zip(item.idxs, item.root_idxs):
+                        for line in why.get(int(r), []):
+                            if line not in per_unit.setdefault(int(u), []):
+                                per_unit[int(u)].append(line)
         if now.keys() == removed.keys() and all(torch.equal(now[m], removed[m]) for m in now):
-            return plans
+            return plans, reasons
         removed = now
+
+
+def _why_kept(name: str, dead: torch.Tensor | None, kept: torch.Tensor, reasons: dict[int, list[str]],
+              protected: set[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Dead units of layer ``name`` that stay, grouped by reason (a unit with several causes: "; "-joined).
+    "live in <this layer>" means its baked weights are not zero (masks and weights disagree)."""
+    if dead is None:
+        return ()
+    groups: dict[str, list[int]] = {}
+    for u in sorted(set(dead.nonzero().flatten().tolist()) & set(kept.tolist())):
+        lines = [("its baked weights are not zero (masks and weights disagree)" if r == f"live in {name!r}" else
+                  f"residual add: live in {r[len('live in '):]}" if r.startswith("live in ") else r)
+                 for r in reasons.get(u, [])]
+        if not lines:
+            lines = ["the model's output (never removed)" if name in protected else
+                     "kept so the layer is not zero-width (every other unit is removed)" if len(kept) == 1 else
+                     "coupled with a layer compaction leaves whole (the model's output)"]
+        groups.setdefault("; ".join(lines), []).append(u)
+    return tuple((r, tuple(us)) for r, us in groups.items())
 
 
 def compact(masked: MaskedModel, example: tuple[torch.Tensor, ...] | torch.Tensor,
@@ -296,7 +365,7 @@ def compact(masked: MaskedModel, example: tuple[torch.Tensor, ...] | torch.Tenso
     ignored = [get_module(model, n) for n in protected]
     groups = list(dg.get_all_groups(ignored_layers=ignored,
                                     root_module_types=(nn.Conv1d, nn.Conv2d, nn.Linear, nn.LSTM)))
-    plans = _plan(dg, groups, names, dead)
+    plans, reasons = _plan(dg, groups, names, dead)
 
     kept_units = {n: torch.arange(t) for n, t in totals.items()}
     for root, fn, idxs in plans:
@@ -313,7 +382,9 @@ def compact(masked: MaskedModel, example: tuple[torch.Tensor, ...] | torch.Tenso
 
     folded = dict(fold_batch_norms(model, bn_pairs)) if fold_bn else {}  # step 5
     model.eval()
-    layers = tuple(LayerStat(n, len(kept_units[n]), totals[n]) for n in totals)
+    layers = tuple(LayerStat(n, len(kept_units[n]), totals[n], int(dead[n].sum()) if n in dead else 0,
+                             _why_kept(n, dead.get(n), kept_units[n], reasons.get(n, {}), protected))
+                   for n in totals)
     # kept units of a split LSTM, under the original module's name (its output is the last layer's)
     for name, mod in model.named_modules():
         if isinstance(mod, StackedLSTM):

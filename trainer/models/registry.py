@@ -1,19 +1,34 @@
 """The model registry: a name -> builder ``(input_shape, num_classes, **args) -> nn.Module``.
 
 Every model is a plain ``nn.Module`` with named-attribute layers (not numbered ``nn.Sequential`` children:
-ExecuTorch's XNNPACK lowering trips on those) and three class attributes:
+ExecuTorch's XNNPACK lowering trips on those) and these optional attributes:
 
-* ``norm_after``: layer path -> the batch norm right after it (its affine params die with the layer's units),
 * ``head``: module paths of the classifier head (personal in LG-FedAvg, FedPer, FedRep, PerFedMask),
-* ``mask_exclude``: layers never masked.
+* ``mask_exclude``: layers never masked,
+* ``norm_after``: layer path -> the batch norm right after it — an *override*, checked against the trace, never
+  needed: :func:`norms_after` finds each masked layer's batch norm in the ``torch.fx`` graph of the model.
+
+A dead unit (mask row all zero) must output exactly zero, so the batch norm that reads it is gated too
+(γ = β = 0 for that channel; :func:`trainer.models.masking.effective_params`): ungated, the unit would still emit
+``β − γ·μ/σ``, and compaction could not remove it. To register a model of your own::
+
+    @MODELS.register("my_net")
+    def my_net(input_shape, num_classes, **args) -> nn.Module:
+        return MyNet(input_shape[0], num_classes, **args)
+
+Its layers are found by type (``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d``, ``nn.LSTM``), their batch norms by
+tracing; where ``torch.fx`` cannot trace the forward (data-dependent control flow), declare ``norm_after`` and
+export names the layers whose norms it could not find.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
+from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
 from trainer.models.masking import MaskSite, find_sites
 
@@ -35,8 +50,94 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **arg
     return model
 
 
+class NormMapError(EdgemaskError):
+    """A model's ``norm_after`` override disagrees with its traced graph."""
+
+
+# single-input ops a unit passes through with 0 -> 0, channel by channel: a batch norm after them still reads only
+# the layer's unit (conv -> ReLU -> BN is "the batch norm right after" the conv as much as conv -> BN)
+_PASS_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.Dropout, nn.Identity)
+_PASS_FUNCTIONS = {torch.relu, torch.nn.functional.relu, torch.nn.functional.relu6, torch.nn.functional.leaky_relu,
+                   torch.nn.functional.hardtanh, torch.nn.functional.dropout}
+_PASS_METHODS = {"relu", "relu_"}
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+
+def traced_norms(model: nn.Module) -> dict[str, str] | str:
+    """Layer path -> the batch norm right after it, read off the ``torch.fx`` graph of ``model``; or, where
+    ``torch.fx`` cannot trace it, the one-line reason (a string).
+
+    "Right after": the batch norm's input is the layer's output, directly or through single-input activations that
+    map 0 to 0 channel by channel (ReLU, ReLU6, LeakyReLU, Hardtanh, dropout, identity), and nothing else reads
+    that output on the way. Only affine batch norms count (γ and β are what the gate zeroes). A batch norm fed by a
+    sum or concatenation of several layers is nobody's: a unit dead in one of them is not zero there."""
+    import torch.fx
+
+    class Tracer(torch.fx.Tracer):
+        # a user's subclass of nn.Conv2d / nn.BatchNorm2d (defined outside torch.nn) stays one call_module node
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return isinstance(m, (*_LAYERS, nn.modules.batchnorm._BatchNorm)) or super().is_leaf_module(m, qualname)
+
+    try:
+        graph = Tracer().trace(model)
+    except Exception as exc:  # noqa: BLE001 - any tracing failure means: no trace, say why
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"torch.fx cannot trace {type(model).__name__}.forward ({type(exc).__name__}: {first[:160]})"
+    mods = dict(model.named_modules())
+
+    def passes(node) -> bool:
+        if node.op == "call_module":
+            return isinstance(mods.get(node.target), _PASS_MODULES)
+        if node.op == "call_function":
+            return node.target in _PASS_FUNCTIONS
+        return node.op == "call_method" and node.target in _PASS_METHODS
+
+    found: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op != "call_module" or not isinstance(mods.get(node.target), _LAYERS):
+            continue
+        cur = node
+        while len(cur.users) == 1:
+            (nxt,) = cur.users
+            if not nxt.args or nxt.args[0] is not cur:
+                break
+            bn = mods.get(nxt.target) if nxt.op == "call_module" else None
+            if isinstance(bn, nn.modules.batchnorm._BatchNorm):
+                if bn.affine:
+                    found[node.target] = nxt.target
+                break
+            if not passes(nxt):
+                break
+            cur = nxt
+    return found
+
+
+def norms_after(model: nn.Module) -> tuple[dict[str, str], str | None]:
+    """``(layer path -> batch norm right after it, None)`` from the trace (:func:`traced_norms`), with the
+    model's ``norm_after`` entries checked against it: an entry the trace contradicts raises
+    :class:`NormMapError`. Where the model cannot be traced: ``(norm_after as declared, the reason)``."""
+    declared = dict(getattr(model, "norm_after", None) or {})
+    traced = traced_norms(model)
+    cls = type(model).__name__
+    if isinstance(traced, str):
+        mods = dict(model.named_modules())
+        for layer, bn in declared.items():
+            if not isinstance(mods.get(layer), _LAYERS) or not isinstance(mods.get(bn),
+                                                                           nn.modules.batchnorm._BatchNorm):
+                raise NormMapError(f"{cls}.norm_after[{layer!r}] = {bn!r}: needs a Linear/Conv layer and a "
+                                   f"batch norm module; fix or remove the entry")
+        return declared, traced
+    for layer, bn in declared.items():
+        if traced.get(layer) != bn:
+            seen = repr(traced[layer]) if layer in traced else "no batch norm"
+            raise NormMapError(f"{cls}.norm_after[{layer!r}] = {bn!r}, but the traced graph has {seen} right after "
+                               f"{layer!r}; fix or remove the entry (the trace finds batch norms by itself)")
+    return traced, None
+
+
 def model_sites(model: nn.Module) -> tuple[MaskSite, ...]:
-    return find_sites(model, getattr(model, "norm_after", {}), tuple(getattr(model, "mask_exclude", ())))
+    """The model's mask sites, each with the batch norm right after it (:func:`norms_after`)."""
+    return find_sites(model, norms_after(model)[0], tuple(getattr(model, "mask_exclude", ())))
 
 
 def head_names(model: nn.Module) -> tuple[str, ...]:
