@@ -59,6 +59,7 @@ from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
 from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
+from profiling.store import DigestChanged
 from profiling.stats import cv
 from profiling.verdict import CV_THRESHOLD
 
@@ -512,7 +513,12 @@ class _DeviceWorker:
                 continue
             if unstable or attempt:  # measured in the end: the retry's note no longer applies
                 self.bar.set_postfix_str("", refresh=False)
-            if self.store.record(job, measurement, attempts=attempt + 1):
+            try:
+                recorded = self.store.record(job, measurement, attempts=attempt + 1)
+            except DigestChanged as exc:  # the file changed under the campaign: never pooled with the earlier
+                self._fail(job, str(exc), attempt + 1, measurement=measurement)
+                return
+            if recorded:
                 self.recorded.append(job.job_id)
                 if self.on_recorded is not None:
                     self.on_recorded(job)
@@ -571,6 +577,32 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
                            board=board)
 
 
+def _check_digests(store: Any, plan: CampaignPlan, workspace: Path) -> None:
+    """Refuse a resume whose artifact file changed since a setting was measured (issue 27, item 2).
+
+    A setting (artifact × format × variant × device × threads) pools its repetitions into one row of the report,
+    so they must all have measured the same bytes. The store keeps each repetition's model sha256; the manifest
+    names the file's sha256 now. Where they differ the campaign stops here with one line, before anything is run
+    or written. Refusing, not starting the setting over: the measurements already taken stay the record of the
+    file they measured, and the user decides (restore the file, or measure the new one under a new campaign
+    name). Rows from before digests were kept (NULL) cannot be compared and are left to the report, which never
+    pools them with a known file."""
+    for (artifact, fmt, variant, device, threads), digests in sorted(store.setting_digests().items()):
+        info = plan.artifacts.get(artifact)
+        entry = info.file_for(fmt, variant) if info is not None else None
+        if entry is None:
+            continue  # not in this plan: nothing of it will be measured now
+        stale = {d: n for d, n in digests.items() if d != entry.sha256}
+        if stale:
+            old, n = max(stale.items(), key=lambda kv: kv[1])
+            raise EdgemaskError(
+                f"{store.path}: {artifact} {fmt}/{variant} on {device} with {threads} thread(s) was measured from "
+                f"model file sha256 {old[:12]}… ({n} repetition(s)), but "
+                f"{workspace / 'artifacts' / artifact / entry.file} is now {entry.sha256[:12]}… (exported again "
+                "since?); a resume never pools two files into one setting: restore that artifact, or give the "
+                "campaign a new name to measure the new file")
+
+
 def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark | None, progress: bool,
                 inventory: Mapping[str, Any] | None, connect: Connect | None,
                 retry_on: tuple[type[BaseException], ...] | None, fatal_on: tuple[type[BaseException], ...] | None,
@@ -600,6 +632,7 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
     store = ResultsStore.open(store_path)
     try:
         store.save_campaign(config)
+        _check_digests(store, plan, workspace)  # before save_artifacts replaces the manifests it keeps
         store.save_artifacts(plan.artifacts.values())
         store.save_skipped(plan.skipped)
         done = store.done_job_ids()
