@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devices.errors import BoardBusy
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.manifest import MANIFEST, load_manifest
@@ -302,11 +303,21 @@ Connect = Callable[[Any], contextlib.AbstractContextManager[Any]]
 class BoardHooks:
     """What a campaign does to a board around its jobs; the default does nothing (injected benchmarks, tests).
 
-    ``devices.board.BOARD`` is the real one: it finds and kills stray runners before timing, applies the
-    inventory's governor / jetson_clocks and restores the board's previous settings afterwards."""
+    ``devices.board.BOARD`` is the real one: it holds the board for the campaign (a lock on the board), finds
+    and kills stray runners before timing, applies the inventory's governor / jetson_clocks and restores the
+    board's previous settings afterwards."""
 
-    def reap_strays(self, conn: Any, spec: Any) -> list[dict[str, Any]]:
-        """Kill runners of ours left on the board (an earlier run's); return what was found."""
+    locks_boards = False  # True: hold() takes a lock on the board (over a connection of its own)
+
+    def hold(self, conn: Any, spec: Any, holder: Mapping[str, Any], wait_s: float = 0.0,
+             on_wait: Callable[[str], None] | None = None) -> Any:
+        """Take the board for this campaign over ``conn``; return the hold (``alive()``, ``release()``), or None
+        where boards are not locked. Raises ``BoardBusy`` naming the holder when another campaign has it."""
+        return None
+
+    def reap_strays(self, conn: Any, spec: Any, hold: Any = None) -> list[dict[str, Any]]:
+        """Kill runners of ours left on the board (an earlier run's); return what was found. Given the
+        campaign's hold, nothing is killed unless that hold is the board's lock holder."""
         return []
 
     def apply(self, conn: Any, spec: Any) -> dict[str, Any] | None:
@@ -363,7 +374,8 @@ class _DeviceWorker:
     def __init__(self, device: str, spec: Any, jobs: list[Job], *, config: CampaignConfig, workspace: Path,
                  store: Any, benchmark: Benchmark, connect: Connect, retry_on: tuple[type[BaseException], ...],
                  fatal_on: tuple[type[BaseException], ...], stop: threading.Event, bar: Any,
-                 on_recorded: Callable[[Job], None] | None, board: BoardHooks) -> None:
+                 on_recorded: Callable[[Job], None] | None, board: BoardHooks,
+                 lock: "_BoardLock | None" = None) -> None:
         self.device, self.spec, self.jobs = device, spec, jobs
         self.config, self.workspace, self.store = config, workspace, store
         self.benchmark, self.connect, self.retry_on, self.fatal_on = benchmark, connect, retry_on, fatal_on
@@ -377,6 +389,7 @@ class _DeviceWorker:
         self._cancel = threading.Event()  # set by interrupt(): the connection kills the command it runs
         self._ready = False  # strays reaped and settings applied (before the first job's first attempt)
         self._applied: Mapping[str, Any] | None = None  # what to restore at the end
+        self.lock = lock  # the board held for this campaign (None: boards are not locked, e.g. fake hooks)
 
     def _connection(self) -> Any:
         if self._stack is None:
@@ -403,8 +416,20 @@ class _DeviceWorker:
         self.store.record_event(self.device, kind, detail)
         self.notes.append(f"{self.device}: {text}")
 
+    def _hold_board(self) -> None:
+        """Before timing: the board is this campaign's (taken again if its hold ended with a dropped link).
+        Raises BoardBusy when another campaign has it (then this device stops; no job is charged with it)."""
+        if self.lock is None:
+            return
+        lost = self.lock.hold is not None and not self.lock.hold.alive()
+        if self.lock.take(self.board, self.spec):
+            self._ready = self._ready and not lost  # a board left alone a while: strays and settings again
+            if lost:
+                self._note("board_lock", {"retaken": True}, "took the board again after its lock's link dropped")
+
     def _reap_strays(self) -> None:
-        found = self.board.reap_strays(self._connection(), self.spec)
+        hold = self.lock.hold if self.lock is not None else None
+        found = self.board.reap_strays(self._connection(), self.spec, hold=hold)
         if found:
             pids = ", ".join(str(p["pid"]) for p in found)
             self._note("stray_runners", {"found": found},
@@ -463,6 +488,7 @@ class _DeviceWorker:
         for tried in range(attempts + self.config.remeasure_unstable):
             attempt = tried - unstable  # this try among the link-fault attempts (re-measures count apart)
             try:
+                self._hold_board()
                 if not self._ready:
                     self._prepare()
                 elif attempt:  # a timed-out or cut run may have left its runner behind: nothing else may run
@@ -470,6 +496,11 @@ class _DeviceWorker:
                 measurement = self.benchmark(self._connection(), self.spec, artifact_dir, job.format,
                                              variant=job.variant, settings=settings,
                                              timeout=self.config.timeout_s)
+            except BoardBusy as exc:
+                # another campaign took the board (it was unreachable at the start, or its lock's link dropped):
+                # not this job's failure; the device stops and a resume measures the rest
+                self.aborted = str(exc)
+                return
             except self.fatal_on as exc:
                 # e.g. a changed host key: no retry can fix it and every later job would hit it too.
                 self._drop_connection()
@@ -534,6 +565,77 @@ class _DeviceWorker:
         self.bar.set_postfix_str(f"{status}: {reason}"[:60], refresh=True)
 
 
+class _BoardLock:
+    """One device's board lock for this campaign: its own connection (a job's link fault never drops it) and the
+    hold taken over it."""
+
+    def __init__(self, connect: Connect, spec: Any, holder: Mapping[str, Any]) -> None:
+        self.holder = holder
+        self._stack = contextlib.ExitStack()
+        self._conn = self._stack.enter_context(connect(spec))
+        self.hold: Any = None
+
+    def take(self, board: BoardHooks, spec: Any, wait_s: float = 0.0,
+             on_wait: Callable[[str], None] | None = None) -> bool:
+        """Hold the board unless held already; True when it was taken now."""
+        if self.hold is not None and self.hold.alive():
+            return False
+        if self.hold is not None:
+            self.hold.release()
+            self.hold = None
+        self.hold = board.hold(self._conn, spec, self.holder, wait_s, on_wait)
+        return self.hold is not None
+
+    def release(self) -> None:
+        try:
+            if self.hold is not None:
+                self.hold.release()
+        finally:
+            self.hold = None
+            self._stack.close()
+
+
+def holder_identity(campaign: str) -> dict[str, Any]:
+    """Who takes a board: this host, this process, the campaign, since when, and a token only it knows."""
+    import os
+    import secrets
+    import socket
+    from datetime import datetime, timezone
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "campaign": campaign,
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": secrets.token_hex(8)}
+
+
+def _take_boards(config: CampaignConfig, inventory: Mapping[str, Any], board: BoardHooks, connect: Connect,
+                 retry_on: tuple[type[BaseException], ...], wait_s: float,
+                 on_wait: Callable[[str], None] | None) -> dict[str, _BoardLock]:
+    """Hold every board of the campaign before any job starts, one after another (each waits up to ``wait_s``).
+
+    A board another campaign holds: everything taken so far is let go and BoardBusy (one line, naming the holder)
+    ends the campaign before it measures anything. A board that cannot be reached now is taken by its worker
+    when it first reaches it."""
+    locks: dict[str, _BoardLock] = {}
+    if not getattr(board, "locks_boards", False):
+        return locks
+    holder = holder_identity(config.name)
+    try:
+        for device in config.devices:
+            try:
+                lock = _BoardLock(connect, inventory[device], holder)
+            except retry_on:
+                continue
+            locks[device] = lock
+            try:
+                lock.take(board, inventory[device], wait_s, on_wait)
+            except retry_on:
+                pass  # unreachable now: its worker retries like any link fault
+    except BaseException:
+        for lock in locks.values():
+            lock.release()
+        raise
+    return locks
+
+
 def _describe(settings: Mapping[str, Any]) -> str:
     """{"governor": "performance", "jetson_clocks": true} -> "governor performance, jetson_clocks on"."""
     words = []
@@ -553,7 +655,8 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
                  connect: Connect | None = None, retry_on: tuple[type[BaseException], ...] | None = None,
                  fatal_on: tuple[type[BaseException], ...] | None = None,
                  on_recorded: Callable[[Job], None] | None = None, board: BoardHooks | None = None,
-                 lock_wait_s: float = 0.0) -> CampaignResult:
+                 lock_wait_s: float = 0.0, board_wait_s: float = 0.0,
+                 on_wait: Callable[[str], None] | None = None) -> CampaignResult:
     """Run the jobs of ``config`` that its store does not hold as measured; one worker thread per device.
 
     ``benchmark`` defaults to ``devices.benchmark.run_benchmark``, ``connect`` to
@@ -567,6 +670,11 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     ``config.retries`` runs is given up (raise ``retries`` to try it again). One call at a time holds the
     campaign's lock (``results/<name>/campaign.lock``); a second waits ``lock_wait_s``, then raises a one-line
     EdgemaskError. ``on_recorded`` is called after a job's measurement is committed.
+
+    One campaign holds a board at a time, by a lock on the board itself (``devices.board.hold``): every board is
+    taken before the first job; one that another campaign holds is waited for up to ``board_wait_s`` seconds
+    (``on_wait`` hears who holds it and how long is left), then the campaign leaves with a one-line
+    ``BoardBusy`` naming the holder, having measured nothing.
     """
     from edgemask.fileio import exclusive_lock
 
@@ -574,7 +682,7 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     with exclusive_lock(config.results_dir(workspace) / "campaign.lock", f"campaign {config.name!r}", lock_wait_s):
         return _run_locked(config, workspace, benchmark=benchmark, progress=progress, inventory=inventory,
                            connect=connect, retry_on=retry_on, fatal_on=fatal_on, on_recorded=on_recorded,
-                           board=board)
+                           board=board, board_wait_s=board_wait_s, on_wait=on_wait)
 
 
 def _check_digests(store: Any, plan: CampaignPlan, workspace: Path) -> None:
@@ -606,7 +714,8 @@ def _check_digests(store: Any, plan: CampaignPlan, workspace: Path) -> None:
 def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark | None, progress: bool,
                 inventory: Mapping[str, Any] | None, connect: Connect | None,
                 retry_on: tuple[type[BaseException], ...] | None, fatal_on: tuple[type[BaseException], ...] | None,
-                on_recorded: Callable[[Job], None] | None, board: BoardHooks | None) -> CampaignResult:
+                on_recorded: Callable[[Job], None] | None, board: BoardHooks | None, board_wait_s: float = 0.0,
+                on_wait: Callable[[str], None] | None = None) -> CampaignResult:
     from tqdm.auto import tqdm
 
     from profiling.store import ResultsStore
@@ -645,40 +754,61 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
         todo = [j for j in plan.jobs if j.job_id not in done and j.job_id not in gave_up]
         already_done = sum(1 for j in plan.jobs if j.job_id in done)
 
-        stop = threading.Event()
-        workers: list[_DeviceWorker] = []
-        bars = []
-        for pos, device in enumerate(config.devices):
-            jobs = [j for j in todo if j.device == device]
-            bar = tqdm(total=len(jobs), desc=device, position=pos, leave=True, disable=not progress,
-                       unit="job", dynamic_ncols=True)
-            bars.append(bar)
-            workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
-                                         store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
-                                         fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
-                                         board=board))
-        with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
-            futures = [pool.submit(w.run) for w in workers]
-            try:
-                for fut in futures:
-                    fut.result()
-            except BaseException:
-                # A bug in one worker, or Ctrl-C: the others stop; a job cut short is stored as interrupted and
-                # every board gets its settings back before this returns.
-                stop.set()
-                for w in workers:
-                    w.interrupt()
-                raise
-            finally:
-                for bar in bars:
-                    bar.close()
-        return CampaignResult(
-            name=config.name, store_path=store_path, planned=len(plan.jobs), already_done=already_done,
-            recorded=tuple(j for w in workers for j in w.recorded),
-            failed=tuple(given_up) + tuple(f for w in workers for f in w.failed),
-            skipped=plan.skipped,
-            aborted={w.device: w.aborted for w in workers if w.aborted},
-            notes=tuple(n for w in workers for n in w.notes),
-        )
+        devices = sorted({j.device for j in todo})
+        locks = _take_boards(dataclasses.replace(config, devices=tuple(d for d in config.devices if d in devices)),
+                             inventory, board, connect, retry_on, board_wait_s, on_wait)
+        try:
+            return _run_workers(config, workspace, plan, todo, given_up, already_done, store, store_path,
+                                inventory=inventory, benchmark=benchmark, connect=connect, retry_on=retry_on,
+                                fatal_on=fatal_on, on_recorded=on_recorded, board=board, locks=locks,
+                                progress=progress)
+        finally:
+            for lock in locks.values():
+                lock.release()
     finally:
         store.close()
+
+
+def _run_workers(config: CampaignConfig, workspace: Path, plan: CampaignPlan, todo: list[Job],
+                 given_up: list[FailedJob], already_done: int, store: Any, store_path: Path, *,
+                 inventory: Mapping[str, Any], benchmark: Benchmark, connect: Connect,
+                 retry_on: tuple[type[BaseException], ...], fatal_on: tuple[type[BaseException], ...],
+                 on_recorded: Callable[[Job], None] | None, board: BoardHooks, locks: Mapping[str, _BoardLock],
+                 progress: bool) -> CampaignResult:
+    from tqdm.auto import tqdm
+
+    stop = threading.Event()
+    workers: list[_DeviceWorker] = []
+    bars = []
+    for pos, device in enumerate(config.devices):
+        jobs = [j for j in todo if j.device == device]
+        bar = tqdm(total=len(jobs), desc=device, position=pos, leave=True, disable=not progress,
+                   unit="job", dynamic_ncols=True)
+        bars.append(bar)
+        workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
+                                     store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
+                                     fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
+                                     board=board, lock=locks.get(device)))
+    with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
+        futures = [pool.submit(w.run) for w in workers]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            # A bug in one worker, or Ctrl-C: the others stop; a job cut short is stored as interrupted and
+            # every board gets its settings back before this returns.
+            stop.set()
+            for w in workers:
+                w.interrupt()
+            raise
+        finally:
+            for bar in bars:
+                bar.close()
+    return CampaignResult(
+        name=config.name, store_path=store_path, planned=len(plan.jobs), already_done=already_done,
+        recorded=tuple(j for w in workers for j in w.recorded),
+        failed=tuple(given_up) + tuple(f for w in workers for f in w.failed),
+        skipped=plan.skipped,
+        aborted={w.device: w.aborted for w in workers if w.aborted},
+        notes=tuple(n for w in workers for n in w.notes),
+    )
