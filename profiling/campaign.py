@@ -685,7 +685,7 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
                            board=board, board_wait_s=board_wait_s, on_wait=on_wait)
 
 
-def _check_digests(store: Any, plan: CampaignPlan, workspace: Path) -> None:
+def _check_digests(store: Any, plan: CampaignPlan, done: Collection[str], workspace: Path) -> None:
     """Refuse a resume whose artifact file changed since a setting was measured (issue 27, item 2).
 
     A setting (artifact × format × variant × device × threads) pools its repetitions into one row of the report,
@@ -695,10 +695,12 @@ def _check_digests(store: Any, plan: CampaignPlan, workspace: Path) -> None:
     file they measured, and the user decides (restore the file, or measure the new one under a new campaign
     name). Rows from before digests were kept (NULL) cannot be compared and are left to the report, which never
     pools them with a known file."""
+    # the settings this call would add repetitions to (a finished setting pools nothing new)
+    planned = {(j.artifact, j.format, j.variant, j.device, j.threads) for j in plan.jobs if j.job_id not in done}
     for (artifact, fmt, variant, device, threads), digests in sorted(store.setting_digests().items()):
         info = plan.artifacts.get(artifact)
         entry = info.file_for(fmt, variant) if info is not None else None
-        if entry is None:
+        if entry is None or (artifact, fmt, variant, device, threads) not in planned:
             continue  # not in this plan: nothing of it will be measured now
         stale = {d: n for d, n in digests.items() if d != entry.sha256}
         if stale:
@@ -741,10 +743,10 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
     store = ResultsStore.open(store_path)
     try:
         store.save_campaign(config)
-        _check_digests(store, plan, workspace)  # before save_artifacts replaces the manifests it keeps
+        done = store.done_job_ids()
+        _check_digests(store, plan, done, workspace)  # before save_artifacts replaces the manifests it keeps
         store.save_artifacts(plan.artifacts.values())
         store.save_skipped(plan.skipped)
-        done = store.done_job_ids()
         failed_runs = store.failed_runs()
         given_up = [FailedJob(j, f"failed in {failed_runs[j.job_id]} runs; not run again (retries = "
                                  f"{config.retries}): fix the cause and raise retries in the campaign file",

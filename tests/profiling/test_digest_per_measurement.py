@@ -203,3 +203,80 @@ def test_a_resume_after_a_re_export_is_refused_in_one_line(tmp_path):
     assert con.execute("SELECT job_id, artifact_sha256 FROM measurements").fetchall() == [
         ("run-test/client-007|onnx|fp32|local|t1|r0", first_sha)]
     con.close()
+
+
+# -- the campaign's checks, with an injected benchmark that reports the manifest's digest ------------------------
+def _campaign(tmp_path, repetitions: int):
+    import tomllib
+
+    import profiling_fakes as pf
+    from profiling.campaign import parse_campaign
+
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        pf.small_workspace(ws, clients=("client-000",))
+    toml = pf.campaign_toml(devices=("dev-a",), formats=("onnx",), repetitions=repetitions)
+    return ws, parse_campaign(tomllib.loads(toml.replace('clients = "all"\ndense = true', 'clients = "all"\n'
+                                                                                            'dense = false')))
+
+
+def _bench(digest_of):
+    import profiling_fakes as pf
+
+    def bench(conn, spec, artifact_dir, fmt, variant="fp32", settings=None, timeout=600):
+        return pf.fake_measurement(spec, artifact_dir, fmt, variant, settings,
+                                   artifact_sha256=digest_of(artifact_dir, fmt, variant))
+    return bench
+
+
+def _manifest_digest(artifact_dir, fmt, variant):
+    from edgemask.manifest import load_manifest
+
+    return load_manifest(artifact_dir).file_for(fmt, variant, where=artifact_dir).sha256
+
+
+def _run(ws, cfg, bench):
+    import profiling_fakes as pf
+    from profiling.campaign import run_campaign
+
+    return run_campaign(cfg, ws, benchmark=bench, progress=False, inventory=pf.fleet("dev-a"),
+                        connect=pf.FakeConnect())
+
+
+def _reexport(ws, digest: str) -> None:
+    import json
+
+    path = ws / "artifacts" / "run-a" / "client-000" / "manifest.json"
+    doc = json.loads(path.read_text())
+    for f in doc["files"]:
+        f["sha256"] = digest
+    path.write_text(json.dumps(doc))
+
+
+def test_a_resume_with_another_file_is_refused_before_anything_is_measured(tmp_path):
+    from edgemask.errors import EdgemaskError
+
+    ws, cfg = _campaign(tmp_path, repetitions=1)
+    assert _run(ws, cfg, _bench(_manifest_digest)).complete
+    _reexport(ws, B)
+    ws, cfg2 = _campaign(tmp_path, repetitions=2)  # one more repetition, of the changed file
+    calls = []
+    with pytest.raises(EdgemaskError, match=r"run-a/client-000 onnx/fp32 on dev-a with 1 thread\(s\) was measured "
+                                            r"from model file sha256 0{12}… \(1 repetition\(s\)\), but .*model\.fp32"
+                                            r"\.onnx is now 278aac111111… \(exported again since\?\)"):
+        _run(ws, cfg2, _bench(lambda *a: calls.append(a) or B))
+    assert calls == []
+    # a finished setting pools nothing new: its campaign run again is not refused
+    assert _run(ws, cfg, _bench(_manifest_digest)).already_done == 1
+
+
+def test_a_file_changed_during_the_campaign_fails_that_job_instead_of_pooling_it(tmp_path):
+    ws, cfg = _campaign(tmp_path, repetitions=2)
+    digests = iter([A, B])  # r0 measured file A, then the file changed before r1 was deployed
+    res = _run(ws, cfg, _bench(lambda *a: next(digests)))
+    assert len(res.recorded) == 1 and [f.job.repetition for f in res.failed] == [1]
+    assert "the artifact changed during the campaign" in res.failed[0].reason
+    with ResultsStore.open(res.store_path) as store:
+        assert store.setting_digests() == {("run-a/client-000", "onnx", "fp32", "dev-a", 1): {A: 1}}
+        [(digest,)] = store._read("SELECT artifact_sha256 FROM failures")
+    assert digest == B  # the refused repetition is kept in the history, with its file
