@@ -422,7 +422,7 @@ class _DeviceWorker:
         if self.lock is None:
             return
         lost = self.lock.hold is not None and not self.lock.hold.alive()
-        if self.lock.take(self.board, self.spec):
+        if self.lock.take(self.board):
             self._ready = self._ready and not lost  # a board left alone a while: strays and settings again
             if lost:
                 self._note("board_lock", {"retaken": True}, "took the board again after its lock's link dropped")
@@ -570,20 +570,21 @@ class _BoardLock:
     hold taken over it."""
 
     def __init__(self, connect: Connect, spec: Any, holder: Mapping[str, Any]) -> None:
-        self.holder = holder
+        self.connect, self.spec, self.holder = connect, spec, holder
         self._stack = contextlib.ExitStack()
-        self._conn = self._stack.enter_context(connect(spec))
+        self._conn: Any = None
         self.hold: Any = None
 
-    def take(self, board: BoardHooks, spec: Any, wait_s: float = 0.0,
-             on_wait: Callable[[str], None] | None = None) -> bool:
-        """Hold the board unless held already; True when it was taken now."""
+    def take(self, board: BoardHooks, wait_s: float = 0.0, on_wait: Callable[[str], None] | None = None) -> bool:
+        """Hold the board unless held already; True when it was taken now. A link fault raises (retry_on)."""
         if self.hold is not None and self.hold.alive():
             return False
         if self.hold is not None:
             self.hold.release()
             self.hold = None
-        self.hold = board.hold(self._conn, spec, self.holder, wait_s, on_wait)
+        if self._conn is None:
+            self._conn = self._stack.enter_context(self.connect(self.spec))
+        self.hold = board.hold(self._conn, self.spec, self.holder, wait_s, on_wait)
         return self.hold is not None
 
     def release(self) -> None:
@@ -620,13 +621,9 @@ def _take_boards(config: CampaignConfig, inventory: Mapping[str, Any], board: Bo
     holder = holder_identity(config.name)
     try:
         for device in config.devices:
+            locks[device] = lock = _BoardLock(connect, inventory[device], holder)
             try:
-                lock = _BoardLock(connect, inventory[device], holder)
-            except retry_on:
-                continue
-            locks[device] = lock
-            try:
-                lock.take(board, inventory[device], wait_s, on_wait)
+                lock.take(board, wait_s, on_wait)
             except retry_on:
                 pass  # unreachable now: its worker retries like any link fault
     except BaseException:

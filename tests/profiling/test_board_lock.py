@@ -1,5 +1,5 @@
 """Issue 27 item 6: one campaign holds a board at a time. Two `edgemask profile` processes of two campaigns on the
-`local` device (one workdir, one board), with the real runner and a real ONNX model."""
+`local` device (one workdir, one board), with the real runner and a real ONNX model; --wait bounded at the door."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ sys.path.insert(0, str(ROOT / "tests" / "devices"))
 from artifacts import make_artifact  # noqa: E402
 from processes import runner_pids, wait_until  # noqa: E402
 
-pytestmark = pytest.mark.slow
 
 CAMPAIGN = """
 [campaign]
@@ -79,6 +78,19 @@ def _finish(*procs: subprocess.Popen) -> None:
             p.communicate()
 
 
+@pytest.mark.parametrize("wait", ["nan", "-1", "inf", "1e9", "soon"])
+def test_wait_is_bounded_at_the_door(tmp_path, wait):
+    """A NaN would never time out; refused before anything is read or taken."""
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--workspace", str(tmp_path / "ws"), "--campaign", str(tmp_path / "none.toml"),
+              "--wait", wait])
+    assert e.value.code == 2
+    assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.slow
 def test_a_second_campaign_on_a_held_board_is_refused_naming_the_holder(tmp_path):
     ws = _workspace(tmp_path)
     first = _profile(ws, _toml(tmp_path, "first", reps=2, seconds=2.0))
@@ -105,6 +117,7 @@ def test_a_second_campaign_on_a_held_board_is_refused_naming_the_holder(tmp_path
     assert _rows(ws / "results" / "second" / "results.sqlite", "SELECT COUNT(*) FROM measurements") == [(0,)]
 
 
+@pytest.mark.slow
 def test_a_second_campaign_with_wait_runs_after_the_first(tmp_path):
     ws = _workspace(tmp_path)
     first = _profile(ws, _toml(tmp_path, "first", reps=2, seconds=1.5))
@@ -126,6 +139,7 @@ def test_a_second_campaign_with_wait_runs_after_the_first(tmp_path):
     assert second_only > first_last
 
 
+@pytest.mark.slow
 def test_a_killed_campaign_frees_the_board(tmp_path):
     ws = _workspace(tmp_path)
     first = _profile(ws, _toml(tmp_path, "first", reps=3, seconds=3.0))

@@ -152,7 +152,7 @@ def test_a_resume_after_a_re_export_is_refused_in_one_line(tmp_path):
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "tests" / "devices"))
     from artifacts import make_artifact
-    from processes import wait_until
+    from processes import runner_pids, wait_until
 
     from edgemask.fileio import sha256_file
 
@@ -179,7 +179,9 @@ def test_a_resume_after_a_re_export_is_refused_in_one_line(tmp_path):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root,
                             start_new_session=True)
     try:
-        wait_until(lambda: measured() or proc.poll() is not None, 180, "r0 to be measured")
+        blobs = ws / "devices" / "local" / "blobs"
+        wait_until(lambda: (measured() and runner_pids(blobs)) or proc.poll() is not None, 180,
+                   "r0 measured and r1's runner timing")
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C during r1 (its timed window lasts 3 s)
         out, err = proc.communicate(timeout=60)
     finally:
