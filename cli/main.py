@@ -106,6 +106,36 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return status
 
 
+def _waiting_note(every_s: float = 5.0):
+    """Progress while a campaign waits for a board: the holder and the time left, every ``every_s`` seconds."""
+    import time
+
+    last = [-every_s]
+
+    def note(message: str) -> None:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            print(f"waiting for board {message}", file=sys.stderr, flush=True)
+
+    return note
+
+
+MAX_WAIT_S = 7 * 24 * 3600.0
+
+
+def _wait_seconds(text: str) -> float:
+    """--wait: seconds, finite, 0 to a week (a NaN would never time out, a negative means nothing)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0 to {MAX_WAIT_S:g}")
+    return value
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from devices.inventory import load_inventory
     from profiling.campaign import load_campaign, run_campaign
@@ -114,7 +144,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     inv_path = Path(args.inventory) if args.inventory else (ws.inventory if ws.inventory.exists() else None)
     inventory = load_inventory(inv_path, ws.root)
     cfg = load_campaign(args.campaign, known_devices=list(inventory))
-    res = run_campaign(cfg, ws.root, inventory=inventory, progress=True)
+    res = run_campaign(cfg, ws.root, inventory=inventory, progress=True, lock_wait_s=args.wait,
+                       board_wait_s=args.wait, on_wait=_waiting_note())
     print(f"wrote {res.store_path}  ({len(res.recorded)} measured, {res.already_done} already there, "
           f"{len(res.failed)} failed, {len(res.skipped)} skipped)")
     for note in res.notes:
@@ -218,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = add("profile", "run a profiling campaign; results go to results/<campaign>/", cmd_profile)
     pr.add_argument("--campaign", required=True, help="campaign.toml")
     pr.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
+    pr.add_argument("--wait", type=_wait_seconds, default=0.0, metavar="SECONDS", help="if another campaign holds a "
+                    "board (or this campaign), wait up to this long for it (default: 0, leave at once naming "
+                    "the holder)")
 
     r = add("report", "write report.html and summary.md for a campaign's results", cmd_report)
     r.add_argument("--results", required=True, help="results/<campaign> directory")

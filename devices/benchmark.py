@@ -106,6 +106,9 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
     sample_io, sample_sha = _checked_file(artifact_dir, manifest.sample_io["file"], manifest.sample_io["sha256"])
     remote_runner, remote_model, remote_sample = deploy_many(
         conn, spec, [RUNNER_PATH, model, sample_io], [None, model_sha, sample_sha])
+    # deploy put exactly these bytes under their content address (verified on the board): the runner loads the
+    # file this digest names, whatever happens to the local file from now on
+    ids["artifact_sha256"] = model_sha
 
     argv = [spec.python, remote_runner, "--model", remote_model, "--format", fmt, "--sample-io", remote_sample,
             *settings.to_args(), "--power-sensor", spec.power_sensor, "--watch-stdin"]

@@ -28,6 +28,23 @@ class RunResult:
         return text[-n:]
 
 
+class Started(abc.ABC):
+    """A command left running on the device (``Connection.start``): it reads its stdin from this process, so it
+    ends when :meth:`close` is called, when the connection drops and when this process dies."""
+
+    @abc.abstractmethod
+    def read_line(self, timeout: float) -> str | None:
+        """The command's next line of stdout; None if none came within ``timeout`` seconds or it ended first."""
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Still running, and its link still up."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close its stdin (a command started with ``--watch-stdin`` exits then) and let it go."""
+
+
 class Connection(abc.ABC):
     """A device reached one way or another. Lazy (nothing happens before the first call), context-managed."""
 
@@ -45,6 +62,10 @@ class Connection(abc.ABC):
         The command dies with its session: on a timeout, on ``cancel_event`` and when this process dies, its
         stdin reaches end-of-file (a runner started with ``--watch-stdin`` exits then), and a local command's
         whole process group is killed."""
+
+    def start(self, argv: list[str]) -> Started:
+        """Start argv on the device and return at once; its stdin stays open until ``Started.close``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot leave a command running")
 
     def _cancelled(self) -> bool:
         return self.cancel_event is not None and self.cancel_event.is_set()

@@ -3,14 +3,55 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from devices.connection_base import Connection, RunResult
+from devices.connection_base import Connection, RunResult, Started
 from devices.errors import DeviceError, RunInterrupted, RunTimeout
+
+
+class _LocalStarted(Started):
+    """A local command in its own session, its stdin a pipe held by this process."""
+
+    def __init__(self, argv: list[str]) -> None:
+        try:
+            self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError:
+            raise DeviceError(f"local: no program {argv[0]!r}") from None
+        self._buf = b""
+
+    def read_line(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass  # a broken pipe: the command is gone already
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            LocalConnection._kill(self.proc)
 
 
 class LocalConnection(Connection):
@@ -48,6 +89,9 @@ class LocalConnection(Connection):
         finally:
             os.close(stdin_w)
         return RunResult(out, err, p.returncode)
+
+    def start(self, argv: list[str]) -> Started:
+        return _LocalStarted(argv)
 
     @staticmethod
     def _kill(p: subprocess.Popen) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import paramiko
 
-from devices.connection_base import Connection, RunResult
+from devices.connection_base import Connection, RunResult, Started
 from devices.errors import DeviceError, HostKeyError, RunInterrupted, RunTimeout
 from devices.inventory import DeviceSpec
 
@@ -105,6 +105,39 @@ class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
         with open(self.known_hosts, "a", encoding="ascii") as f:
             f.write(("\n" if needs_newline else "") + f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _SSHStarted(Started):
+    """A command on its own channel. Closing the channel (or losing the link, or this process dying) closes the
+    command's stdin on the device."""
+
+    def __init__(self, chan: paramiko.Channel, transport: paramiko.Transport) -> None:
+        self.chan, self.transport = chan, transport
+        self._buf = b""
+
+    def read_line(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            if self.chan.recv_ready():
+                chunk = self.chan.recv(4096)
+                if not chunk:
+                    return None
+                self._buf += chunk
+                continue
+            if self.chan.eof_received or not self.transport.is_active() or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+    def alive(self) -> bool:
+        return self.transport.is_active() and not self.chan.closed and not self.chan.exit_status_ready()
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the link is gone: so is the command's stdin
 
 
 class SSHConnection(Connection):
@@ -250,6 +283,20 @@ class SSHConnection(Connection):
             raise DeviceError(f"{self.where}: the link dropped while running {argv[0]} ({type(e).__name__}: {e}); "
                               "the job can be retried") from None
         return RunResult(b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"), rc)
+
+    def start(self, argv: list[str]) -> Started:
+        client = self._client_or_connect()
+        try:
+            transport = client.get_transport()
+            if transport is None:
+                raise paramiko.SSHException("transport closed")
+            chan = transport.open_session(timeout=self.spec.connect_timeout)
+            chan.exec_command(quote_argv(argv))
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            self.close()
+            raise DeviceError(f"{self.where}: the link dropped while starting {argv[0]} ({type(e).__name__}: "
+                              f"{e}); it can be retried") from None
+        return _SSHStarted(chan, transport)
 
     def _put(self, local: Path, remote: str) -> None:
         sftp = self._sftp_or_open()

@@ -23,3 +23,8 @@ class RunTimeout(DeviceError):
 
 class RunInterrupted(DeviceError):
     """A command on the device was cut short on purpose (Ctrl-C on the host): not a result, not a link fault."""
+
+
+class BoardBusy(EdgemaskError):
+    """Another campaign holds the board (its lock in the device's workdir): the message names the holder (host,
+    pid, campaign, since) and how to wait for it. Not a link fault: never retried, never a job's failure."""

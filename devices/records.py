@@ -75,6 +75,9 @@ class Measurement:
     # profiled runs (RunnerSettings.profile_layers): the runner's "profile" document; the store keeps its
     # per-operator samples in their own tables
     profile: dict[str, Any] = field(default_factory=dict)
+    # sha256 of the model file measured: the digest devices.benchmark checked the local file against and
+    # devices.deploy verified on the board (the blob's name); None when no file was deployed
+    artifact_sha256: str | None = None
 
     # -- derived statistics (never stored separately) --------------------------------------------
     @property

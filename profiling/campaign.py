@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devices.errors import BoardBusy
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.manifest import MANIFEST, load_manifest
@@ -59,6 +60,7 @@ from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
 from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
+from profiling.store import DigestChanged
 from profiling.stats import cv
 from profiling.verdict import CV_THRESHOLD
 
@@ -301,11 +303,21 @@ Connect = Callable[[Any], contextlib.AbstractContextManager[Any]]
 class BoardHooks:
     """What a campaign does to a board around its jobs; the default does nothing (injected benchmarks, tests).
 
-    ``devices.board.BOARD`` is the real one: it finds and kills stray runners before timing, applies the
-    inventory's governor / jetson_clocks and restores the board's previous settings afterwards."""
+    ``devices.board.BOARD`` is the real one: it holds the board for the campaign (a lock on the board), finds
+    and kills stray runners before timing, applies the inventory's governor / jetson_clocks and restores the
+    board's previous settings afterwards."""
 
-    def reap_strays(self, conn: Any, spec: Any) -> list[dict[str, Any]]:
-        """Kill runners of ours left on the board (an earlier run's); return what was found."""
+    locks_boards = False  # True: hold() takes a lock on the board (over a connection of its own)
+
+    def hold(self, conn: Any, spec: Any, holder: Mapping[str, Any], wait_s: float = 0.0,
+             on_wait: Callable[[str], None] | None = None) -> Any:
+        """Take the board for this campaign over ``conn``; return the hold (``alive()``, ``release()``), or None
+        where boards are not locked. Raises ``BoardBusy`` naming the holder when another campaign has it."""
+        return None
+
+    def reap_strays(self, conn: Any, spec: Any, hold: Any = None) -> list[dict[str, Any]]:
+        """Kill runners of ours left on the board (an earlier run's); return what was found. Given the
+        campaign's hold, nothing is killed unless that hold is the board's lock holder."""
         return []
 
     def apply(self, conn: Any, spec: Any) -> dict[str, Any] | None:
@@ -362,7 +374,8 @@ class _DeviceWorker:
     def __init__(self, device: str, spec: Any, jobs: list[Job], *, config: CampaignConfig, workspace: Path,
                  store: Any, benchmark: Benchmark, connect: Connect, retry_on: tuple[type[BaseException], ...],
                  fatal_on: tuple[type[BaseException], ...], stop: threading.Event, bar: Any,
-                 on_recorded: Callable[[Job], None] | None, board: BoardHooks) -> None:
+                 on_recorded: Callable[[Job], None] | None, board: BoardHooks,
+                 lock: "_BoardLock | None" = None) -> None:
         self.device, self.spec, self.jobs = device, spec, jobs
         self.config, self.workspace, self.store = config, workspace, store
         self.benchmark, self.connect, self.retry_on, self.fatal_on = benchmark, connect, retry_on, fatal_on
@@ -376,6 +389,7 @@ class _DeviceWorker:
         self._cancel = threading.Event()  # set by interrupt(): the connection kills the command it runs
         self._ready = False  # strays reaped and settings applied (before the first job's first attempt)
         self._applied: Mapping[str, Any] | None = None  # what to restore at the end
+        self.lock = lock  # the board held for this campaign (None: boards are not locked, e.g. fake hooks)
 
     def _connection(self) -> Any:
         if self._stack is None:
@@ -402,8 +416,20 @@ class _DeviceWorker:
         self.store.record_event(self.device, kind, detail)
         self.notes.append(f"{self.device}: {text}")
 
+    def _hold_board(self) -> None:
+        """Before timing: the board is this campaign's (taken again if its hold ended with a dropped link).
+        Raises BoardBusy when another campaign has it (then this device stops; no job is charged with it)."""
+        if self.lock is None:
+            return
+        lost = self.lock.hold is not None and not self.lock.hold.alive()
+        if self.lock.take(self.board):
+            self._ready = self._ready and not lost  # a board left alone a while: strays and settings again
+            if lost:
+                self._note("board_lock", {"retaken": True}, "took the board again after its lock's link dropped")
+
     def _reap_strays(self) -> None:
-        found = self.board.reap_strays(self._connection(), self.spec)
+        hold = self.lock.hold if self.lock is not None else None
+        found = self.board.reap_strays(self._connection(), self.spec, hold=hold)
         if found:
             pids = ", ".join(str(p["pid"]) for p in found)
             self._note("stray_runners", {"found": found},
@@ -462,6 +488,7 @@ class _DeviceWorker:
         for tried in range(attempts + self.config.remeasure_unstable):
             attempt = tried - unstable  # this try among the link-fault attempts (re-measures count apart)
             try:
+                self._hold_board()
                 if not self._ready:
                     self._prepare()
                 elif attempt:  # a timed-out or cut run may have left its runner behind: nothing else may run
@@ -469,6 +496,11 @@ class _DeviceWorker:
                 measurement = self.benchmark(self._connection(), self.spec, artifact_dir, job.format,
                                              variant=job.variant, settings=settings,
                                              timeout=self.config.timeout_s)
+            except BoardBusy as exc:
+                # another campaign took the board (it was unreachable at the start, or its lock's link dropped):
+                # not this job's failure; the device stops and a resume measures the rest
+                self.aborted = str(exc)
+                return
             except self.fatal_on as exc:
                 # e.g. a changed host key: no retry can fix it and every later job would hit it too.
                 self._drop_connection()
@@ -512,7 +544,12 @@ class _DeviceWorker:
                 continue
             if unstable or attempt:  # measured in the end: the retry's note no longer applies
                 self.bar.set_postfix_str("", refresh=False)
-            if self.store.record(job, measurement, attempts=attempt + 1):
+            try:
+                recorded = self.store.record(job, measurement, attempts=attempt + 1)
+            except DigestChanged as exc:  # the file changed under the campaign: never pooled with the earlier
+                self._fail(job, str(exc), attempt + 1, measurement=measurement)
+                return
+            if recorded:
                 self.recorded.append(job.job_id)
                 if self.on_recorded is not None:
                     self.on_recorded(job)
@@ -526,6 +563,74 @@ class _DeviceWorker:
     def _failed(self, job: Job, reason: str, attempts: int, status: str) -> None:
         self.failed.append(FailedJob(job, reason, attempts, status))
         self.bar.set_postfix_str(f"{status}: {reason}"[:60], refresh=True)
+
+
+class _BoardLock:
+    """One device's board lock for this campaign: its own connection (a job's link fault never drops it) and the
+    hold taken over it."""
+
+    def __init__(self, connect: Connect, spec: Any, holder: Mapping[str, Any]) -> None:
+        self.connect, self.spec, self.holder = connect, spec, holder
+        self._stack = contextlib.ExitStack()
+        self._conn: Any = None
+        self.hold: Any = None
+
+    def take(self, board: BoardHooks, wait_s: float = 0.0, on_wait: Callable[[str], None] | None = None) -> bool:
+        """Hold the board unless held already; True when it was taken now. A link fault raises (retry_on)."""
+        if self.hold is not None and self.hold.alive():
+            return False
+        if self.hold is not None:
+            self.hold.release()
+            self.hold = None
+        if self._conn is None:
+            self._conn = self._stack.enter_context(self.connect(self.spec))
+        self.hold = board.hold(self._conn, self.spec, self.holder, wait_s, on_wait)
+        return self.hold is not None
+
+    def release(self) -> None:
+        try:
+            if self.hold is not None:
+                self.hold.release()
+        finally:
+            self.hold = None
+            self._stack.close()
+
+
+def holder_identity(campaign: str) -> dict[str, Any]:
+    """Who takes a board: this host, this process, the campaign, since when, and a token only it knows."""
+    import os
+    import secrets
+    import socket
+    from datetime import datetime, timezone
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "campaign": campaign,
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": secrets.token_hex(8)}
+
+
+def _take_boards(config: CampaignConfig, inventory: Mapping[str, Any], board: BoardHooks, connect: Connect,
+                 retry_on: tuple[type[BaseException], ...], wait_s: float,
+                 on_wait: Callable[[str], None] | None) -> dict[str, _BoardLock]:
+    """Hold every board of the campaign before any job starts, one after another (each waits up to ``wait_s``).
+
+    A board another campaign holds: everything taken so far is let go and BoardBusy (one line, naming the holder)
+    ends the campaign before it measures anything. A board that cannot be reached now is taken by its worker
+    when it first reaches it."""
+    locks: dict[str, _BoardLock] = {}
+    if not getattr(board, "locks_boards", False):
+        return locks
+    holder = holder_identity(config.name)
+    try:
+        for device in config.devices:
+            locks[device] = lock = _BoardLock(connect, inventory[device], holder)
+            try:
+                lock.take(board, wait_s, on_wait)
+            except retry_on:
+                pass  # unreachable now: its worker retries like any link fault
+    except BaseException:
+        for lock in locks.values():
+            lock.release()
+        raise
+    return locks
 
 
 def _describe(settings: Mapping[str, Any]) -> str:
@@ -547,7 +652,8 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
                  connect: Connect | None = None, retry_on: tuple[type[BaseException], ...] | None = None,
                  fatal_on: tuple[type[BaseException], ...] | None = None,
                  on_recorded: Callable[[Job], None] | None = None, board: BoardHooks | None = None,
-                 lock_wait_s: float = 0.0) -> CampaignResult:
+                 lock_wait_s: float = 0.0, board_wait_s: float = 0.0,
+                 on_wait: Callable[[str], None] | None = None) -> CampaignResult:
     """Run the jobs of ``config`` that its store does not hold as measured; one worker thread per device.
 
     ``benchmark`` defaults to ``devices.benchmark.run_benchmark``, ``connect`` to
@@ -561,6 +667,11 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     ``config.retries`` runs is given up (raise ``retries`` to try it again). One call at a time holds the
     campaign's lock (``results/<name>/campaign.lock``); a second waits ``lock_wait_s``, then raises a one-line
     EdgemaskError. ``on_recorded`` is called after a job's measurement is committed.
+
+    One campaign holds a board at a time, by a lock on the board itself (``devices.board.hold``): every board is
+    taken before the first job; one that another campaign holds is waited for up to ``board_wait_s`` seconds
+    (``on_wait`` hears who holds it and how long is left), then the campaign leaves with a one-line
+    ``BoardBusy`` naming the holder, having measured nothing.
     """
     from edgemask.fileio import exclusive_lock
 
@@ -568,13 +679,42 @@ def run_campaign(config: CampaignConfig, workspace: str | Path, *, benchmark: Be
     with exclusive_lock(config.results_dir(workspace) / "campaign.lock", f"campaign {config.name!r}", lock_wait_s):
         return _run_locked(config, workspace, benchmark=benchmark, progress=progress, inventory=inventory,
                            connect=connect, retry_on=retry_on, fatal_on=fatal_on, on_recorded=on_recorded,
-                           board=board)
+                           board=board, board_wait_s=board_wait_s, on_wait=on_wait)
+
+
+def _check_digests(store: Any, plan: CampaignPlan, done: Collection[str], workspace: Path) -> None:
+    """Refuse a resume whose artifact file changed since a setting was measured (issue 27, item 2).
+
+    A setting (artifact × format × variant × device × threads) pools its repetitions into one row of the report,
+    so they must all have measured the same bytes. The store keeps each repetition's model sha256; the manifest
+    names the file's sha256 now. Where they differ the campaign stops here with one line, before anything is run
+    or written. Refusing, not starting the setting over: the measurements already taken stay the record of the
+    file they measured, and the user decides (restore the file, or measure the new one under a new campaign
+    name). Rows from before digests were kept (NULL) cannot be compared and are left to the report, which never
+    pools them with a known file."""
+    # the settings this call would add repetitions to (a finished setting pools nothing new)
+    planned = {(j.artifact, j.format, j.variant, j.device, j.threads) for j in plan.jobs if j.job_id not in done}
+    for (artifact, fmt, variant, device, threads), digests in sorted(store.setting_digests().items()):
+        info = plan.artifacts.get(artifact)
+        entry = info.file_for(fmt, variant) if info is not None else None
+        if entry is None or (artifact, fmt, variant, device, threads) not in planned:
+            continue  # not in this plan: nothing of it will be measured now
+        stale = {d: n for d, n in digests.items() if d != entry.sha256}
+        if stale:
+            old, n = max(stale.items(), key=lambda kv: kv[1])
+            raise EdgemaskError(
+                f"{store.path}: {artifact} {fmt}/{variant} on {device} with {threads} thread(s) was measured from "
+                f"model file sha256 {old[:12]}… ({n} repetition(s)), but "
+                f"{workspace / 'artifacts' / artifact / entry.file} is now {entry.sha256[:12]}… (exported again "
+                "since?); a resume never pools two files into one setting: restore that artifact, or give the "
+                "campaign a new name to measure the new file")
 
 
 def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark | None, progress: bool,
                 inventory: Mapping[str, Any] | None, connect: Connect | None,
                 retry_on: tuple[type[BaseException], ...] | None, fatal_on: tuple[type[BaseException], ...] | None,
-                on_recorded: Callable[[Job], None] | None, board: BoardHooks | None) -> CampaignResult:
+                on_recorded: Callable[[Job], None] | None, board: BoardHooks | None, board_wait_s: float = 0.0,
+                on_wait: Callable[[str], None] | None = None) -> CampaignResult:
     from tqdm.auto import tqdm
 
     from profiling.store import ResultsStore
@@ -600,9 +740,10 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
     store = ResultsStore.open(store_path)
     try:
         store.save_campaign(config)
+        done = store.done_job_ids()
+        _check_digests(store, plan, done, workspace)  # before save_artifacts replaces the manifests it keeps
         store.save_artifacts(plan.artifacts.values())
         store.save_skipped(plan.skipped)
-        done = store.done_job_ids()
         failed_runs = store.failed_runs()
         given_up = [FailedJob(j, f"failed in {failed_runs[j.job_id]} runs; not run again (retries = "
                                  f"{config.retries}): fix the cause and raise retries in the campaign file",
@@ -612,40 +753,61 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
         todo = [j for j in plan.jobs if j.job_id not in done and j.job_id not in gave_up]
         already_done = sum(1 for j in plan.jobs if j.job_id in done)
 
-        stop = threading.Event()
-        workers: list[_DeviceWorker] = []
-        bars = []
-        for pos, device in enumerate(config.devices):
-            jobs = [j for j in todo if j.device == device]
-            bar = tqdm(total=len(jobs), desc=device, position=pos, leave=True, disable=not progress,
-                       unit="job", dynamic_ncols=True)
-            bars.append(bar)
-            workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
-                                         store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
-                                         fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
-                                         board=board))
-        with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
-            futures = [pool.submit(w.run) for w in workers]
-            try:
-                for fut in futures:
-                    fut.result()
-            except BaseException:
-                # A bug in one worker, or Ctrl-C: the others stop; a job cut short is stored as interrupted and
-                # every board gets its settings back before this returns.
-                stop.set()
-                for w in workers:
-                    w.interrupt()
-                raise
-            finally:
-                for bar in bars:
-                    bar.close()
-        return CampaignResult(
-            name=config.name, store_path=store_path, planned=len(plan.jobs), already_done=already_done,
-            recorded=tuple(j for w in workers for j in w.recorded),
-            failed=tuple(given_up) + tuple(f for w in workers for f in w.failed),
-            skipped=plan.skipped,
-            aborted={w.device: w.aborted for w in workers if w.aborted},
-            notes=tuple(n for w in workers for n in w.notes),
-        )
+        devices = sorted({j.device for j in todo})
+        locks = _take_boards(dataclasses.replace(config, devices=tuple(d for d in config.devices if d in devices)),
+                             inventory, board, connect, retry_on, board_wait_s, on_wait)
+        try:
+            return _run_workers(config, workspace, plan, todo, given_up, already_done, store, store_path,
+                                inventory=inventory, benchmark=benchmark, connect=connect, retry_on=retry_on,
+                                fatal_on=fatal_on, on_recorded=on_recorded, board=board, locks=locks,
+                                progress=progress)
+        finally:
+            for lock in locks.values():
+                lock.release()
     finally:
         store.close()
+
+
+def _run_workers(config: CampaignConfig, workspace: Path, plan: CampaignPlan, todo: list[Job],
+                 given_up: list[FailedJob], already_done: int, store: Any, store_path: Path, *,
+                 inventory: Mapping[str, Any], benchmark: Benchmark, connect: Connect,
+                 retry_on: tuple[type[BaseException], ...], fatal_on: tuple[type[BaseException], ...],
+                 on_recorded: Callable[[Job], None] | None, board: BoardHooks, locks: Mapping[str, _BoardLock],
+                 progress: bool) -> CampaignResult:
+    from tqdm.auto import tqdm
+
+    stop = threading.Event()
+    workers: list[_DeviceWorker] = []
+    bars = []
+    for pos, device in enumerate(config.devices):
+        jobs = [j for j in todo if j.device == device]
+        bar = tqdm(total=len(jobs), desc=device, position=pos, leave=True, disable=not progress,
+                   unit="job", dynamic_ncols=True)
+        bars.append(bar)
+        workers.append(_DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
+                                     store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
+                                     fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
+                                     board=board, lock=locks.get(device)))
+    with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
+        futures = [pool.submit(w.run) for w in workers]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            # A bug in one worker, or Ctrl-C: the others stop; a job cut short is stored as interrupted and
+            # every board gets its settings back before this returns.
+            stop.set()
+            for w in workers:
+                w.interrupt()
+            raise
+        finally:
+            for bar in bars:
+                bar.close()
+    return CampaignResult(
+        name=config.name, store_path=store_path, planned=len(plan.jobs), already_done=already_done,
+        recorded=tuple(j for w in workers for j in w.recorded),
+        failed=tuple(given_up) + tuple(f for w in workers for f in w.failed),
+        skipped=plan.skipped,
+        aborted={w.device: w.aborted for w in workers if w.aborted},
+        notes=tuple(n for w in workers for n in w.notes),
+    )

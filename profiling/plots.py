@@ -28,6 +28,13 @@ SLOW_FACTOR = 2.0  # a latency sample above this × its setting's median is coun
 LOG_SPAN = 3.0  # a panel's latencies spanning more than this factor are drawn on a log axis
 
 
+def _digests(df: pd.DataFrame) -> list[str]:
+    """Each row's model sha256, "" where unknown (a groupable key, unlike None or NaN)."""
+    if "artifact_sha256" not in df.columns:
+        return [""] * len(df)
+    return ["" if d is None or (isinstance(d, float) and math.isnan(d)) else str(d) for d in df["artifact_sha256"]]
+
+
 def _panel_grid(df: pd.DataFrame, ncols: int = 2, size: tuple[float, float] = (6.5, 3.6)) -> tuple[Figure, list]:
     """A figure with one panel per device × format (× variant, threads: named only where the table has more
     than one), and the ``(axes, title, rows)`` triples to draw into."""
@@ -74,9 +81,13 @@ def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None)
     ok = df[df["ok"].astype(bool) & df["latency_ms"].map(len).gt(0)]
     if ok.empty:
         return None
+    # one box per setting and model file: repetitions of two files (artifact_sha256) are never pooled
+    ok = ok.assign(artifact_sha256=_digests(ok))
     valid = {} if summary is None else {
-        (r.artifact, r.format, r.variant, r.device, r.threads): bool(r.valid) for r in summary.itertuples()}
-    settings = ok.groupby(["artifact", "format", "variant", "device", "threads"], sort=False).agg(
+        (r.artifact, r.format, r.variant, r.device, r.threads, d): bool(r.valid)
+        for r, d in zip(summary.itertuples(), _digests(summary))}
+    settings = ok.groupby(["artifact", "format", "variant", "device", "threads", "artifact_sha256"],
+                          sort=False).agg(
         run_id=("run_id", "first"), client_id=("client_id", "first"), kind=("kind", "first"),
         samples=("latency_ms", lambda xs: np.concatenate([np.asarray(x, float) for x in xs]))).reset_index()
     fig, panels = _panel_grid(settings, size=(0.55 * settings["artifact"].nunique() + 2.5, 3.8))
@@ -86,7 +97,7 @@ def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None)
                          tick_labels=_tick_labels(rows), medianprops={"color": "black"})
         for i, (patch, r) in enumerate(zip(box["boxes"], rows.itertuples())):
             patch.set_facecolor(DENSE_COLOR if r.kind == "dense" else COMPACTED_COLOR)
-            if not valid.get((r.artifact, r.format, r.variant, r.device, r.threads), True):
+            if not valid.get((r.artifact, r.format, r.variant, r.device, r.threads, r.artifact_sha256), True):
                 patch.set_hatch("///")
                 patch.set_edgecolor(INVALID_COLOR)
             median, top = np.percentile(r.samples, [50, 99])

@@ -23,7 +23,7 @@ from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
 from profiling import plots
 from profiling.layers import REALIZED_FLAG, LayerBreakdown, breakdowns
-from profiling.stats import DEFAULT_CV_THRESHOLD, summarize
+from profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, summarize
 from profiling.store import ResultsStore
 from profiling.tidy import write_tidy
 from profiling.verdict import CV_THRESHOLD, RULES, VerdictRules, headline
@@ -58,6 +58,11 @@ def fmt_text(x: Any) -> str:
     return "—" if _is_missing(x) or x == "" else str(x)
 
 
+def _short_digest(x: Any) -> str:
+    """A model file's sha256, shortened for a table cell; "unknown" where the store has none."""
+    return "unknown" if _is_missing(x) or not x else f"{str(x)[:12]}…"
+
+
 # -- tables ---------------------------------------------------------------------------------------------
 def runtime_table(summary: pd.DataFrame) -> pd.DataFrame:
     """FedMask-style runtime table: per application × device × format × variant × threads × algorithm ×
@@ -77,8 +82,11 @@ def runtime_table(summary: pd.DataFrame) -> pd.DataFrame:
     compared = ["speedup", "speedup_vs_bound"]
     for col in static + measured + compared:
         s[col] = pd.to_numeric(s[col], errors="coerce").astype(float)
-    s[measured] = s[measured].where(s["valid"].astype(bool))
-    s[compared] = s[compared].where(s["comparison_valid"].astype(bool))
+    # a setting measured from two files (one detail row per file, see _digest_notes) is left out of the means:
+    # which file the group's number would stand for is not one answer
+    single = ~_split_settings(s)
+    s[measured] = s[measured].where(s["valid"].astype(bool) & single)
+    s[compared] = s[compared].where(s["comparison_valid"].astype(bool) & single)
     g = s.groupby(keys, sort=True, dropna=False)
     out = g[static + measured + compared].mean()
     out["clients"] = g["artifact"].nunique()
@@ -101,7 +109,8 @@ _RUNTIME_COLUMNS = [
 # (column, title, formatter[, boolean column that must be True, else the value is marked INVALID_MARK])
 _DETAIL_COLUMNS = [
     ("artifact", "artifact", fmt_text), ("device", "device", fmt_text), ("format", "format", fmt_text),
-    ("variant", "variant", fmt_text), ("threads", "threads", fmt_int), ("verdict", "verdict", fmt_text),
+    ("variant", "variant", fmt_text), ("threads", "threads", fmt_int),
+    ("artifact_sha256", "model sha256", _short_digest), ("verdict", "verdict", fmt_text),
     ("repetitions", "reps", fmt_int), ("runs", "runs", fmt_int), ("p50_ms", "p50 (ms)", fmt_ms),
     ("p90_ms", "p90 (ms)", fmt_ms), ("p99_ms", "p99 (ms)", fmt_ms), ("mean_ms", "mean (ms)", fmt_ms),
     ("cv", "CV", fmt_pct), ("load_ms", "load (ms)", fmt_ms), ("peak_rss_kb", "peak RSS (KB)", fmt_int),
@@ -186,6 +195,30 @@ def _run_curves(workspace: Path, artifacts: pd.DataFrame) -> tuple[dict[str, pd.
     return curves, notes
 
 
+def _split_settings(summary: pd.DataFrame) -> pd.Series:
+    """True for each row whose setting (artifact × format × variant × device × threads) has rows of more than one
+    model file (``artifact_sha256``; a missing digest counts as one more, unknown file)."""
+    if summary.empty or "artifact_sha256" not in summary.columns:
+        return pd.Series(False, index=summary.index)
+    files = summary["artifact_sha256"].map(lambda d: "" if _is_missing(d) else str(d))
+    keys = [summary[c].astype(str) for c in SETTING_COLUMNS]
+    return files.groupby(keys).transform("nunique").gt(1).reindex(summary.index, fill_value=False)
+
+
+def _digest_notes(summary: pd.DataFrame) -> list[str]:
+    """One note per setting measured from more than one model file: shown as one row per file, never pooled."""
+    split = summary[_split_settings(summary)]
+    notes = []
+    for keys, g in split.groupby(SETTING_COLUMNS, sort=True):
+        artifact, fmt, variant, device, threads = keys
+        files = ", ".join(f"{_short_digest(d)} ({int(r)} rep.)" for d, r in zip(g["artifact_sha256"],
+                                                                                 g["repetitions"]))
+        notes.append(f"{artifact} {fmt}/{variant} on {device} with {threads} thread(s) was measured from "
+                     f"{len(g)} different model files (sha256 {files}): one row per file, never pooled, and left "
+                     "out of the runtime table's means")
+    return notes
+
+
 def _energy_notes(summary: pd.DataFrame) -> list[str]:
     notes = []
     missing = summary[summary["flag_energy_missing"]]
@@ -254,7 +287,7 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
         if f.png is not None:
             write_bytes_atomic(plot_dir / f"{f.name}.png", f.png)
 
-    notes = [*energy_notes, *history_notes]
+    notes = [*(_digest_notes(summary) if not summary.empty else []), *energy_notes, *history_notes]
     if not failures.empty:
         notes.append(f"{len(failures)} job(s) failed after their retries and are not in the tables "
                      f"(rerun `edgemask profile` to retry them)")

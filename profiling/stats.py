@@ -17,7 +17,11 @@ import pandas as pd
 from profiling.verdict import CV_THRESHOLD, VerdictRules, flag_set, judge
 
 DEFAULT_CV_THRESHOLD = CV_THRESHOLD
-GROUP_KEYS = ["artifact", "format", "variant", "device", "threads"]
+# One setting's repetitions pool into one row only when they measured the same model file: the file's sha256 is a
+# key too (issue 27 item 2: a re-export between an interrupted campaign and its resume must not mix two models).
+# A row with no digest (stored before digests were kept) is its own group, an unknown file.
+SETTING_COLUMNS = ["artifact", "format", "variant", "device", "threads"]
+GROUP_KEYS = [*SETTING_COLUMNS, "artifact_sha256"]
 
 
 # -- samples --------------------------------------------------------------------------------------
@@ -154,6 +158,8 @@ def summarize(df: pd.DataFrame, cv_threshold: float = DEFAULT_CV_THRESHOLD,
     if df.empty:
         return pd.DataFrame(columns=[*GROUP_KEYS, *_CARRIED, "p50_ms", "verdict", "valid", "invalid_rules",
                                      "reasons", "not_checked", "comparison_valid"])
+    if "artifact_sha256" not in df.columns:
+        df = df.assign(artifact_sha256=None)
     rows = []
     for keys, g in df.groupby(GROUP_KEYS, sort=True, dropna=False):
         row = dict(zip(GROUP_KEYS, keys))
@@ -182,7 +188,8 @@ def compare_to_dense(summary: pd.DataFrame) -> pd.DataFrame:
     base = dense[match + ["p50_ms", "rss_growth_kb", "model_bytes", "energy_mj", "valid"]].rename(
         columns={"p50_ms": "dense_p50_ms", "rss_growth_kb": "dense_rss_growth_kb",
                  "model_bytes": "dense_model_bytes", "energy_mj": "dense_energy_mj", "valid": "dense_valid"})
-    base = base.drop_duplicates(match)
+    # a baseline measured from two files (its rows split by artifact_sha256) is no baseline: no comparison
+    base = base.drop_duplicates(match, keep=False)
     out = out.merge(base, on=match, how="left")
 
     def ratio(a: str, b: str) -> pd.Series:

@@ -16,16 +16,25 @@ them later (``profiling.stats``). WAL mode lets a report read while a campaign w
 Tables:
   meta(key, value)                       schema version, campaign config (JSON)
   artifacts(artifact, ..., manifest)     key numbers of each artifact's manifest.json
-  measurements(job_id UNIQUE, ..., status, measurement JSON)
+  measurements(job_id UNIQUE, ..., status, measurement JSON, artifact_sha256)
   superseded(same columns)               failed rows a later run replaced (history)
-  failures(job_id, reason, attempts, status, measurement, ...)  every failed or interrupted outcome (history)
+  failures(job_id, reason, attempts, status, measurement, artifact_sha256, ...)  every failed or interrupted
+                                         outcome (history)
   skipped(artifact, format, variant, device, reason)
   events(device, kind, detail JSON)      what a campaign did to a board: stray runners, governor set/restored
   profiles(job_id UNIQUE, available, profiler, reason, blocks JSON)   per-operator profiling of a job, or why not
   profiled_runs(job_id, run, end_to_end_ms, total_us)                  each profiled run (apart from the timed ones)
   operator_samples(job_id, run, seq, name, op_type, us, provider)      every operator event of every profiled run
 
-A schema-1 store (no status) is migrated in place on open: its ``ok = 0`` rows become ``failed``.
+``artifact_sha256`` is the sha256 of the model file a row measured: the digest ``devices.benchmark`` checked the
+local file against and ``devices.deploy`` verified on the board (the blob's content address), so it names the bytes
+the runner loaded. One setting (artifact, format, variant, device, threads) never holds measured rows of two digests:
+``record`` refuses such a row (:class:`DigestChanged`), a resume whose artifact file changed since is refused
+(``profiling.campaign``), and the statistics group by the digest too (``profiling.stats``). Rows written before
+digests were kept (schema 1 and 2) have NULL there: an unknown file, never pooled with a known one.
+
+A schema-1 store (no status) is migrated in place on open: its ``ok = 0`` rows become ``failed``; schema 2 gains
+the ``artifact_sha256`` columns (NULL in its old rows).
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from edgemask.errors import CorruptFileError, EdgemaskError
 from edgemask.fileio import atomic_path
 from profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MEASURED, FAILED, INTERRUPTED = "measured", "failed", "interrupted"
 UNSTABLE = "unstable"  # a superseded attempt dropped for its CV (campaign remeasure_unstable)
 
@@ -62,13 +71,13 @@ CREATE TABLE IF NOT EXISTS measurements (
     job_id TEXT NOT NULL UNIQUE, artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL,
     device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
     ok INTEGER NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL,
-    measurement TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'measured'
+    measurement TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'measured', artifact_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS failures (
     id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, artifact TEXT NOT NULL, format TEXT NOT NULL,
     variant TEXT NOT NULL, device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
     reason TEXT NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'failed', measurement TEXT
+    status TEXT NOT NULL DEFAULT 'failed', measurement TEXT, artifact_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS skipped (
     artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL, device TEXT NOT NULL,
@@ -78,7 +87,7 @@ CREATE TABLE IF NOT EXISTS superseded (
     job_id TEXT NOT NULL, artifact TEXT NOT NULL, format TEXT NOT NULL, variant TEXT NOT NULL,
     device TEXT NOT NULL, threads INTEGER NOT NULL, repetition INTEGER NOT NULL,
     ok INTEGER NOT NULL, attempts INTEGER NOT NULL, recorded_at TEXT NOT NULL,
-    measurement TEXT NOT NULL, status TEXT NOT NULL
+    measurement TEXT NOT NULL, status TEXT NOT NULL, artifact_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, device TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL,
@@ -105,9 +114,13 @@ ALTER TABLE failures ADD COLUMN status TEXT NOT NULL DEFAULT 'failed';
 ALTER TABLE failures ADD COLUMN measurement TEXT;
 UPDATE meta SET value = '2' WHERE key = 'schema';
 """
+# Schema 2 -> 3: the model file's sha256 per row (NULL in rows written before: an unknown file). A table that
+# _SCHEMA created just now already has the column.
+_DIGEST_TABLES = ("measurements", "superseded", "failures")
 
 _MEASUREMENT_COLUMNS = ("job_id, artifact, format, variant, device, threads, repetition, ok, attempts, "
-                        "recorded_at, measurement, status")
+                        "recorded_at, measurement, status, artifact_sha256")
+_MEASUREMENT_MARKS = ",".join("?" * len(_MEASUREMENT_COLUMNS.split(",")))
 
 # Measurement fields that are no column of to_dataframe: the job keys (already there) and the profile (its own
 # tables: profiles(), profiled_runs(), operator_samples())
@@ -117,23 +130,35 @@ _ARTIFACT_COLUMNS = ["run_id", "client_id", "kind", "algorithm", "model", "datas
                      "params_dense", "params_compacted", "flops_dense", "flops_compacted"]
 
 
+class DigestChanged(EdgemaskError):
+    """A measured row whose model file differs (sha256) from the file its setting was measured from before."""
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Schema 1 -> 2 in one transaction: a store left half-migrated by a kill cannot happen."""
+    """Schema 1 -> 2 -> 3 in one transaction: a store left half-migrated by a kill cannot happen."""
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
+    version = "?"
     try:
-        if cur.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "1":  # not done meanwhile
+        version = cur.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0]
+        if version == "1":  # not done meanwhile
             for stmt in filter(str.strip, _MIGRATE_1_TO_2.split(";")):
                 cur.execute(stmt)
+        if version in ("1", "2"):
+            for table in _DIGEST_TABLES:
+                have = {r[1] for r in cur.execute(f"PRAGMA table_info({table})")}
+                if "artifact_sha256" not in have:
+                    cur.execute(f"ALTER TABLE {table} ADD COLUMN artifact_sha256 TEXT")
+            cur.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
         cur.execute("COMMIT")
     except sqlite3.Error as exc:
         cur.execute("ROLLBACK")
         conn.close()
-        raise CorruptFileError(f"{path}: cannot upgrade this schema-1 results store ({exc}); "
+        raise CorruptFileError(f"{path}: cannot upgrade this schema-{version} results store ({exc}); "
                                "move it away and rerun the campaign") from None
 
 
@@ -162,7 +187,7 @@ class ResultsStore:
             raise EdgemaskError(f"{path}: SQLite refused WAL mode (got {mode!r}); put results on a local disk")
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif row[0] == "1":
+        elif row[0] in ("1", "2"):
             _migrate(conn, path)
         elif row[0] != str(SCHEMA_VERSION):
             conn.close()
@@ -266,11 +291,18 @@ class ResultsStore:
             old = cur.execute("SELECT status FROM measurements WHERE job_id = ?", (job.job_id,)).fetchone()
             if old is not None and old[0] == MEASURED:
                 return False
+            if status == MEASURED and measurement.artifact_sha256:
+                other = _other_digests(cur, job, measurement.artifact_sha256)
+                if other:
+                    raise DigestChanged(f"{self.path}: {_setting_text(job)} was measured from model file sha256 "
+                                        f"{other[0][:12]}… ({other[1]} repetition(s)), this repetition from "
+                                        f"{measurement.artifact_sha256[:12]}…: the artifact changed during the "
+                                        "campaign; not pooled, not recorded as measured")
             if old is not None:
                 cur.execute(f"INSERT INTO superseded SELECT {_MEASUREMENT_COLUMNS} FROM measurements "
                             "WHERE job_id = ?", (job.job_id,))
                 cur.execute("DELETE FROM measurements WHERE job_id = ?", (job.job_id,))
-            cur.execute(f"INSERT INTO measurements ({_MEASUREMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row)
+            cur.execute(f"INSERT INTO measurements ({_MEASUREMENT_COLUMNS}) VALUES ({_MEASUREMENT_MARKS})", row)
             _insert_profile(cur, job.job_id, measurement.profile)
             if status == FAILED:
                 self._insert_failure(cur, job, measurement.error or "the runner failed without a reason",
@@ -279,11 +311,21 @@ class ResultsStore:
 
         return self._transaction(write)
 
+    def setting_digests(self) -> dict[tuple[str, str, str, str, int], dict[str, int]]:
+        """(artifact, format, variant, device, threads) -> {artifact_sha256: measured repetitions}, for the
+        measured rows whose digest is known (rows from before digests were kept are left out)."""
+        out: dict[tuple[str, str, str, str, int], dict[str, int]] = {}
+        for art, fmt, var, dev, thr, digest, n in self._read(
+                "SELECT artifact, format, variant, device, threads, artifact_sha256, COUNT(*) FROM measurements "
+                "WHERE status = ? AND artifact_sha256 IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6", (MEASURED,)):
+            out.setdefault((art, fmt, var, dev, int(thr)), {})[digest] = n
+        return out
+
     def record_unstable(self, job: "Job", measurement: Measurement, *, attempts: int = 1) -> None:
         """Keep an attempt that was measured again because its CV exceeded the verdict's threshold: a row of
         ``superseded`` with status ``unstable``, counted in ``to_dataframe()``'s ``unstable_attempts``."""
         row = _measurement_row(job, measurement, attempts, _measurement_json(measurement), UNSTABLE)
-        self._write(f"INSERT INTO superseded ({_MEASUREMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [row])
+        self._write(f"INSERT INTO superseded ({_MEASUREMENT_COLUMNS}) VALUES ({_MEASUREMENT_MARKS})", [row])
 
     def record_failure(self, job: "Job", reason: str, attempts: int, *, status: str = FAILED,
                        measurement: Measurement | None = None) -> None:
@@ -297,10 +339,12 @@ class ResultsStore:
     @staticmethod
     def _insert_failure(cur: sqlite3.Cursor, job: "Job", reason: str, attempts: int, status: str,
                         mjson: str | None) -> None:
+        digest = json.loads(mjson).get("artifact_sha256") if mjson else None
         cur.execute("INSERT INTO failures (job_id, artifact, format, variant, device, threads, repetition, "
-                    "reason, attempts, recorded_at, status, measurement) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "reason, attempts, recorded_at, status, measurement, artifact_sha256) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
-                     reason, attempts, _now(), status, mjson))
+                     reason, attempts, _now(), status, mjson, digest))
 
     def failures(self, *, unresolved: bool = True) -> pd.DataFrame:
         """Failed and interrupted outcomes; by default only of jobs with no row in ``measurements`` (neither
@@ -366,16 +410,16 @@ class ResultsStore:
 
         rows = self._read(
             "SELECT m.job_id, m.artifact, m.format, m.variant, m.device, m.threads, m.repetition, m.attempts, "
-            "m.recorded_at, m.measurement, a.run_id, a.client_id, a.kind, a.algorithm, a.model, a.dataset, "
+            "m.recorded_at, m.measurement, m.artifact_sha256, a.run_id, a.client_id, a.kind, a.algorithm, a.model, a.dataset, "
             "a.params_dense, a.params_compacted, a.flops_dense, a.flops_compacted, a.manifest "
             "FROM measurements m LEFT JOIN artifacts a ON a.artifact = m.artifact ORDER BY m.rowid")
         unstable = dict(self._read(f"SELECT job_id, COUNT(*) FROM superseded WHERE status = '{UNSTABLE}' "
                                    "GROUP BY job_id"))
         records = []
         for r in rows:
-            (job_id, artifact, fmt, variant, device, threads, rep, attempts, recorded_at, mjson,
+            (job_id, artifact, fmt, variant, device, threads, rep, attempts, recorded_at, mjson, digest,
              *art, manifest) = r
-            m = json.loads(mjson)
+            m = {**json.loads(mjson), "artifact_sha256": digest}  # the column is the record; NULL: unknown
             rec: dict[str, Any] = dict(zip(_JOB_COLUMNS, (job_id, artifact, fmt, variant, device, threads, rep)))
             rec.update(attempts=attempts, recorded_at=recorded_at)
             rec.update(dict(zip(_ARTIFACT_COLUMNS, art)))
@@ -418,10 +462,23 @@ class ResultsStore:
         return path
 
 
+def _setting_text(job: Job) -> str:
+    return f"{job.artifact} {job.format}/{job.variant} on {job.device} with {job.threads} thread(s)"
+
+
+def _other_digests(cur: sqlite3.Cursor, job: Job, digest: str) -> tuple[str, int] | None:
+    """A known digest other than ``digest`` among the measured rows of ``job``'s setting, and its row count."""
+    return cur.execute(
+        "SELECT artifact_sha256, COUNT(*) FROM measurements WHERE artifact = ? AND format = ? AND variant = ? "
+        "AND device = ? AND threads = ? AND status = ? AND artifact_sha256 IS NOT NULL AND artifact_sha256 != ? "
+        "GROUP BY 1 ORDER BY 2 DESC LIMIT 1",
+        (job.artifact, job.format, job.variant, job.device, job.threads, MEASURED, digest)).fetchone()
+
+
 def _measurement_row(job: Job, measurement: Measurement, attempts: int, mjson: str, status: str) -> tuple:
     """A row of ``measurements`` (or ``superseded``), in :data:`_MEASUREMENT_COLUMNS`' order."""
     return (job.job_id, job.artifact, job.format, job.variant, job.device, job.threads, job.repetition,
-            int(measurement.ok), attempts, _now(), mjson, status)
+            int(measurement.ok), attempts, _now(), mjson, status, measurement.artifact_sha256)
 
 
 def _measurement_json(measurement: Measurement) -> str:

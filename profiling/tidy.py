@@ -19,9 +19,11 @@ RESULTS_PARQUET = "results.parquet"
 SAMPLES_PARQUET = "samples.parquet"
 
 # The artifact and setting, first in both tables (results.parquet and samples.parquet join on SETTING_KEYS).
+# artifact_sha256: the model file measured (store column); a setting measured from two files has one row per file,
+# never one pooled row (profiling.stats.GROUP_KEYS), and its samples say which file each came from.
 ID_COLUMNS = ["run_id", "client_id", "algorithm", "kind", "model", "dataset", "format", "variant", "device",
-              "threads", "artifact"]
-SETTING_KEYS = ["artifact", "format", "variant", "device", "threads"]
+              "threads", "artifact", "artifact_sha256"]
+SETTING_KEYS = ["artifact", "format", "variant", "device", "threads", "artifact_sha256"]
 VERDICT_COLUMNS = ["verdict", "valid", "invalid_rules", "reasons", "not_checked", "comparison_valid"]
 # Raw sample lists of ResultsStore.to_dataframe() -> the metric name they get in samples.parquet.
 SAMPLE_METRICS = {"latency_ms": "latency_ms", "power_w": "power_w"}

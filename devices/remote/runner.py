@@ -7,7 +7,8 @@ and valid on Python 3.6 (Jetson TX2, JetPack 4.6). `vermin -t=3.6- devices/remot
 
     python3 runner.py --model FILE --format onnx|pte|tflite --sample-io FILE [settings] [--power-sensor NAME]
     python3 runner.py --probe
-    python3 runner.py --strays                     # kill runners of this workdir left by an earlier session
+    python3 runner.py --strays [--lock FILE --token T]   # kill runners of this workdir left by an earlier session
+    python3 runner.py --hold-lock FILE --holder JSON --watch-stdin   # hold the board for one campaign
     python3 runner.py --set-governors '{"*": "performance"}'   # or {"cpu0": "ondemand", ...} to restore
     python3 runner.py --jetson-clocks store|apply|restore --state-file FILE
 
@@ -717,6 +718,72 @@ def find_strays(blobs_dir=None, kill=True, grace_s=2.0):
     return found
 
 
+def read_lock_holder(path):
+    """The holder a board lock file names ({"host", "pid", "campaign", "since", "token", "lock_pid"}); {} when
+    it names none (never taken, or being written this instant)."""
+    try:
+        with open(path) as f:
+            doc = json.loads(f.read() or "{}")
+    except (IOError, OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def take_lock(path, holder):
+    """Try to take the board lock ``path`` (flock, exclusive, not waiting).
+
+    Returns (result, fd): ({"ok": true, "holder": ...}, fd) when taken, the holder written into the file (with
+    this process's pid as "lock_pid") so that a refused campaign can name it; ({"ok": false, "busy": true,
+    "holder": {...}}, None) when another process holds it. The kernel drops the lock when this process exits,
+    however it exits, so a board is never left locked by a dead campaign."""
+    import errno
+    import fcntl
+
+    folder = os.path.dirname(path)
+    if folder and not os.path.isdir(folder):
+        os.makedirs(folder)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (IOError, OSError) as e:
+        os.close(fd)
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return {"ok": False, "busy": True, "holder": read_lock_holder(path)}, None
+    holder = dict(holder, lock_pid=os.getpid())
+    data = json.dumps(holder, sort_keys=True).encode("utf-8")
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, 0)
+    os.write(fd, data)
+    os.fsync(fd)
+    return {"ok": True, "holder": holder}, fd
+
+
+def lock_held_by(path, token):
+    """None when ``path`` is held (flocked) and names ``token``; else why not (no runner may be killed then)."""
+    import errno
+    import fcntl
+
+    if not os.path.isfile(path):
+        return "the board lock %s does not exist" % path
+    fd = os.open(path, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (IOError, OSError) as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        else:
+            return "nobody holds the board lock %s" % path
+    finally:
+        os.close(fd)  # releases it if this call took it
+    holder = read_lock_holder(path)
+    if holder.get("token") != token:
+        return "the board lock %s is held by campaign %r of %s pid %s, not by the caller" % (
+            path, holder.get("campaign"), holder.get("host"), holder.get("pid"))
+    return None
+
+
 def _proc_state(pid):
     stat = _read("/proc/%d/stat" % pid)
     try:
@@ -1128,6 +1195,12 @@ def build_parser():
     p.add_argument("--power-sensor", default="auto")
     p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes or the parent changes")
     p.add_argument("--strays", action="store_true", help="kill benchmark runners of this workdir and exit")
+    p.add_argument("--lock", help="--strays: only if this board lock is held by --token (never another "
+                   "campaign's runners)")
+    p.add_argument("--token", help="--strays: the caller's board lock token")
+    p.add_argument("--hold-lock", metavar="FILE", help="take this board lock, print the result, hold it until "
+                   "stdin closes (with --watch-stdin)")
+    p.add_argument("--holder", metavar="JSON", default="{}", help="--hold-lock: who holds it")
     p.add_argument("--set-governors", metavar="JSON", help='{"*": "performance"} or {"cpu0": "ondemand", ...}')
     p.add_argument("--jetson-clocks", choices=("store", "apply", "restore"))
     p.add_argument("--state-file", help="jetson_clocks --store/--restore file")
@@ -1148,6 +1221,25 @@ def _clean(obj):
     return obj
 
 
+def _hold_lock(args, out_fd):
+    """--hold-lock: print the one JSON line at once, then (when taken) hold the lock until the session ends.
+
+    The host keeps this process's stdin open for as long as its campaign runs; when the campaign ends, is killed
+    or loses its link, stdin reaches EOF and the watchdog (--watch-stdin) exits this process, which drops the
+    lock. Without --watch-stdin nothing would ever end it, so it is refused."""
+    if not args.watch_stdin:
+        result, fd = {"ok": False, "error": "--hold-lock needs --watch-stdin"}, None
+    else:
+        result, fd = take_lock(args.hold_lock, json.loads(args.holder))
+    with os.fdopen(out_fd, "w") as out:
+        out.write(json.dumps(_clean(result), sort_keys=True))
+        out.write("\n")
+    if fd is None:
+        return 0 if result.get("busy") else 1
+    while True:  # the watchdog ends the process
+        time.sleep(60)
+
+
 def main(argv=None):
     # Keep the real stdout for the one JSON document; whatever a runtime prints goes to stderr.
     out_fd = os.dup(1)
@@ -1164,7 +1256,12 @@ def main(argv=None):
                 start_watchdog()
             if args.probe:
                 result = probe()
+            elif args.hold_lock:
+                return _hold_lock(args, out_fd)
             elif args.strays:
+                why = lock_held_by(args.lock, args.token) if args.lock else None
+                if why is not None:
+                    raise RunFailed("%s: no runner killed" % why)
                 result = {"ok": True, "found": find_strays()}
             elif args.set_governors:
                 result = set_governors(json.loads(args.set_governors))

@@ -29,13 +29,15 @@ def make_onnx_model(path: Path, w: np.ndarray, b: np.ndarray, opset: int = 13) -
 
 
 def make_artifact(root: Path, n: int = 8, in_dim: int = 6, out_dim: int = 4, wrong_labels: int = 2,
-                  opset: int = 13, perturb_output: float = 0.0, model_name: str = "model.onnx") -> Path:
+                  opset: int = 13, perturb_output: float = 0.0, model_name: str = "model.onnx",
+                  seed: int = 0) -> Path:
     """An artifact dir like export's: model.onnx, sample_io.npz, manifest.json (written by the contract's writers).
 
     The first ``wrong_labels`` labels differ from the model's argmax, so accuracy = (n - wrong_labels) / n.
     ``perturb_output`` is added to the reference outputs (to make the output check fail on purpose).
+    ``seed``: another seed is another model (a re-export that changed the file).
     """
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     d = Path(root)
     d.mkdir(parents=True, exist_ok=True)
     w = rng.standard_normal((out_dim, in_dim)).astype(np.float32)

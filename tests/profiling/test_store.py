@@ -152,7 +152,7 @@ def test_a_schema_1_store_is_migrated_and_its_failed_rows_are_no_longer_done(tmp
         assert store.done_job_ids() == {JOB.job_id, cut.job_id}
         [(_, old)] = store.superseded()
         assert old.error == "runner exited with rc=-2"
-    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "3"
 
 
 def test_a_newer_schema_is_refused_with_one_line(tmp_path):
@@ -164,7 +164,7 @@ def test_a_newer_schema_is_refused_with_one_line(tmp_path):
     db.execute("UPDATE meta SET value = '9' WHERE key = 'schema'")
     db.commit()
     db.close()
-    with pytest.raises(CorruptFileError, match=r"store schema 9, this edgemask reads 2") as e:
+    with pytest.raises(CorruptFileError, match=r"store schema 9, this edgemask reads 3") as e:
         ResultsStore.open(path)
     assert "\n" not in str(e.value)
 
