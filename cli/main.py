@@ -223,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
     e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
                    "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
-    e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run is "
-                   "running, wait up to this long for it (default: 0, leave at once saying so)")
+    e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run, or "
+                   "a training of its run id, is running, wait up to this long for it (default: 0, leave at once "
+                   "saying so)")
 
     dv = add("devices", "list the inventory, check devices over their connection, or set them up "
              "(a venv with numpy and the runtimes their kind supports)", cmd_devices)
