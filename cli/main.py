@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from cli.progress import progress_printer
-from edgemask.errors import EdgemaskError
+from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.fileio import disk_full
 from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
 from edgemask.workspace import Workspace
@@ -28,6 +28,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.simulation import train
 
     cfg = TrainConfig.load(args.config)
+    _at_least_one(args, "rounds", "train at least one round")
+    _at_least_one(args, "flower_workers", "give Ray at least one CPU")
     if args.engine == "flower" and (args.device is not None or args.sequential):
         raise EdgemaskError("--device and --sequential choose how this host trains; with --engine flower each "
                             "Flower client trains on its own CPU, one client per message")
@@ -52,14 +54,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(args: argparse.Namespace, name: str, why: str) -> None:
+    """A count option given below 1 is refused at the door (``--rounds -1`` once ended in a StopIteration
+    traceback, ``--rounds 0`` in an empty run; issue #27)."""
+    value = getattr(args, name, None)
+    if value is not None and value < 1:
+        raise ConfigError(f"--{name.replace('_', '-')} {value}: must be 1 or more; {why}")
+
+
+def _name_list(option: str, text: str) -> list[str]:
+    """A comma-separated option (``--formats onnx,pte``) as a list; a name given twice is refused: it would write
+    two identical manifest entries (issue #27)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise ConfigError(f"{option} {text}: {dup!r} is given twice; name each once")
+    if not names:
+        raise ConfigError(f"{option}: empty; name at least one")
+    return names
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from edgemask.manifest import load_manifest
     from export import ExportSettings, export_run
     from export.layers import kept_dead_notes
 
     ws = _ws(args)
-    clients = "all" if args.clients == "all" else [c for c in args.clients.split(",") if c]
-    formats = [f for f in args.formats.split(",") if f]
+    clients = "all" if args.clients == "all" else _name_list("--clients", args.clients)
+    formats = _name_list("--formats", args.formats)
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
     dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings,
                       wait_s=args.wait, etrecord=args.etrecord)
@@ -169,7 +191,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from cli.demo import run_demo
 
-    run_demo(_ws(args), rounds=args.rounds, formats=[f for f in args.formats.split(",") if f])
+    _at_least_one(args, "rounds", "train at least one round")
+    run_demo(_ws(args), rounds=args.rounds, formats=_name_list("--formats", args.formats))
     return 0
 
 
@@ -235,8 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
     e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
                    "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
-    e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run is "
-                   "running, wait up to this long for it (default: 0, leave at once saying so)")
+    e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run, or "
+                   "a training of its run id, is running, wait up to this long for it (default: 0, leave at once "
+                   "saying so)")
 
     dv = add("devices", "list the inventory, check devices over their connection, or set them up "
              "(a venv with numpy and the runtimes their kind supports)", cmd_devices)

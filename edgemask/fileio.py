@@ -74,16 +74,41 @@ def exclusive_lock(path: str | os.PathLike[str], what: str, wait_s: float = 0.0)
     ``"the artifacts of run demo-fedmask"``) and the lock file. The kernel drops the lock when the holder's process
     dies, so a ``kill -9`` never leaves a stale lock behind; the file itself stays (removing it would race).
     """
+    with file_lock(path, what, wait_s, shared=False):
+        yield
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str], what: str, wait_s: float = 0.0, *, shared: bool = False,
+              create: bool = True) -> Iterator[None]:
+    """Hold an ``flock`` on ``path`` for the block: exclusive (one writer, no reader) or ``shared`` (any number of
+    readers, no writer). A run id's lock ``runs/.<run-id>.lock`` is taken exclusive by ``edgemask train`` and
+    shared by ``edgemask export``, so an export never reads a run while it is being replaced (issue #27).
+
+    Waits up to ``wait_s`` seconds, then raises a one-line EdgemaskError naming ``what`` and the lock file.
+    ``create=False`` (a reader): a lock file that does not exist, or cannot be created in a read-only directory,
+    means no writer can hold it (a writer must create it first), so the block runs unlocked.
+    """
     from edgemask.errors import EdgemaskError
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if create or e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+            raise
+        try:
+            fd = os.open(path, os.O_RDONLY)  # flock works on a read-only descriptor
+        except FileNotFoundError:
+            yield  # no lock file and none can be made here: no writer can exist
+            return
     try:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
@@ -94,8 +119,9 @@ def exclusive_lock(path: str | os.PathLike[str], what: str, wait_s: float = 0.0)
                         "wait for it to finish, then run again"
                     ) from None
                 time.sleep(0.1)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        if not shared:  # the holder's pid, for whoever looks (readers share the file: they leave it alone)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock

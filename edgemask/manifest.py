@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from edgemask.errors import ConfigError, CorruptFileError, UnknownNameError
-from edgemask.fileio import atomic_path, write_json_atomic
+from edgemask.fileio import atomic_path, sha256_file, write_json_atomic
 from edgemask.workspace import check_name
 
 SCHEMA = 1
@@ -197,6 +197,44 @@ def load_manifest(path: str | Path) -> Manifest:
         return Manifest.from_dict(d)
     except _Invalid as e:
         raise CorruptFileError(f"{path}: {e}; {_REEXPORT}") from None
+
+
+def load_artifact(path: str | Path) -> Manifest:
+    """Read an artifact directory's manifest (:func:`load_manifest`) and check it against where it sits and the
+    files it describes: what a campaign measures and a report shows must be what the manifest says (issue #27).
+
+    - ``run_id`` / ``client_id`` must name the directories it sits in (``artifacts/<run_id>/<client_id>/``): an
+      artifact copied under another client's name is refused, never measured as that client;
+    - every ``files[i]``: present, ``bytes`` equal to its size (the report's size reduction), ``sha256`` equal to
+      its digest; ``sample_io``: present, ``sha256`` equal to its digest (a device checks its outputs against it).
+    Each failure is one ``CorruptFileError`` naming the file and the field. Hashing reads every file once."""
+    mpath = manifest_path(path)
+    m = load_manifest(mpath)
+    where = mpath.parent
+    if (where.parent.name, where.name) != (m.run_id, m.client_id):
+        raise CorruptFileError(f"{mpath}: run_id/client_id say {m.run_id}/{m.client_id} but it sits at "
+                               f"{where.parent.name}/{where.name}: an artifact copied under another name is not "
+                               f"that artifact; export run {where.parent.name} (`edgemask export --run "
+                               f"{where.parent.name}`) instead of copying")
+    checks = [(f"files[{i}]", f.file, f.bytes, f.sha256) for i, f in enumerate(m.files)]
+    checks.append(("sample_io", m.sample_io["file"], None, m.sample_io["sha256"]))
+    for field, name, size, digest in checks:
+        f = where / name
+        try:
+            actual = f.stat().st_size
+            got = sha256_file(f) if size is None or actual == size else None
+        except FileNotFoundError:
+            raise CorruptFileError(f"{f}: missing, though {mpath.name} field {field + '.file'!r} names it; "
+                                   f"{_REEXPORT}") from None
+        except OSError as e:
+            raise CorruptFileError(f"{f}: cannot read it ({e.strerror}); {_REEXPORT}") from None
+        if size is not None and actual != size:
+            raise CorruptFileError(f"{mpath}: field {field + '.bytes'!r} is {size} but {name} has {actual} bytes; "
+                                   f"{_REEXPORT}")
+        if got != digest:
+            raise CorruptFileError(f"{mpath}: field {field + '.sha256'!r} is {digest[:12]}... but {name} hashes to "
+                                   f"{got[:12]}...: the file changed after export; {_REEXPORT}")
+    return m
 
 
 def write_sample_io(path: str | Path, inputs: np.ndarray, outputs: np.ndarray, labels: np.ndarray) -> None:

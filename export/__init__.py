@@ -4,7 +4,7 @@ formats the devices run (ONNX, ExecuTorch ``.pte``, TFLite), with a manifest per
 The manifest's records and reader are ``edgemask.manifest`` (torch-free, shared with devices and profiling);
 they are re-exported here."""
 
-from edgemask.manifest import ArtifactFile, Manifest, TensorSpec, load_manifest, load_sample_io
+from edgemask.manifest import ArtifactFile, Manifest, TensorSpec, load_artifact, load_manifest, load_sample_io
 from export.compact import (AllDeadLayerError, CompactionResult, LayerHandler, LayerStat, UnsupportedLayerError,
                             compact, count_flops, count_params, register_handler)
 from export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
@@ -16,6 +16,6 @@ __all__ = [
     "AllDeadLayerError", "ArtifactFile", "CompactionResult", "DEVICE_PROFILES", "ExportFormatError",
     "ExportSettings", "FORMATS", "FormatUnavailableError", "LayerHandler", "LayerStat", "Manifest", "TOLERANCE",
     "TensorSpec", "UnsupportedLayerError", "VerificationError", "compact", "count_flops", "count_params",
-    "export_client", "export_run", "layer_records", "load_manifest", "load_sample_io", "register_handler", "verify_compaction",
+    "export_client", "export_run", "layer_records", "load_artifact", "load_manifest", "load_sample_io", "register_handler", "verify_compaction",
     "write_etrecord",
 ]

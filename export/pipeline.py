@@ -24,7 +24,7 @@ import torch
 
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import atomic_dir, exclusive_lock, remove_stale_temporaries, sha256_file
-from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_manifest,
+from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_artifact,
                                write_manifest, write_sample_io)
 from edgemask.workspace import check_name
 from export.compact import compact
@@ -40,11 +40,13 @@ DENSE = "dense"
 
 
 def input_hash(run, client_id: str | None, formats: Sequence[str], settings: ExportSettings) -> str:
+    """sha256 over the digests of the run's bytes this export read (``Run.digest``: the bytes the model was built
+    from, checked against the run's ``digests.json``, never the file re-read later) and the export settings."""
     h = hashlib.sha256()
-    h.update(sha256_file(run.path / "model.safetensors").encode())
-    h.update(sha256_file(run.path / "config.toml").encode())
+    h.update(run.digest("model.safetensors").encode())
+    h.update(run.digest("config.toml").encode())
     if client_id is not None:
-        h.update(sha256_file(run.path / "clients" / f"{client_id}.safetensors").encode())
+        h.update(run.digest(run.client_file(client_id)).encode())
     h.update(json.dumps({"formats": list(formats), "settings": asdict(settings), "schema": SCHEMA,
                          "accuracy_method": ACCURACY_METHOD},
                         sort_keys=True).encode())
@@ -60,7 +62,7 @@ def _unchanged(dest: Path, digest: str, etrecord: bool = False) -> bool:
     if not (dest / MANIFEST).is_file():
         return False
     try:
-        m = load_manifest(dest)
+        m = load_artifact(dest)  # files changed since (or a manifest copied in) are exported again
     except EdgemaskError:
         return False
     if etrecord and not (m.etrecord and (dest / m.etrecord).is_file()):
@@ -156,37 +158,53 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
                wait_s: float = 0.0, etrecord: bool = False) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
-    One export of a run at a time: it holds ``out_root/.<run-id>.lock`` throughout; a second one waits up to
-    ``wait_s`` seconds, then leaves with a one-line reason (and, once it has the lock, finds the first one's
-    artifacts unchanged). Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see
-    :func:`export_client`."""
-    from trainer.run_dir import load_run
+    Locks, each waited for up to ``wait_s`` seconds, then a one-line reason:
+    - the run's own lock ``runs/.<run-id>.lock``, shared (:func:`trainer.run_dir.run_read_lock`): no ``edgemask
+      train`` replaces the run while it is exported, nor does an export read a run being trained (issue #27);
+    - ``out_root/.<run-id>.lock``, exclusive: one export of a run at a time (a second one, once it has the lock,
+      finds the first one's artifacts unchanged).
+    Both are taken on real paths (symlinks resolved), so a run or artifact directory reached through a link takes
+    the locks its real path takes. Holding them, the run's files are read once and checked against its digests
+    (``Run.snapshot``); every model and every ``input_hash`` comes from those bytes.
+    Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see :func:`export_client`."""
+    from trainer.run_dir import load_run, run_read_lock
 
-    run = load_run(run_dir)
-    check_name(run.run_id, f"run directory {run.path} (its name becomes artifacts/<run-id>)")
     formats = tuple(formats)
+    dup = next((f for i, f in enumerate(formats) if f in formats[:i]), None)
+    if dup is not None:
+        raise EdgemaskError(f"formats: {dup!r} is given twice; name each format once")
     for f in formats:
         FORMATS.get(f).check_available()  # unknown names and missing toolchains fail before any work
-    ids = run.client_ids if clients == "all" else list(clients)
-    for cid in ids:
-        check_name(cid, f"client id of run {run.run_id}")
-        if cid not in run.client_ids:
-            raise EdgemaskError(f"run {run.run_id} has no client {cid!r}; clients: {', '.join(run.client_ids)}")
-        run.client_state(cid)  # a damaged client file (no mask metadata) fails here, before any model is exported
-    jobs: list[str | None] = [None, *ids]
-    root = Path(out_root) / run.run_id
-    out = []
-    with exclusive_lock(Path(out_root) / f".{run.run_id}.lock", f"artifacts/{run.run_id}", wait_s):
-        for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
-            remove_stale_temporaries(root / (cid or DENSE))
-        it = jobs
-        if progress:
-            from tqdm import tqdm
+    with run_read_lock(run_dir, wait_s) as real_dir:
+        run = load_run(real_dir)
+        check_name(run.run_id, f"run directory {run.path} (its name becomes artifacts/<run-id>)")
+        ids = run.client_ids if clients == "all" else list(clients)
+        for cid in ids:
+            check_name(cid, f"client id of run {run.run_id}")
+            if cid not in run.client_ids:
+                raise EdgemaskError(f"run {run.run_id} has no client {cid!r}; clients: {', '.join(run.client_ids)}")
+        if len(set(ids)) != len(ids):
+            raise EdgemaskError(f"clients: {next(c for i, c in enumerate(ids) if c in ids[:i])!r} is given twice")
+        run.snapshot(ids)  # every file this export uses, read and checked now
+        for cid in ids:
+            run.client_state(cid)  # a damaged client file (no mask metadata) fails here, before any model is exported
+        jobs: list[str | None] = [None, *ids]
+        root = (Path(out_root) / run.run_id).resolve()
+        if root.name != run.run_id:
+            raise EdgemaskError(f"{Path(out_root) / run.run_id} is a link to {root}, another run's artifacts; "
+                                "remove the link, then export again")
+        out = []
+        with exclusive_lock(root.parent / f".{root.name}.lock", f"artifacts/{run.run_id}", wait_s):
+            for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
+                remove_stale_temporaries(root / (cid or DENSE))
+            it = jobs
+            if progress:
+                from tqdm import tqdm
 
-            it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
-        for cid in it:
-            dest = root / (cid or DENSE)
-            if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
-                export_client(run, cid, dest, formats, settings, limit, etrecord)
-            out.append(dest)
+                it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
+            for cid in it:
+                dest = root / (cid or DENSE)
+                if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                    export_client(run, cid, dest, formats, settings, limit, etrecord)
+                out.append(Path(out_root) / run.run_id / (cid or DENSE))
     return out

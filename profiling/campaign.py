@@ -53,7 +53,7 @@ from typing import Any
 from devices.errors import BoardBusy
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
-from edgemask.manifest import MANIFEST, load_manifest
+from edgemask.manifest import MANIFEST, load_artifact
 from edgemask.registry import Registry
 from edgemask.schema import Field, Table
 from edgemask.targets import FORMAT_RUNTIME
@@ -81,10 +81,21 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # ------------------------------------------------------------------------------------------------
 # Configuration
 # ------------------------------------------------------------------------------------------------
+# Upper bounds on the campaign's counts (issue #27: `repetitions = 10**12` allocated 5.7 GB of jobs and died with
+# MemoryError before any work). Each is far above any real campaign (a setting measured 1000 times; 1024 runtime
+# threads; a runner count of a million runs), and keeps the job list and the runner's sample arrays small.
+MAX_REPETITIONS = 1000
+MAX_THREADS = 1024
+MAX_RETRIES = 100
+MAX_RUNNER_COUNT = 1_000_000
+
+
 def _runner_field(name: str, default: Any) -> Field:
     if isinstance(default, bool):
         return Field(bool)
-    return Field(int if isinstance(default, int) else float, minimum=1 if name == "min_runs" else 0)
+    if isinstance(default, int):
+        return Field(int, minimum=1 if name == "min_runs" else 0, maximum=MAX_RUNNER_COUNT)
+    return Field(float, minimum=0)
 
 
 _TOP = {"campaign": Field(dict), "artifacts": Field(list, nonempty=True, what="[[artifacts]] table"),
@@ -94,14 +105,15 @@ _CAMPAIGN = {
     "formats": Field(list, items=str, choices=FORMATS, what="format", nonempty=True, unique=True),
     "variants": Field(list, ["fp32"], items=str, choices=VARIANTS, what="variant", nonempty=True, unique=True),
     "devices": Field(list, ["local"], items=str, what="device", nonempty=True, unique=True),
-    "threads": Field(list, [1], items=int, minimum=1, what="thread count", nonempty=True, unique=True),
-    "repetitions": Field(int, 1, minimum=1),
+    "threads": Field(list, [1], items=int, minimum=1, maximum=MAX_THREADS, what="thread count", nonempty=True,
+                     unique=True),
+    "repetitions": Field(int, 1, minimum=1, maximum=MAX_REPETITIONS),
     "timeout_s": Field(float, 600.0, above=0),
     "cooldown_s": Field(float, 0.0, minimum=0),
-    "retries": Field(int, 2, minimum=0),
+    "retries": Field(int, 2, minimum=0, maximum=MAX_RETRIES),
     "retry_backoff_s": Field(float, 2.0, minimum=0),
     "inventory": Field(str, None),
-    "remeasure_unstable": Field(int, 0, minimum=0),
+    "remeasure_unstable": Field(int, 0, minimum=0, maximum=MAX_RETRIES),
 }
 _SELECTION = {"run": Field(str), "clients": Field((str, list), "all", items=str, what="client id", unique=True),
               "dense": Field(bool, True)}
@@ -181,8 +193,10 @@ def load_campaign(path: str | Path, known_devices: Collection[str] | None = None
 def read_manifest(path: str | Path) -> ArtifactInfo:
     """Read an artifact's ``manifest.json`` (or its directory) with the shared reader into an ``ArtifactInfo``.
 
-    A missing or malformed manifest raises ``CorruptFileError`` naming the file (see ``edgemask.manifest``)."""
-    m = load_manifest(path)
+    A missing or malformed manifest, one that sits under another run or client than it names, or whose files'
+    ``bytes`` / ``sha256`` differ from the files, raises ``CorruptFileError`` naming the file
+    (``edgemask.manifest.load_artifact``): the store only ever records what the report can trust."""
+    m = load_artifact(path)
     return ArtifactInfo(
         run_id=m.run_id, client_id=m.client_id, kind=m.kind, algorithm=m.algorithm, model=m.model,
         dataset=m.dataset, params_dense=m.params["dense"], params_compacted=m.params["compacted"],

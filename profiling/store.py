@@ -162,6 +162,17 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
                                "move it away and rerun the campaign") from None
 
 
+def _read_only(path: Path, exc: sqlite3.DatabaseError) -> bool:
+    """Whether opening the store failed because it (its file, its WAL files or its directory) cannot be written,
+    not because it is damaged: SQLite says "readonly", or the file system denies writing one of them."""
+    import os
+
+    if "readonly" in str(exc).lower():
+        return True
+    wal = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
+    return any(p.exists() and not os.access(p, os.W_OK) for p in (path, *wal)) or not os.access(path.parent, os.W_OK)
+
+
 class ResultsStore:
     """One campaign's SQLite store. Safe to share between the campaign's device threads."""
 
@@ -182,6 +193,10 @@ class ResultsStore:
             conn.executescript(_SCHEMA)
             row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         except sqlite3.DatabaseError as exc:
+            if _read_only(path, exc):  # good data that this user may not write: never advise discarding it
+                raise EdgemaskError(f"{path}: the results store is read-only here ({exc}); make it and its "
+                                    f"directory writable (chmod u+w), or copy {path.parent} to a writable "
+                                    "place and use that; nothing was changed") from None
             raise CorruptFileError(f"{path}: not a results store ({exc}); move it away and rerun") from None
         if mode.lower() != "wal":
             raise EdgemaskError(f"{path}: SQLite refused WAL mode (got {mode!r}); put results on a local disk")

@@ -112,7 +112,8 @@ _SCHEMAS: dict[str, dict[str, Field]] = {
              "samples_per_client": Field(int, minimum=1), "root": Field(str), "options": Field(dict)},
     "model": {"name": Field(str), "args": Field(dict)},
     "algorithm": {"name": Field(str), "args": Field(dict)},
-    "training": {"rounds": Field(int, minimum=0), "local_epochs": Field(int, minimum=1),
+    # rounds >= 1: a run of 0 rounds has no trained clients to export (issue #27: `--rounds 0` wrote an empty run)
+    "training": {"rounds": Field(int, minimum=1), "local_epochs": Field(int, minimum=1),
                  "batch_size": Field(int, minimum=1), "lr": Field(float, above=0),
                  "momentum": Field(float, minimum=0), "weight_decay": Field(float, minimum=0),
                  "participation": Field(float, above=0, maximum=1), "eval_every": Field(int, minimum=1),

@@ -2,14 +2,23 @@
 
 ```
 runs/<run-id>/config.toml  model.safetensors  clients/<client-id>.safetensors  history.parquet  summary.json
+               digests.json
 ```
 Checkpoints are safetensors: loading never unpickles anything.
+
+``digests.json`` records the sha256 of every other file, written last at train time. :class:`Run` reads each file
+once, into memory, and checks those bytes against it before parsing them: a flipped byte in a client's mask
+(issue #27) is refused instead of exported, and what export hashes is exactly what it read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
+import struct
+import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -17,18 +26,20 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.numpy import load_file as np_load_file
 from safetensors.numpy import save_file as np_save_file
 
 from edgemask.errors import CorruptFileError, EdgemaskError
-from edgemask.fileio import (atomic_dir, atomic_path, exclusive_lock, remove_stale_temporaries, write_json_atomic,
-                             write_text_atomic)
+from edgemask.fileio import (atomic_dir, atomic_path, file_lock, remove_stale_temporaries, sha256_file,
+                             write_json_atomic, write_text_atomic)
 from edgemask.workspace import check_name
 from trainer.config import TrainConfig
 from trainer.masks import pack_bits, unpack_bits
 from trainer.records import ClientState
 
 REQUIRED = ("config.toml", "model.safetensors", "summary.json")
+DIGESTS = "digests.json"  # {"schema": 1, "sha256": {relative path: hex digest}} of every other file of the run
+DIGESTS_SCHEMA = 1
+_RETRAIN = "re-train the run (`edgemask train`)"
 
 
 def save_state_dict(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -41,14 +52,27 @@ def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
     if not path.is_file():
         raise EdgemaskError(f"{path}: file not found")
     try:
-        from safetensors import safe_open
+        data = path.read_bytes()
+    except OSError as e:
+        raise CorruptFileError(f"{path}: cannot read it ({e.strerror}); re-run the stage that wrote it") from None
+    return _parse_safetensors(data, path)
 
-        with safe_open(str(path), framework="np") as f:
-            meta = f.metadata() or {}
-        return np_load_file(str(path)), meta
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CorruptFileError(f"{path}: not a readable safetensors checkpoint ({e}); re-run the stage that "
-                               f"wrote it") from None
+
+def _parse_safetensors(data: bytes, path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and the metadata of a safetensors file's bytes (``path`` names it in the message). The format:
+    an 8-byte little-endian header length, a JSON header (``__metadata__``: a string map), the tensors' bytes."""
+    from safetensors.numpy import load as np_load
+
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        meta = header.get("__metadata__") or {}
+        if not isinstance(meta, dict):
+            raise ValueError("__metadata__ is not a string map")
+        return np_load(data), meta
+    except (SafetensorError, struct.error, ValueError, UnicodeDecodeError, AttributeError, OSError) as e:
+        raise CorruptFileError(f"{path}: not a readable safetensors checkpoint ({' '.join(str(e).split())}); "
+                               f"re-run the stage that wrote it") from None
 
 
 def save_client(path: Path, state: ClientState) -> None:
@@ -68,7 +92,10 @@ def load_client(path: Path) -> ClientState:
 
     A file without that metadata, or with tensors it does not describe, is refused: read without its masks it
     would pass for the dense model (issue #19)."""
-    arrays, meta = _load_safetensors(path)
+    return _client_from(*_load_safetensors(path), path)
+
+
+def _client_from(arrays: dict[str, np.ndarray], meta: dict[str, str], path: Path) -> ClientState:
     if "mask_shapes" not in meta:
         raise CorruptFileError(f"{path}: no 'mask_shapes' metadata, so its masks cannot be read; it is not a client "
                                "file written by `edgemask train`: re-train the run")
@@ -96,11 +123,31 @@ def run_lock(path: Path, wait_s: float = 0.0) -> Iterator[Path]:
     """Hold the lock of run directory ``path``'s writers (``runs/.<run-id>.lock``) for the block: one ``edgemask
     train`` of a run id at a time; a second one waits ``wait_s`` seconds, then leaves with a one-line reason.
     Taken before the first round, it also proves ``runs/`` writable before any training (the lock file is created
-    and written). Holding it, the temporaries a killed writer of this run left are removed."""
+    and written). Holding it, the temporaries a killed writer of this run left are removed.
+
+    ``edgemask export`` takes the same lock shared (:func:`run_read_lock`), so a run is never replaced while it is
+    exported, nor exported while it is trained (issue #27)."""
     path = Path(path)
-    with exclusive_lock(path.with_name(f".{path.name}.lock"), f"run {path.name}", wait_s):
+    with file_lock(run_lock_path(path), f"run {path.name}", wait_s):
         remove_stale_temporaries(path)
         yield path
+
+
+def run_lock_path(path: Path) -> Path:
+    """``runs/.<run-id>.lock`` beside the run directory ``path``, symlinks resolved: a run reached through a link
+    (``runs/alias -> demo``, a linked ``runs/``) takes the same lock as through its real path."""
+    real = Path(path).resolve()
+    return real.parent / f".{real.name}.lock"
+
+
+@contextlib.contextmanager
+def run_read_lock(path: Path, wait_s: float = 0.0) -> Iterator[Path]:
+    """Hold run directory ``path``'s lock shared for the block (readers: ``edgemask export``): any number of
+    readers, and no ``edgemask train`` of that run id meanwhile; a training in progress makes this wait
+    ``wait_s`` seconds, then leave with a one-line reason. Yields the run directory's real path."""
+    real = Path(path).resolve()
+    with file_lock(run_lock_path(real), f"run {real.name} (being trained)", wait_s, shared=True, create=False):
+        yield real
 
 
 def _file_bytes(tensors: Iterable[torch.Tensor], bits: bool = False) -> int:
@@ -162,11 +209,46 @@ def write_run(path: Path, config: TrainConfig, model_state: dict[str, torch.Tens
         df = df.astype({"round": "int64", "client": "string", "metric": "string", "value": "float64"})
         df.to_parquet(tmp / "history.parquet", index=False)
         write_json_atomic(tmp / "summary.json", summary)
+        write_digests(tmp)  # last: it vouches for the files above
     return path
 
 
+def write_digests(path: Path) -> dict[str, str]:
+    """Write ``path/digests.json``: the sha256 of every file of the run directory ``path`` (``clients/`` included),
+    as it is now. :func:`write_run` calls it last; nothing else should (it would vouch for a changed file)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != DIGESTS and not p.name.startswith("."))
+    digests = {p.relative_to(path).as_posix(): sha256_file(p) for p in files}
+    write_json_atomic(path / DIGESTS, {"schema": DIGESTS_SCHEMA, "sha256": digests})
+    return digests
+
+
+def _read_digests(path: Path) -> dict[str, str]:
+    f = path / DIGESTS
+    try:
+        d = json.loads(f.read_bytes())
+    except FileNotFoundError:
+        raise CorruptFileError(f"{f}: missing, so the run's files cannot be checked (a run written before edgemask "
+                               f"recorded digests, or not by `edgemask train`); {_RETRAIN}") from None
+    except (OSError, ValueError) as e:
+        raise CorruptFileError(f"{f}: not valid JSON ({' '.join(str(e).split())}); {_RETRAIN}") from None
+    ok = (isinstance(d, dict) and d.get("schema") == DIGESTS_SCHEMA and isinstance(d.get("sha256"), dict)
+          and all(isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in d["sha256"].items()))
+    if not ok:
+        raise CorruptFileError(f"{f}: not a digest list of schema {DIGESTS_SCHEMA} "
+                               '({"schema": 1, "sha256": {file: hex}}); ' + _RETRAIN)
+    missing = [r for r in REQUIRED if r not in d["sha256"]]
+    if missing:
+        raise CorruptFileError(f"{f}: no digest for {missing[0]}; {_RETRAIN}")
+    return d["sha256"]
+
+
 class Run:
-    """A run directory, read lazily. ``build_model(client_id)`` rebuilds that client's personalized model."""
+    """A run directory, read lazily. ``build_model(client_id)`` rebuilds that client's personalized model.
+
+    Every file is read once into memory and its bytes are checked against ``digests.json`` before they are parsed
+    (:meth:`read`); :meth:`digest` is the sha256 of the bytes actually used. :meth:`snapshot` reads a set of files
+    up front, so what an export builds from and what it hashes are one consistent state of the run."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -176,7 +258,51 @@ class Run:
         for f in REQUIRED:
             if not (self.path / f).is_file():
                 raise CorruptFileError(f"{self.path / f}: missing; {self.path} is not a complete run directory")
-        self.config = TrainConfig.load(self.path / "config.toml")
+        self.digests = _read_digests(self.path)
+        self._bytes: dict[str, bytes] = {}
+        text = self.read("config.toml")
+        try:
+            raw = tomllib.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise CorruptFileError(f"{self.path / 'config.toml'}: not valid TOML: {e}") from None
+        self.config = TrainConfig.from_dict(raw, str(self.path / "config.toml"))
+
+    def read(self, rel: str) -> bytes:
+        """The bytes of the run's file ``rel`` (``clients/client-000.safetensors``), read once and checked against
+        the digest recorded at train time; a file not recorded, missing or changed is refused in one line."""
+        if rel in self._bytes:
+            return self._bytes[rel]
+        f = self.path / rel
+        want = self.digests.get(rel)
+        if want is None:
+            raise CorruptFileError(f"{f}: not among the files {DIGESTS} records for this run (added after training?); "
+                                   f"{_RETRAIN}")
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:
+            raise CorruptFileError(f"{f}: missing, though {DIGESTS} records it; {_RETRAIN}") from None
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            raise CorruptFileError(f"{f}: sha256 {got[:12]}... differs from {want[:12]}... recorded in {DIGESTS} at "
+                                   f"train time: the file changed after training; {_RETRAIN}")
+        self._bytes[rel] = data
+        return data
+
+    def digest(self, rel: str) -> str:
+        """The sha256 of the bytes of ``rel`` this object read (reading them if not yet)."""
+        self.read(rel)
+        return self.digests[rel]
+
+    @staticmethod
+    def client_file(client_id: str) -> str:
+        return f"clients/{client_id}.safetensors"
+
+    def snapshot(self, client_ids: Iterable[str]) -> None:
+        """Read (and check) now every file an export of these clients uses: the config (read already), the shared
+        weights and each client's file. Later reads use these bytes, whatever happens on disk meanwhile."""
+        self.read("model.safetensors")
+        for cid in client_ids:
+            self.read(self.client_file(check_name(cid, f"client id of run {self.run_id}")))
 
     @property
     def run_id(self) -> str:
@@ -186,32 +312,36 @@ class Run:
     def summary(self) -> dict[str, Any]:
         f = self.path / "summary.json"
         try:
-            return json.loads(f.read_text())
+            return json.loads(self.read("summary.json"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CorruptFileError(f"{f}: not valid JSON ({e})") from None
 
     @cached_property
     def model_state(self) -> dict[str, torch.Tensor]:
-        arrays, _ = _load_safetensors(self.path / "model.safetensors")
+        arrays, _ = _parse_safetensors(self.read("model.safetensors"), self.path / "model.safetensors")
         return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
 
     @property
     def client_ids(self) -> list[str]:
-        return sorted(p.stem for p in (self.path / "clients").glob("*.safetensors"))
+        """The clients ``digests.json`` records (a client file copied in later is not one of them)."""
+        return sorted(k[len("clients/"):-len(".safetensors")] for k in self.digests
+                      if k.startswith("clients/") and k.endswith(".safetensors") and k.count("/") == 1)
 
     def client_state(self, client_id: str) -> ClientState:
-        f = self.path / "clients" / f"{check_name(client_id, f'client id of run {self.run_id}')}.safetensors"
-        if not f.is_file():
+        rel = self.client_file(check_name(client_id, f"client id of run {self.run_id}"))
+        f = self.path / rel
+        if client_id not in self.client_ids:
             raise EdgemaskError(f"{f}: no such client in run {self.run_id}; clients: "
                                 f"{', '.join(self.client_ids) or '(none)'}")
-        return load_client(f)
+        return _client_from(*_parse_safetensors(self.read(rel), f), f)
 
     def history(self):
         import pandas as pd
 
         f = self.path / "history.parquet"
+        data = self.read("history.parquet")
         try:
-            return pd.read_parquet(f)
+            return pd.read_parquet(io.BytesIO(data))
         except (OSError, ValueError) as e:
             raise CorruptFileError(f"{f}: not a readable Parquet file ({e})") from None
 

@@ -17,7 +17,7 @@ from export_helpers import random_masks
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
 from trainer.data import DataConfig
 from trainer.models import build_model, model_sites
-from trainer.run_dir import ClientState, load_run, write_run
+from trainer.run_dir import ClientState, load_run, write_digests, write_run
 
 
 @pytest.fixture
@@ -68,6 +68,7 @@ def test_unchanged_client_is_skipped_and_changed_one_redone(run_dir, tmp_path):
     assert {d.name: (d / "manifest.json").stat().st_mtime_ns for d in again} == stamp
     (run_dir / "clients" / "client-001.safetensors").write_bytes(
         (run_dir / "clients" / "client-000.safetensors").read_bytes())
+    write_digests(run_dir)  # as a new training of the run records them
     export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False)
     assert (out[1] / "manifest.json").stat().st_mtime_ns != stamp["client-001"]
     assert (out[0] / "manifest.json").stat().st_mtime_ns == stamp["dense"]

@@ -54,14 +54,29 @@ class FakeConnect:
 def write_manifest(workspace: Path, run: str, client: str, *, kind: str, algorithm: str = "fedmask",
                    model: str = "cnn", dataset: str = "digits", formats=(("onnx", "fp32"), ("pte", "fp32")),
                    params=(1000, 400), flops=(10_000, 2_000), nbytes: int = 4000) -> Path:
-    """A complete manifest.json written by the contract's writer (the model files themselves are not written)."""
+    """A complete manifest.json written by the contract's writer, with files it describes truly: stand-in model
+    files of ``nbytes`` bytes (not runnable models: the fake benchmark never runs them) and a real sample_io, each
+    with its real size and sha256, so the campaign's checked reader (``edgemask.manifest.load_artifact``) takes it."""
+    import numpy as np
+
+    from edgemask.fileio import sha256_file
+    from edgemask.manifest import write_sample_io
+
     d = workspace / "artifacts" / run / client
+    d.mkdir(parents=True, exist_ok=True)
+    digests = {}
+    for f, v in formats:
+        path = d / f"model.{v}.{f}"
+        path.write_bytes((f"{run}/{client}/{f}/{v}|".encode() * (nbytes // 8 + 1))[:nbytes])
+        digests[path.name] = sha256_file(path)
+    write_sample_io(d / SAMPLE_IO, np.zeros((32, 1, 8, 8), np.float32), np.zeros((32, 10), np.float32),
+                    np.zeros(32, np.int64))
     manifest = Manifest(
         run_id=run, client_id=client, kind=kind, algorithm=algorithm, model=model, dataset=dataset,
         inputs=[TensorSpec("input", [1, 1, 8, 8], "float32")], outputs=[TensorSpec("output", [1, 10], "float32")],
-        files=[ArtifactFile(format=f, variant=v, file=f"model.{v}.{f}", sha256="0" * 64, bytes=nbytes,
+        files=[ArtifactFile(format=f, variant=v, file=f"model.{v}.{f}", sha256=digests[f"model.{v}.{f}"], bytes=nbytes,
                             runtime=FORMAT_RUNTIME[f]) for f, v in formats],
-        sample_io={"file": SAMPLE_IO, "sha256": "0" * 64, "count": 32},
+        sample_io={"file": SAMPLE_IO, "sha256": sha256_file(d / SAMPLE_IO), "count": 32},
         params={"dense": params[0], "compacted": params[1]}, flops={"dense": flops[0], "compacted": flops[1]},
         layers=[{"name": "conv1", "kept": 10, "total": 16}], tolerance={"limit": 1e-5, "max_abs_diff": {}},
         created="2026-11-22T10:00:00Z",

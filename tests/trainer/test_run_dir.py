@@ -11,7 +11,7 @@ import torch
 from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
 from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
 from trainer.local_training import evaluate
-from trainer.run_dir import ClientState, load_client, load_run, save_client, write_run
+from trainer.run_dir import ClientState, load_client, load_run, save_client, write_digests, write_run
 from trainer.simulation import simulate
 
 
@@ -104,6 +104,7 @@ def test_mask_that_does_not_fit_the_model_is_refused(written_run, tmp_path):
     shutil.copytree(path, copy)
     save_client(copy / "clients" / "client-000.safetensors",
                 ClientState({"fc1.weight": torch.ones(3, 3)}, {}))
+    write_digests(copy)  # vouch for the changed file: the check under test is the one behind the digests
     with pytest.raises(CorruptFileError, match="does not fit"):
         load_run(copy).build_model("client-000")
 
@@ -123,6 +124,7 @@ def test_client_file_without_its_mask_metadata_is_refused_not_read_as_dense(writ
     shutil.copytree(path, copy)
     f = copy / "clients" / "client-000.safetensors"
     _strip_metadata(f)
+    write_digests(copy)  # as if a tool had re-recorded the digests: the metadata check still holds
     # read without its masks, FedMask's client-000 would be the dense model; FedAvg's (no masks) likewise unproven
     with pytest.raises(CorruptFileError) as e:
         load_run(copy).build_model("client-000")
