@@ -21,7 +21,6 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +85,7 @@ def main(argv: list[str]) -> int:
     rows.append(("all three", sum(wheels[k]["bytes"] for k in union),
                  sum(wheels[k]["bytes"] for k in union if k.startswith(("nvidia-", "cuda-", "triton"))), len(union)))
     print(f"wheels: {folder}")
-    print(f"| runtime (+ numpy and what it pulls in) | installed MB | of which CUDA/triton MB | distributions |")
+    print("| runtime (+ numpy and what it pulls in) | installed MB | of which CUDA/triton MB | distributions |")
     print("| --- | ---: | ---: | ---: |")
     for rt, total, cuda, n in rows:
         print(f"| {rt} | {total / 1e6:,.0f} | {cuda / 1e6:,.0f} | {n} |")

@@ -21,9 +21,9 @@ PyPI's aarch64 torch 2.13.0 is a CUDA build: libtorch_cpu.so itself links libcud
 the CUDA runtime wheels (about 2.8 GB in all) even to a board without a GPU. So on a Pi setup installs torch first,
 alone, from PyTorch's own CPU-only wheel index (the device's ``torch_index``, default
 https://download.pytorch.org/whl/cpu, or ``--torch-index``), and the rest from the board's index; a board that
-cannot reach it takes ``--wheels DIR`` with the CPU wheels downloaded on the host. Setup is idempotent: what is already importable at a fitting version is left
-alone, and a second call installs and uploads nothing. The runner runs with the device's `python`; after setup
-that should be ``<workdir>/venv/bin/python`` (the result says so).
+cannot reach it takes ``--wheels DIR`` with the CPU wheels downloaded on the host. Setup is idempotent: what is
+already importable at a fitting version is left alone, and a second call installs and uploads nothing. The runner
+runs with the device's `python`; after setup that should be ``<workdir>/venv/bin/python`` (the result says so).
 """
 
 from __future__ import annotations

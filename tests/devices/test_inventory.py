@@ -46,7 +46,7 @@ def test_good_inventory_resolves_paths_and_defaults(tmp_path):
     assert tx2.key_file == tmp_path / "keys" / "id_ed25519"  # relative to the inventory file
     assert tx2.known_hosts == tmp_path / "keys" / "known_hosts"
     assert (tx2.port, tx2.python, tx2.workdir, tx2.power_sensor) == (22, "python3", "bench/edgemask", "auto")
-    assert tx2.runtimes == ("onnxruntime", "tensorrt")  # kind profile: JetPack's TensorRT; no TFLite/ExecuTorch (Python 3.6)
+    assert tx2.runtimes == ("onnxruntime", "tensorrt")  # kind profile: JetPack TensorRT; Python 3.6
     assert tx2.trtexec is None and tx2.torch_index == "https://download.pytorch.org/whl/cpu"
     assert tx2.profile.max_onnx_opset == 15 and tx2.jetson_clocks
     assert (pi.port, pi.trust_on_first_use, pi.governor, pi.key_file) == (2222, True, "performance", None)

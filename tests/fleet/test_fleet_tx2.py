@@ -67,3 +67,4 @@ def test_devices_check_reports_tensorrt_and_self_tests(x86_device, tmp_path, cap
     assert st["tensorrt"] == "8.2.1" and st["runs"] >= 20 and st["accuracy"] == 1.0
     assert st["layers"] == ["Reformatting CopyNode for Input Tensor 0 to Conv_0 + Relu_1", "Conv_0 + Relu_1",
                             "Flatten_2", "Gemm_3"]
+
