@@ -1043,9 +1043,22 @@ def find_trtexec(given=None):
     return shutil.which("trtexec")
 
 
+def _die_with_parent():
+    """In the child before exec: SIGKILL it when the runner dies (Linux prctl PR_SET_PDEATHSIG), so a trtexec
+    never goes on using the GPU after its runner left with its session (the watchdog's os._exit)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the host's timeout still ends the session
+        pass
+
+
 def _run_trtexec(argv, timeout=7200, on_line=None):
     """Run trtexec; return (rc, stdout). ``on_line(line)`` sees each stdout line as it comes."""
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                         preexec_fn=_die_with_parent)
     lines = []
     deadline = time.monotonic() + timeout
     for line in p.stdout:
@@ -1245,8 +1258,14 @@ def benchmark_trt(args):
                            "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
         result["state_after"] = device_state()
         result["state_after"]["tensorrt"] = trt
-        if args.profile_runs > 0:
-            result["profile"] = trt_profile(trtexec, version, engine, args.profile_runs, work)
+        if args.profile_runs > 0:  # after the timed window; a broken profile never loses the timed result
+            try:
+                result["profile"] = trt_profile(trtexec, version, engine, args.profile_runs, work)
+            except (OSError, ValueError, KeyError) as e:
+                traceback.print_exc(file=sys.stderr)
+                result["profile"] = {"available": False, "runs": [], "blocks": [],
+                                     "reason": "the trtexec profile could not be read: %s: %s"
+                                               % (type(e).__name__, " ".join(str(e).split())[:300])}
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)

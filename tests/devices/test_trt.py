@@ -182,3 +182,42 @@ def test_probe_reports_tensorrt_and_gpu_providers(tmp_path):
     assert {"onnxruntime", "executorch", "tflite", "all"} <= set(sizes)
     assert "torch" in sizes["executorch"]["dists"] and "onnxruntime" in sizes["onnxruntime"]["dists"]
     assert sizes["all"]["mb"] >= max(sizes[k]["mb"] for k in ("onnxruntime", "executorch", "tflite"))
+
+
+def test_trtexec_dies_with_its_runner(tmp_path):
+    """A runner that leaves (its session gone: the watchdog's os._exit, or killed) takes its trtexec with it."""
+    import os
+    import signal
+    import time
+
+    art = make_artifact(tmp_path / "a", n=4, wrong_labels=0)
+    engines = tmp_path / "engines-kill"
+    env = dict(os.environ, EDGEMASK_TRTEXEC_STANDIN_TACTIC_S="60")  # a build that would last a minute
+    log = tmp_path / "runner.stderr"  # the runner copies trtexec's log there
+    with open(log, "w") as err:
+        p = subprocess.Popen([sys.executable, str(RUNNER), "--model", str(art / "model.onnx"), "--format", "trt",
+                              "--sample-io", str(art / "sample_io.npz"), "--input-name", "input", "--engine-dir",
+                              str(engines), "--trtexec", trtexec_standin.install(tmp_path)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=err)
+
+    def builds():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            if "trtexec_standin.py" in cmd and str(engines) in cmd:
+                found.append(int(pid))
+        return found
+
+    deadline = time.monotonic() + 120  # until the build is timing tactics (silent: no write would break it)
+    while "Finish parsing network model" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert builds(), "trtexec never started"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 10
+    while builds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert builds() == []

@@ -29,7 +29,8 @@ import sys
 import time
 
 MAGIC = b"EDGEMASK-TRTEXEC-STANDIN-ENGINE\n"
-TACTIC_S = 0.25  # emulated tactic search per layer not in the timing cache
+TACTIC_S = float(os.environ.get("EDGEMASK_TRTEXEC_STANDIN_TACTIC_S", "0.25"))  # emulated tactic search per layer
+# not in the timing cache
 FUSE_HEADS = ("Conv", "Gemm", "MatMul")
 FUSE_TAILS = ("BatchNormalization", "Relu", "Add", "Clip", "Sigmoid")
 OPTIONS = {"--onnx", "--saveEngine", "--loadEngine", "--fp16", "--timingCacheFile", "--buildOnly", "--loadInputs",
