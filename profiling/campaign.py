@@ -243,7 +243,7 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
                     if info.file_for(artifact_format(fmt), variant) is None:  # trt: the ONNX file
                         have = ", ".join(f"{f.format}/{f.variant}" for f in info.files) or "none"
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
-                                                  f"manifest has no {fmt}/{variant} file (has: {have})"))
+                                                  f"manifest has no {artifact_format(fmt)}/{variant} file (has: {have})"))
                     elif runtimes and FORMATS.get(fmt) not in runtimes:  # empty: not declared
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
                                                   f"device has no {FORMATS.get(fmt)} runtime "
