@@ -52,7 +52,8 @@ def test_a_trt_job_runs_through_the_real_runner_over_ssh(x86_device, tmp_path):
 
 
 def test_devices_check_reports_tensorrt_and_self_tests(x86_device, tmp_path, capsys):
-    spec = _tx2(x86_device)
+    spec = _tx2(x86_device, workdir=str(x86_device.dir / "self-test work"))  # the shared device's own workdir
+    # stays as the other fleet tests expect it
     inv = write_inventory(tmp_path / "devices.toml", spec, runtimes=("onnxruntime", "tensorrt"))
     inv.write_text(inv.read_text() + f'trtexec = "{spec.trtexec}"\n')
     rc = edgemask_main(["devices", "check", spec.name, "--inventory", str(inv), "--workspace", str(tmp_path / "ws"),
