@@ -10,6 +10,7 @@ import argparse
 import errno
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from cli.progress import progress_printer
@@ -114,7 +115,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             raise EdgemaskError("devices setup: name the device(s) to set up, e.g. `edgemask devices setup rpi4-a`")
         wheels = Path(args.wheels) if args.wheels else None
         for n in names:
-            result = setup_device(inventory[n], wheels_dir=wheels)
+            spec = inventory[n] if not args.torch_index else replace(inventory[n], torch_index=args.torch_index)
+            result = setup_device(spec, wheels_dir=wheels)
             print(json.dumps(result, indent=2, default=str))
             if not result["python_is_venv"]:
                 print(f"{n}: set python = \"{result['python']}\" for [devices.{n}] in the inventory so "
@@ -122,7 +124,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         return 0
     status = 0
     for n in names:
-        report = check_device(inventory[n])
+        report = check_device(inventory[n], self_test=args.self_test)
         print(json.dumps({"device": n, **report}, indent=2, default=str))
         status |= 0 if report.get("reachable") else 1
     return status
@@ -269,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
     dv.add_argument("--wheels", default=None, help="setup: install from the wheels in this folder, uploaded to "
                     "the board (for boards without a package index)")
+    dv.add_argument("--torch-index", default=None, help="setup on a Pi: the index torch comes from (default: the "
+                    "device's torch_index, PyTorch's CPU-only wheels https://download.pytorch.org/whl/cpu)")
+    dv.add_argument("--self-test", action="store_true", help="check: on a board with TensorRT, build, check and "
+                    "time a tiny engine end to end (format trt)")
 
     pr = add("profile", "run a profiling campaign; results go to results/<campaign>/", cmd_profile)
     pr.add_argument("--campaign", required=True, help="campaign.toml")

@@ -19,6 +19,7 @@ from devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import ArtifactFile, load_manifest
+from edgemask.targets import artifact_format
 from edgemask.workspace import check_name
 
 # A quantized file's outputs on a board may round differently from the host's run of the same file: the device's
@@ -48,7 +49,7 @@ def unsupported_reason(spec: DeviceSpec, fmt: str, entry: ArtifactFile) -> str |
         return f"device {spec.name} has no {runtime} (its runtimes: {', '.join(spec.runtimes)})"
     limit = spec.profile.max_onnx_opset
     opset = entry.opset
-    if fmt == "onnx" and limit is not None and opset is not None and opset > limit:
+    if artifact_format(fmt) == "onnx" and limit is not None and opset is not None and opset > limit:
         return f"{entry.file} has ONNX opset {opset}; a {spec.kind} runs opset <= {limit}; export for it"
     return None
 
@@ -88,7 +89,7 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
     """
     artifact_dir = Path(artifact_dir)
     manifest = load_manifest(artifact_dir)
-    entry = manifest.file_for(fmt, variant, where=artifact_dir)
+    entry = manifest.file_for(artifact_format(fmt), variant, where=artifact_dir)  # "trt": the ONNX file
     ids = dict(device=spec.name, artifact=manifest.artifact, format=fmt, variant=variant, threads=settings.threads)
     why_not = unsupported_reason(spec, fmt, entry)
     if why_not:
@@ -112,6 +113,8 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
 
     argv = [spec.python, remote_runner, "--model", remote_model, "--format", fmt, "--sample-io", remote_sample,
             *settings.to_args(), "--power-sensor", spec.power_sensor, "--watch-stdin"]
+    if fmt == "trt":  # the board builds the engine from the ONNX with its trtexec; --loadInputs names the binding
+        argv += ["--input-name", manifest.inputs[0].name] + (["--trtexec", spec.trtexec] if spec.trtexec else [])
     res = conn.run(argv, timeout=timeout)
     try:
         doc = parse_runner_output(res.stdout)

@@ -10,6 +10,8 @@
     power_sensor = "auto"                  # ina3221 | hwmon | rapl | auto | none
     governor = "performance"               # optional: every CPU's cpufreq governor during a campaign
     jetson_clocks = true                   # optional, Jetson only: `jetson_clocks` during a campaign
+    trtexec = "/usr/src/tensorrt/bin/trtexec"   # optional: TensorRT's trtexec (format "trt"); default: JetPack's
+    torch_index = "https://download.pytorch.org/whl/cpu"   # optional: where `devices setup` gets a Pi's torch
 
 The built-in `local` device (this machine, this Python) always exists.
 
@@ -38,6 +40,7 @@ from edgemask.schema import Field, Table
 from edgemask.targets import BOARDS, FORMAT_RUNTIME, RUNTIME_NAMES, BoardProfile
 from edgemask.tomlio import read_toml
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU-only wheel index (aarch64 included)
 POWER_SENSORS = ("auto", "none", "ina3221", "hwmon", "rapl")  # the runner's registry + auto/none
 GOVERNORS = ("performance", "powersave", "ondemand", "schedutil", "conservative", "userspace")
 
@@ -67,6 +70,10 @@ class DeviceSpec:
     governor: str | None = None  # set before a campaign (needs passwordless sudo); None: leave it
     jetson_clocks: bool = False  # run `jetson_clocks` before a campaign (Jetson only)
     connect_timeout: float = 10.0
+    trtexec: str | None = None  # format "trt": the board's trtexec; None: JetPack's TX2_TRTEXEC, then PATH
+    # where setup installs torch from on a Pi (ExecuTorch's runtime links it): PyTorch's own CPU-only aarch64
+    # wheels, because PyPI's aarch64 torch is the CUDA build and pulls about 2.8 GB of CUDA wheels with it
+    torch_index: str = TORCH_CPU_INDEX
 
     @property
     def is_local(self) -> bool:
@@ -109,6 +116,7 @@ _DEVICE = {  # a [devices.NAME] table (edgemask.schema: one wording for every mi
     "power_sensor": Field(str, "auto", choices=POWER_SENSORS, what="power sensor"),
     "trust_on_first_use": Field(bool, False), "governor": Field(str, None, choices=GOVERNORS, what="governor"),
     "jetson_clocks": Field(bool, False), "connect_timeout": Field(float, 10.0, above=0),
+    "trtexec": Field(str, None), "torch_index": Field(str, TORCH_CPU_INDEX),
 }
 
 
@@ -171,6 +179,7 @@ def parse_device(name: str, table: dict[str, Any], source: Path, workspace: Path
         workdir=posixpath.normpath(workdir if workdir is not None else "edgemask"),
         runtimes=runtimes, power_sensor=sensor, trust_on_first_use=t["trust_on_first_use"],
         governor=governor, jetson_clocks=t["jetson_clocks"], connect_timeout=t["connect_timeout"],
+        trtexec=t["trtexec"], torch_index=t["torch_index"],
     )
 
 

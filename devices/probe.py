@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from devices.benchmark import parse_runner_output
+from devices.benchmark import parse_runner_output, run_benchmark
 from devices.connection import Connection, open_connection
 from devices.deploy import deploy_runner
 from devices.errors import DeviceError
 from devices.inventory import FORMAT_RUNTIME, DeviceSpec
+from devices.records import RunnerSettings
 from devices.setup import missing_items
 
 
@@ -19,7 +21,8 @@ def probe(conn: Connection, spec: DeviceSpec, timeout: float = 120.0) -> dict[st
     Raises DeviceError when the device cannot be reached or its Python cannot run the probe.
     """
     runner = deploy_runner(conn, spec)
-    res = conn.run([spec.python, runner, "--probe", "--watch-stdin"], timeout=timeout)
+    trtexec = ["--trtexec", spec.trtexec] if spec.trtexec else []
+    res = conn.run([spec.python, runner, "--probe", "--watch-stdin", *trtexec], timeout=timeout)
     try:
         info = parse_runner_output(res.stdout)
     except ValueError:
@@ -45,12 +48,84 @@ def list_devices(inventory: dict[str, DeviceSpec]) -> list[dict[str, Any]]:
     return rows
 
 
-def check_device(spec: DeviceSpec) -> dict[str, Any]:
-    """Connect and probe one device. Never raises for an unreachable device: ``reachable`` False and ``error``."""
+def write_self_test_artifact(directory: Path) -> Path:
+    """A tiny real artifact for ``devices check --self-test``: Conv(1->4, 3x3) + Relu -> Flatten -> Gemm(144->3)
+    on a (1, 1, 8, 8) input (node names as an exporter writes them), 8 samples whose reference outputs are
+    onnxruntime's on the host, and its manifest."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgemask.fileio import sha256_file
+    from edgemask.manifest import SAMPLE_IO, ArtifactFile, Manifest, TensorSpec, write_manifest, write_sample_io
+
+    rng = np.random.default_rng(28)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    w1, b1 = rng.standard_normal((4, 1, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    w2, b2 = (rng.standard_normal((3, 144)) / 12).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w1", "b1"], ["c"], name="Conv_0"),
+         helper.make_node("Relu", ["c"], ["r"], name="Relu_1"),
+         helper.make_node("Flatten", ["r"], ["f"], name="Flatten_2"),
+         helper.make_node("Gemm", ["f", "w2", "b2"], ["output"], name="Gemm_3", transB=1)],
+        "edgemask-self-test",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3])],
+        initializer=[numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(d / "model.onnx"))
+    sess = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = np.concatenate([sess.run(None, {"input": x[i:i + 1]})[0] for i in range(8)])
+    write_sample_io(d / SAMPLE_IO, x, y, y.argmax(1))
+    write_manifest(d, Manifest(
+        run_id="self-test", client_id="tiny", kind="dense", algorithm="none", model="self-test", dataset="random",
+        inputs=[TensorSpec("input", [1, 1, 8, 8], "float32")], outputs=[TensorSpec("output", [1, 3], "float32")],
+        files=[ArtifactFile(format="onnx", variant="fp32", file="model.onnx", sha256=sha256_file(d / "model.onnx"),
+                            bytes=(d / "model.onnx").stat().st_size, runtime="onnxruntime", opset=13)],
+        sample_io={"file": SAMPLE_IO, "sha256": sha256_file(d / SAMPLE_IO), "count": 8},
+        params={"dense": 0, "compacted": 0}, flops={"dense": 0, "compacted": 0}, layers=[],
+        tolerance={"limit": 1e-5, "max_abs_diff": {}}, created="2026-11-25T00:00:00Z"))
+    return d
+
+
+SELF_TEST_SETTINGS = RunnerSettings(warmup_runs=1, warmup_seconds=0.2, min_runs=20, min_seconds=1.0,
+                                    idle_seconds=0.0, profile_layers=True, profile_runs=10)
+
+
+def run_self_test(conn: Connection, spec: DeviceSpec, timeout: float = 3600.0) -> dict[str, Any]:
+    """`devices check --self-test`: a tiny engine built, checked against host outputs and timed on the board,
+    through the same job a campaign runs (format trt). {"ok", "error" | the engine's build, latency, layers}."""
+    import tempfile
+
+    if "tensorrt" not in spec.runtimes:
+        return {"ok": False, "error": f"{spec.name} declares no tensorrt runtime; nothing to self-test"}
+    with tempfile.TemporaryDirectory(prefix="edgemask-self-test-") as tmp:
+        m = run_benchmark(conn, spec, write_self_test_artifact(Path(tmp) / "art"), "trt",
+                          settings=SELF_TEST_SETTINGS, timeout=timeout)
+    if not m.ok:
+        return {"ok": False, "error": m.error}
+    trt = m.state_after.get("tensorrt", {})
+    return {"ok": True, "tensorrt": trt.get("tensorrt"), "engine_cached": trt.get("cached"),
+            "engine_build_s": trt.get("build_s"), "p50_ms": m.p50_ms, "runs": m.runs,
+            "output_max_abs_diff": m.output_max_abs_diff, "accuracy": m.accuracy, "power_source": m.power_source,
+            "gpu_power_source": trt.get("gpu_power_source"),
+            "layers": [op[0] for run in m.profile.get("runs", [])[:1] for op in run["ops"]]}
+
+
+def check_device(spec: DeviceSpec, self_test: bool = False) -> dict[str, Any]:
+    """Connect and probe one device (and, with ``self_test``, build and time a tiny TensorRT engine on it).
+    Never raises for an unreachable device: ``reachable`` False and ``error``."""
     row: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "address": spec.address}
     try:
         with open_connection(spec) as conn:
             row.update(probe(conn, spec))
+            if self_test:
+                row["self_test"] = run_self_test(conn, spec)
         row["missing"] = missing_items(spec, row)  # what `devices setup` (or the fix given) still has to do
     except DeviceError as e:
         row.update(reachable=False, error=str(e))

@@ -18,9 +18,12 @@ coremltools has no aarch64 wheel at all, so pip cannot resolve them on a Pi. Set
 ``--no-deps`` and, with their own dependencies, what `executorch.runtime` imports: the torch its
 `_portable_lib` links against (the same release it was built with), flatbuffers, ruamel.yaml and tabulate.
 PyPI's aarch64 torch 2.13.0 is a CUDA build: libtorch_cpu.so itself links libcudart.so.13, so pip also brings
-the CUDA runtime wheels (about 2.8 GB in all) even to a board without a GPU. Setup is idempotent: what is already importable at a fitting version is left
-alone, and a second call installs and uploads nothing. The runner runs with the device's `python`; after setup
-that should be ``<workdir>/venv/bin/python`` (the result says so).
+the CUDA runtime wheels (about 2.8 GB in all) even to a board without a GPU. So on a Pi setup installs torch first,
+alone, from PyTorch's own CPU-only wheel index (the device's ``torch_index``, default
+https://download.pytorch.org/whl/cpu, or ``--torch-index``), and the rest from the board's index; a board that
+cannot reach it takes ``--wheels DIR`` with the CPU wheels downloaded on the host. Setup is idempotent: what is
+already importable at a fitting version is left alone, and a second call installs and uploads nothing. The runner
+runs with the device's `python`; after setup that should be ``<workdir>/venv/bin/python`` (the result says so).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from devices.connection import Connection, open_connection
 from devices.deploy import deploy_many, remote_path
 from devices.errors import DeviceError
 from devices.inventory import DeviceSpec
+from edgemask.targets import TX2_TRTEXEC
 
 VENV = "venv"
 WHEELHOUSE = "wheelhouse"
@@ -93,6 +97,21 @@ def pip_installs(packages: list[Package]) -> list[list[str]]:
     with_deps += [r for p in packages for r in p.deps]
     no_deps = [p.requirement for p in packages if p.deps]
     return [with_deps] + ([["--no-deps", *no_deps]] if no_deps else [])
+
+
+def install_commands(spec: DeviceSpec, packages: list[Package], from_wheels: bool = False) -> list[list[str]]:
+    """The pip install arguments setup runs, in order: :func:`pip_installs`, except that on a Pi torch comes first
+    and alone from ``spec.torch_index`` (PyTorch's CPU-only wheels; PyPI's aarch64 torch is the CUDA build).
+    E.g. [["--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"], ["numpy", ...],
+    ["--no-deps", "executorch==1.4.1"]]. From uploaded wheels (``from_wheels``) the folder decides."""
+    steps = pip_installs(packages)
+    if spec.kind != "rpi4" or from_wheels:
+        return steps
+    torch = [r for r in steps[0] if re.split(r"[<>=!~ ]", r, maxsplit=1)[0] == "torch"]
+    if not torch:
+        return steps
+    rest = [r for r in steps[0] if r not in torch]
+    return [["--index-url", spec.torch_index, *torch]] + ([rest] if rest else []) + steps[1:]
 
 
 def unavailable_runtimes(spec: DeviceSpec) -> dict[str, str]:
@@ -231,12 +250,14 @@ def _pip_install(conn: Connection, spec: DeviceSpec, argv: list[str], reqs: list
     res = conn.run(argv, timeout=1800)
     if res.rc == 0:
         return
-    names = [r for r in reqs if r != "--no-deps"]
+    index = reqs[1] if reqs[:1] == ["--index-url"] else None
+    names = [r for r in reqs if not r.startswith("--") and r != index]
     where = (f"the wheels in {wheels_dir} (add the missing ones for this board's platform and Python)"
              if wheels_dir is not None else
-             "the board's package index (no network? download the wheels on the host with `pip download "
-             "--only-binary=:all: --platform manylinux_2_28_aarch64 --python-version X.Y "
-             f"-d WHEELS {' '.join(reqs)}` and run `edgemask devices setup {spec.name} --wheels WHEELS`)")
+             f"{index if index else 'the board' + chr(39) + 's package index'} (no network? download the wheels "
+             f"on the host with `pip download {'--index-url ' + index + ' ' if index else ''}--only-binary=:all: "
+             f"--platform manylinux_2_28_aarch64 --python-version X.Y -d WHEELS {' '.join(names)}` and run "
+             f"`edgemask devices setup {spec.name} --wheels WHEELS`)")
     raise DeviceError(f"{spec.name}: pip could not install {', '.join(names)} from {where}: {res.tail()}")
 
 
@@ -280,7 +301,7 @@ def setup_device(spec: DeviceSpec, wheels_dir: Path | None = None, conn: Connect
                 pip, source = [*pip, "--no-index", "--find-links", house], f"uploaded wheels ({wheels_dir})"
             else:
                 source = "the board's package index"
-            for reqs in pip_installs(todo):
+            for reqs in install_commands(spec, todo, from_wheels=wheels_dir is not None):
                 _pip_install(conn, spec, [*pip, *reqs], reqs, wheels_dir)
             versions, errors = installed_versions(conn, spec, py, packages)
             still = [p.requirement for p in todo if not satisfies(versions.get(p.dist), p.requirement)]
@@ -322,4 +343,9 @@ def missing_items(spec: DeviceSpec, info: dict[str, Any]) -> list[dict[str, str]
                       "fix": f"{setup}, then set python = \"{venv_py}\" for [devices.{spec.name}] in devices.toml"})
     for rt, why in unavailable_runtimes(spec).items():
         items.append({"what": rt, "why": why, "fix": f"remove {rt!r} from runtimes of [devices.{spec.name}]"})
+    trt = info.get("tensorrt") or {}
+    if "tensorrt" in spec.runtimes and "tensorrt" not in unavailable_runtimes(spec) and not trt.get("trtexec_version"):
+        items.append({"what": "tensorrt", "why": f"no working trtexec at {spec.trtexec or TX2_TRTEXEC} or on PATH",
+                      "fix": "install TensorRT with JetPack (`sudo apt-get install nvidia-tensorrt`), or set "
+                             f"trtexec = \"PATH\" for [devices.{spec.name}] in devices.toml"})
     return items

@@ -28,6 +28,13 @@ class FormatFacts:
     runtime: str  # the runtime name in the inventory and manifests
     suffix: str  # ".onnx"
     title: str  # for help texts
+    # the artifact file this format's runtime reads: itself for the exported formats; "onnx" for "trt", whose
+    # engine the board builds from the artifact's ONNX (engines are not portable across GPUs)
+    reads: str = ""
+
+    @property
+    def artifact_format(self) -> str:
+        return self.reads or self.name
 
     def file_name(self, variant: str = "fp32") -> str:
         """The file an artifact directory holds for ``variant``: ``model.onnx``, ``model.int8.onnx``."""
@@ -39,14 +46,31 @@ FORMATS: dict[str, FormatFacts] = {
     "pte": FormatFacts("pte", "executorch", ".pte", "ExecuTorch, XNNPACK"),
     "tflite": FormatFacts("tflite", "tflite", ".tflite", "LiteRT; needs the tflite extra"),
 }
-FORMAT_RUNTIME: dict[str, str] = {f.name: f.runtime for f in FORMATS.values()}
-RUNTIME_NAMES: tuple[str, ...] = ("onnxruntime", "executorch", "tflite")
+# Formats a board builds itself from an exported file (export writes nothing for them).
+BOARD_BUILT_FORMATS: dict[str, FormatFacts] = {
+    "trt": FormatFacts("trt", "tensorrt", ".onnx", "TensorRT FP16 engine, built on the board from the ONNX",
+                       reads="onnx"),
+}
+# Every format a campaign may name -> the runtime that reads it
+FORMAT_RUNTIME: dict[str, str] = {f.name: f.runtime for f in (*FORMATS.values(), *BOARD_BUILT_FORMATS.values())}
+RUNTIME_NAMES: tuple[str, ...] = ("onnxruntime", "executorch", "tflite", "tensorrt")
+
+
+def artifact_format(fmt: str) -> str:
+    """The exported format whose file a job of ``fmt`` reads from the artifact: "onnx" for "trt", else ``fmt``."""
+    facts = FORMATS.get(fmt) or BOARD_BUILT_FORMATS.get(fmt)
+    return facts.artifact_format if facts is not None else fmt
 
 # The Jetson TX2's pins: JetPack 4.6 has Python 3.6, whose last aarch64 onnxruntime wheel is 1.10.0 (with numpy
 # 1.19.5, the last for 3.6); onnxruntime 1.10 reads ONNX opset <= 15.
 TX2_ONNXRUNTIME = "1.10.0"
 TX2_NUMPY = "1.19.5"
 TX2_MAX_ONNX_OPSET = 15
+# TensorRT on a TX2 (NVIDIA's JetPack release notes): JetPack 4.6 ships TensorRT 8.0.1, JetPack 4.6.1/4.6.2
+# TensorRT 8.2.1, both with CUDA 10.2 and trtexec at TX2_TRTEXEC (not on PATH). Pascal has no fast INT8
+# (platformHasFastInt8() is false): FP16 is its fast mode, so engines are built with --fp16.
+TX2_TENSORRT = ("8.0.1", "8.2.1")
+TX2_TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
 
 
 @dataclass(frozen=True)
@@ -81,11 +105,12 @@ BOARDS: dict[str, BoardProfile] = {  # kind -> profile; the kinds an inventory m
         kind="jetson-tx2",
         os="JetPack 4.6 / L4T 32.7 (Ubuntu 18.04, glibc 2.27), aarch64",
         python="3.6",
-        runtimes=("onnxruntime",),
+        runtimes=("onnxruntime", "tensorrt"),
         max_onnx_opset=TX2_MAX_ONNX_OPSET,
         power_sensors=("ina3221",),
-        notes=f"onnxruntime {TX2_ONNXRUNTIME} + numpy {TX2_NUMPY}; no TFLite or ExecuTorch wheel for Python 3.6; "
-        "INA3221 input rail VDD_IN in sysfs",
+        notes=f"onnxruntime {TX2_ONNXRUNTIME} + numpy {TX2_NUMPY}; TensorRT {' / '.join(TX2_TENSORRT)} from "
+        f"JetPack (trtexec at {TX2_TRTEXEC}); no TFLite or ExecuTorch wheel for Python 3.6; "
+        "INA3221 input rail VDD_IN (and VDD_SYS_GPU) in sysfs",
         requirements={"numpy": f"numpy=={TX2_NUMPY}", "onnxruntime": f"onnxruntime=={TX2_ONNXRUNTIME}"},
     ),
     "rpi4": BoardProfile(

@@ -56,7 +56,7 @@ from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.manifest import MANIFEST, load_artifact
 from edgemask.registry import Registry
 from edgemask.schema import Field, Table
-from edgemask.targets import FORMAT_RUNTIME
+from edgemask.targets import FORMAT_RUNTIME, artifact_format
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
 from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
@@ -256,10 +256,10 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
         for artifact, info in infos.items():
             for fmt in config.formats:
                 for variant in config.variants:
-                    if info.file_for(fmt, variant) is None:
+                    if info.file_for(artifact_format(fmt), variant) is None:  # trt: the ONNX file
                         have = ", ".join(f"{f.format}/{f.variant}" for f in info.files) or "none"
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
-                                                  f"manifest has no {fmt}/{variant} file (has: {have})"))
+                                                  f"manifest has no {artifact_format(fmt)}/{variant} file (has: {have})"))
                     elif runtimes and FORMATS.get(fmt) not in runtimes:  # empty: not declared
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
                                                   f"device has no {FORMATS.get(fmt)} runtime "

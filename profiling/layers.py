@@ -25,6 +25,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from edgemask.targets import artifact_format
+from profiling.trt_profile import trt_layer_of
+
 OTHER = "(other)"
 REALIZED_FLAG = 0.5  # flag layers realizing less than half their FLOP bound
 COARSE_MS = 0.01  # onnxruntime's trace has whole microseconds: below this a layer's time is coarse
@@ -72,8 +75,8 @@ def layer_of(op_name: str, index: Mapping[str, str]) -> str:
 def run_layer_us(ops: Sequence[Sequence], index: Mapping[str, str]) -> dict[str, float]:
     """One profiled run's operators ``[name, op type, us, ...]`` -> layer -> summed microseconds."""
     out: dict[str, float] = {}
-    for op in ops:
-        layer = layer_of(op[0], index)
+    for op in ops:  # TensorRT's layers fuse ONNX nodes: split their names (profiling.trt_profile)
+        layer = trt_layer_of(op[0], index, layer_of, OTHER) if op[1] == "TensorRT" else layer_of(op[0], index)
         out[layer] = out.get(layer, 0.0) + float(op[2])
     return out
 
@@ -198,7 +201,8 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
             notes[f"{art} on {where}: no profiled runs of its dense baseline {dense_art}"] = None
             continue
         dense_man = manifests[dense_art]
-        files = {tag: next((f["file"] for f in m["files"] if f["format"] == fmt and f["variant"] == variant), "")
+        files = {tag: next((f["file"] for f in m["files"] if f["format"] == artifact_format(fmt)
+                            and f["variant"] == variant), "")
                  for tag, m in (("dense", dense_man), ("compacted", man))}
         index = {"dense": name_index(dense_man["layers"], files["dense"]),
                  "compacted": name_index(man["layers"], files["compacted"])}

@@ -590,7 +590,7 @@ def _tflite_dequantize(q, detail):
     return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
 
 
-RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRuntime}
+RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRuntime}  # "trt" added below
 
 
 # ------------------------------------------------------------------------------------------------
@@ -986,6 +986,434 @@ def profile_runs(fmt, model, batches, threads, warmup, runs, profile_dir=None):
 
 
 # ------------------------------------------------------------------------------------------------
+# TensorRT (format "trt", Jetson boards): the board builds an engine from the artifact's ONNX with trtexec and
+# times it with trtexec. Engines are not portable across GPUs, so they are built on the board, cached there by
+# (ONNX sha256, TensorRT version, build flags), with one timing cache per board (the next client's build reuses
+# the tactic timings of the layers it shares). The parsers below read the files trtexec writes, in the formats
+# of TensorRT 8.0.1 / 8.2.1's samples/common/sampleReporting.cpp (identical in both releases):
+#   --exportTimes   [ { "startEnqMs" : t, "endEnqMs" : t, "startH2dMs" : t, "endH2dMs" : t,
+#                       "startComputeMs" : t, "endComputeMs" : t, "startD2hMs" : t, "endD2hMs" : t,
+#                       "h2dMs" : t, "computeMs" : t, "d2hMs" : t, "latencyMs" : t, "endToEndMs" : t }, ... ]
+#                   (every query, warm-up included: a query is warm-up while startComputeMs < --warmUp ms)
+#   --exportProfile [ { "count" : N }, { "name" : "...", "timeMs" : t, "averageMs" : t / N,
+#                       "percentage" : % }, ... ]   (t summed over the N profiled iterations)
+#   --exportOutput  [ { "name" : "out", "dimensions" : "1x10", "values" : [ v, ... ] }, ... ]
+#   --exportLayerInfo (8.2+, IEngineInspector JSON): { "Layers" : [name or {"Name": ...}, ...], "Bindings" : [...] }
+# and trtexec's stdout: "&&&& RUNNING TensorRT.trtexec [TensorRT v8201] # ..." (NV_TENSORRT_VERSION =
+# major * 1000 + minor * 100 + patch), "[I] Engine built in 12.3 sec.", "[I] Starting inference".
+# ------------------------------------------------------------------------------------------------
+
+TRTEXEC_DEFAULT = "/usr/src/tensorrt/bin/trtexec"  # JetPack 4.6.x; not on PATH
+TRT_BUILD_FLAGS = ("--fp16",)  # Pascal (TX2) has no fast INT8: FP16 is its fast mode
+# An FP16 engine cannot match fp32 outputs to 1e-5: its output check allows this fraction of the largest
+# |reference output| (FP16 keeps 11 significant bits, 2^-11 = 4.9e-4 per rounding; a few layers' roundings
+# stay within 1 %), and never less than the fp32 tolerance.
+TRT_FP16_RELATIVE_TOLERANCE = 1e-2
+GPU_RAIL_NAMES = ("VDD_SYS_GPU", "GPU", "VDD_GPU_SOC", "VDD_GPU")  # TX1/TX2, Xavier, Orin
+_TRT_VERSION_CODE = re.compile(r"\[TensorRT v(\d+)\]")
+_TRT_VERSION_LINE = re.compile(r"TensorRT version: (\d+(?:\.\d+)*)")
+_TRT_BUILT = re.compile(r"Engine built in ([0-9.eE+-]+) sec")
+
+# trtexec given by the host (--trtexec), for --probe too
+TRTEXEC = [None]
+
+
+def trt_version_from_code(code):
+    """NV_TENSORRT_VERSION (major * 1000 + minor * 100 + patch, e.g. 8201) -> "8.2.1"."""
+    code = int(code)
+    return "%d.%d.%d" % (code // 1000, code % 1000 // 100, code % 100)
+
+
+def parse_trtexec_version(stdout):
+    """TensorRT's version from trtexec's stdout: the "&&&& RUNNING ... [TensorRT v8201]" line, else the
+    "TensorRT version: 8.2.1" (8.2) or "TensorRT version: 8001" (8.0, getInferLibVersion()) line; None."""
+    m = _TRT_VERSION_CODE.search(stdout)
+    if m:
+        return trt_version_from_code(m.group(1))
+    m = _TRT_VERSION_LINE.search(stdout)
+    if m:
+        v = m.group(1)
+        return v if "." in v else trt_version_from_code(v)
+    return None
+
+
+def parse_engine_build_s(stdout):
+    """trtexec's own build time ("Engine built in 12.3 sec."), or None."""
+    m = _TRT_BUILT.search(stdout)
+    return float(m.group(1)) if m else None
+
+
+def parse_trtexec_times(text):
+    """--exportTimes JSON -> list of per-query dicts (warm-up queries included, in order)."""
+    doc = json.loads(text)
+    if not isinstance(doc, list) or any(not isinstance(q, dict) or "latencyMs" not in q for q in doc):
+        raise ValueError("not a trtexec --exportTimes document (a list of queries with latencyMs)")
+    return doc
+
+
+def timed_queries(trace, warmup_ms):
+    """The queries after the warm-up, as trtexec itself splits them (sampleReporting.cpp, printPerformanceReport:
+    a query is timed when its startComputeMs >= --warmUp ms)."""
+    return [q for q in trace if float(q["startComputeMs"]) >= warmup_ms]
+
+
+def trace_window_s(queries):
+    """Seconds from the first timed query's H2D start to the last one's D2H end (trtexec's benchTime)."""
+    if not queries:
+        return 0.0
+    return (float(queries[-1]["endD2hMs"]) - float(queries[0]["startH2dMs"])) / 1000.0
+
+
+def parse_trtexec_profile(text):
+    """--exportProfile JSON -> (iterations N, [{"name", "timeMs", "averageMs", "percentage"}, ...])."""
+    doc = json.loads(text)
+    if not isinstance(doc, list) or not doc or not isinstance(doc[0], dict) or "count" not in doc[0]:
+        raise ValueError('not a trtexec --exportProfile document (first entry {"count": N})')
+    layers = doc[1:]
+    for entry in layers:
+        if not isinstance(entry, dict) or "name" not in entry or "averageMs" not in entry:
+            raise ValueError("trtexec profile entry without name/averageMs: %r" % (entry,))
+    return int(doc[0]["count"]), layers
+
+
+def parse_trtexec_output(text):
+    """--exportOutput JSON -> {binding name: (dims tuple, [values])}; dims "1x10" -> (1, 10)."""
+    doc = json.loads(text)
+    out = {}
+    for b in doc:
+        dims = tuple(int(d) for d in str(b.get("dimensions", "")).split("x") if d.strip())
+        out[b["name"]] = (dims, [float(v) for v in b["values"]])
+    return out
+
+
+def parse_layer_info(text):
+    """--exportLayerInfo JSON (TensorRT 8.2+) -> the engine's layer names, in execution order. With
+    --profilingVerbosity=layer_names_only "Layers" holds names; with detailed, objects with "Name"."""
+    doc = json.loads(text)
+    layers = doc.get("Layers") if isinstance(doc, dict) else None
+    if not isinstance(layers, list):
+        raise ValueError('not a TensorRT layer-information document (no "Layers" list)')
+    return [l["Name"] if isinstance(l, dict) else str(l) for l in layers]
+
+
+def foreign_node_blocks(names):
+    """Myelin's fused subgraphs ("{ForeignNode[Gemm_5...Relu_8]}"): TensorRT times them as one layer whose
+    ONNX nodes cannot be told apart; one note each."""
+    return ["TensorRT Myelin %s: its ONNX nodes run as one block" % n for n in names if "ForeignNode" in n]
+
+
+def find_trtexec(given=None):
+    """The trtexec to use: ``given`` (the inventory's `trtexec`), else JetPack's path, else PATH; None if none."""
+    for path in (given, TRTEXEC_DEFAULT):
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return shutil.which("trtexec")
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL it when the runner dies (Linux prctl PR_SET_PDEATHSIG), so a trtexec
+    never goes on using the GPU after its runner left with its session (the watchdog's os._exit)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the host's timeout still ends the session
+        pass
+
+
+def _run_trtexec(argv, timeout=7200, on_line=None):
+    """Run trtexec; return (rc, stdout). ``on_line(line)`` sees each stdout line as it comes."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                         preexec_fn=_die_with_parent)
+    lines = []
+    deadline = time.monotonic() + timeout
+    for line in p.stdout:
+        lines.append(line)
+        sys.stderr.write(line)  # trtexec's log goes with the runner's stderr, never its JSON
+        if on_line is not None:
+            on_line(line)
+        if time.monotonic() > deadline:
+            p.kill()
+            break
+    p.stdout.close()
+    rc = p.wait()
+    return rc, "".join(lines)
+
+
+def _tail(stdout, n=3):
+    lines = [l.strip() for l in stdout.splitlines() if l.strip()]
+    return " | ".join(lines[-n:])[-400:]
+
+
+def trtexec_version(trtexec):
+    rc, out = _run_trtexec([trtexec, "--help"], timeout=120)
+    return parse_trtexec_version(out)
+
+
+def _sha256(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def engine_key(onnx_sha256, trt_version, flags):
+    """The engine cache's key: an engine is reused only for the same ONNX bytes, TensorRT and build flags."""
+    import hashlib
+
+    return hashlib.sha256(("%s|%s|%s" % (onnx_sha256, trt_version, " ".join(flags))).encode()).hexdigest()[:24]
+
+
+def ensure_engine(trtexec, version, model, engine_dir, flags=TRT_BUILD_FLAGS):
+    """Build ``model``'s engine unless the cache holds it; returns the build record
+    {"engine", "key", "cached", "build_s", "trtexec_build_s", "flags", "tensorrt", "timing_cache",
+    "timing_cache_bytes_before"}. The engine is written under a temporary name and renamed."""
+    if not os.path.isdir(engine_dir):
+        os.makedirs(engine_dir)
+    onnx_sha = _sha256(model)
+    key = engine_key(onnx_sha, version, flags)
+    engine = os.path.join(engine_dir, key + ".engine")
+    meta_path = os.path.join(engine_dir, key + ".json")
+    cache = os.path.join(engine_dir, "timing.cache")  # one per board
+    if os.path.isfile(engine) and os.path.isfile(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        meta["cached"] = True
+        return meta
+    before = os.path.getsize(cache) if os.path.isfile(cache) else 0
+    tmp = "%s.%d.part" % (engine, os.getpid())
+    argv = [trtexec, "--onnx=" + model, "--saveEngine=" + tmp, "--timingCacheFile=" + cache, "--buildOnly"]
+    argv += list(flags)
+    t0 = time.perf_counter()
+    rc, out = _run_trtexec(argv)
+    build_s = time.perf_counter() - t0
+    if rc != 0 or not os.path.isfile(tmp):
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise RunFailed("trtexec could not build an engine from %s (rc=%d): %s" % (model, rc, _tail(out)))
+    os.rename(tmp, engine)
+    meta = {"engine": engine, "key": key, "onnx_sha256": onnx_sha, "tensorrt": version, "flags": list(flags),
+            "build_s": build_s, "trtexec_build_s": parse_engine_build_s(out), "timing_cache": cache,
+            "timing_cache_bytes_before": before}
+    with open(meta_path + ".part", "w") as f:
+        json.dump(meta, f)
+    os.rename(meta_path + ".part", meta_path)
+    meta["cached"] = False
+    return meta
+
+
+def _gpu_rail_sensor(root=None):
+    rails = ina3221_rails(sysfs_root() if root is None else root)
+    for rail in GPU_RAIL_NAMES:
+        if rail in rails:
+            return Ina3221Sensor(rail, rails[rail])
+    return None
+
+
+def benchmark_trt(args):
+    """The "trt" format: build (or reuse) the FP16 engine, check its outputs on every sample of sample_io
+    (trtexec --loadInputs / --exportOutput, one trtexec call per sample), then time it with trtexec under the
+    same protocol as the other formats (at least --min-runs queries and --min-seconds after --warmup-seconds),
+    sampling the input rail and, on a Jetson, the GPU rail while trtexec infers."""
+    import tempfile
+
+    import numpy as np
+
+    state_before = device_state()
+    trtexec = find_trtexec(args.trtexec)
+    if trtexec is None:
+        raise RunFailed("no trtexec on this device (looked at %s and PATH); install TensorRT (JetPack) or set "
+                        "trtexec = \"PATH\" for this device in devices.toml" % (args.trtexec or TRTEXEC_DEFAULT))
+    version = trtexec_version(trtexec)
+    if version is None:
+        raise RunFailed("%s --help printed no TensorRT version; is it trtexec?" % trtexec)
+    if not args.input_name:
+        raise RunFailed("--input-name is required for format trt (trtexec --loadInputs names the binding)")
+    engine_dir = args.engine_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                 "trt-engines")
+    build = ensure_engine(trtexec, version, args.model, engine_dir)
+    engine = build["engine"]
+
+    with np.load(args.sample_io, allow_pickle=False) as npz:
+        inputs = np.ascontiguousarray(npz["input"], dtype=np.float32)
+        expected = np.asarray(npz["output"], dtype=np.float32)
+        labels = npz["label"] if "label" in npz.files else None
+    n = inputs.shape[0]
+    tolerance = max(args.tolerance, TRT_FP16_RELATIVE_TOLERANCE * float(np.max(np.abs(expected))))
+    work = tempfile.mkdtemp(prefix="edgemask-trt-")
+    try:
+        max_diff, correct = 0.0, 0
+        first_ms = None
+        for i in range(n):
+            x = os.path.join(work, "input%d.bin" % i)
+            inputs[i:i + 1].tofile(x)
+            out_json = os.path.join(work, "output%d.json" % i)
+            t0 = time.perf_counter()
+            rc, out = _run_trtexec([trtexec, "--loadEngine=" + engine, "--loadInputs='%s':%s" % (args.input_name, x),
+                                    "--exportOutput=" + out_json, "--iterations=1", "--warmUp=0", "--duration=0"],
+                                   timeout=600)
+            if first_ms is None:
+                first_ms = _ms(t0, time.perf_counter())
+            if rc != 0 or not os.path.isfile(out_json):
+                raise RunFailed("trtexec could not run the engine of %s (rc=%d): %s" % (args.model, rc, _tail(out)))
+            with open(out_json) as f:
+                outputs = parse_trtexec_output(f.read())
+            dims, values = list(outputs.values())[0]
+            y = np.asarray(values, dtype=np.float32).reshape(1, -1)
+            ref = expected[i].reshape(1, -1)
+            if y.shape != ref.shape:
+                raise RunFailed("engine output shape %s differs from sample_io output shape %s" % (y.shape, ref.shape))
+            max_diff = max(max_diff, float(np.max(np.abs(y - ref))))
+            if labels is not None and int(np.argmax(y)) == int(labels[i]):
+                correct += 1
+        if not max_diff <= tolerance:
+            return {"ok": False, "output_max_abs_diff": max_diff if math.isfinite(max_diff) else None,
+                    "error": "FP16 engine output differs from sample_io by %.3g > tolerance %.3g on %d samples"
+                             % (max_diff, tolerance, n)}
+
+        sensor, missing = find_sensor(args.power_sensor)
+        idle_w = None
+        if sensor is not None and args.idle_seconds > 0:
+            idle = PowerSampler(sensor, args.power_rate_hz)
+            idle.start()
+            time.sleep(args.idle_seconds)
+            idle_w = _mean(idle.stop())
+        gpu_sensor = _gpu_rail_sensor() if sensor is not None and sensor.name == "ina3221" else None
+        samplers = [PowerSampler(s, args.power_rate_hz) for s in (sensor, gpu_sensor) if s is not None]
+
+        def on_line(line):  # power is sampled while trtexec infers, not while it loads the engine
+            if "Starting inference" in line:
+                for s in samplers:
+                    s.start()
+
+        times_json = os.path.join(work, "times.json")
+        warmup_ms = int(round(args.warmup_seconds * 1000))
+        argv = [trtexec, "--loadEngine=" + engine, "--warmUp=%d" % warmup_ms,
+                "--iterations=%d" % args.min_runs, "--duration=%d" % int(math.ceil(args.min_seconds)),
+                "--exportTimes=" + times_json]
+        rc, out = _run_trtexec(argv, timeout=3600, on_line=on_line)
+        power = [s.stop() for s in samplers if s._thread is not None]
+        if rc != 0 or not os.path.isfile(times_json):
+            raise RunFailed("trtexec could not time the engine (rc=%d): %s" % (rc, _tail(out)))
+        with open(times_json) as f:
+            queries = timed_queries(parse_trtexec_times(f.read()), warmup_ms)
+        latencies = [float(q["latencyMs"]) for q in queries]
+        result = {
+            "ok": True, "latency_ms": latencies, "inferences_per_sample": 1, "load_ms": None,
+            "first_inference_ms": first_ms, "peak_rss_kb": int(rss_kb()[1]), "rss_growth_kb": 0,
+            "output_max_abs_diff": max_diff, "output_check_passed": True,
+            "accuracy": correct / float(n) if labels is not None else None, "samples_checked": n,
+            "timed_window_s": trace_window_s(queries), "runtime_version": "tensorrt " + version,
+            "threads": args.threads, "state_before": state_before,
+        }
+        compute = sorted(float(q["computeMs"]) for q in queries)
+        trt = {"trtexec": trtexec, "tensorrt": version, "output_tolerance": tolerance,
+               "gpu_compute_ms_median": compute[len(compute) // 2] if compute else None}
+        trt.update((k, v) for k, v in build.items() if k != "engine")
+        if sensor is not None and power and power[0]:
+            result.update({"power_source": sensor.source, "power_w": power[0],
+                           "power_rate_hz": samplers[0].achieved_rate_hz, "idle_power_w": idle_w})
+            if gpu_sensor is not None and len(power) > 1 and power[1]:
+                trt.update(gpu_power_source=gpu_sensor.source, gpu_power_w_mean=_mean(power[1]),
+                           gpu_power_samples=len(power[1]))
+        else:
+            result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
+                           "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
+        result["state_after"] = device_state()
+        result["state_after"]["tensorrt"] = trt
+        if args.profile_runs > 0:  # after the timed window; a broken profile never loses the timed result
+            try:
+                result["profile"] = trt_profile(trtexec, version, engine, args.profile_runs, work)
+            except (OSError, ValueError, KeyError) as e:
+                traceback.print_exc(file=sys.stderr)
+                result["profile"] = {"available": False, "runs": [], "blocks": [],
+                                     "reason": "the trtexec profile could not be read: %s: %s"
+                                               % (type(e).__name__, " ".join(str(e).split())[:300])}
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def trt_profile(trtexec, version, engine, runs, work):
+    """Profiled runs (trtexec --exportProfile): TensorRT's profiler sums each engine layer's time over the
+    iterations, so the runs come back as ONE entry holding the per-iteration averages, beside the median of the
+    iterations' latency. Layer names are the engine's (fused ONNX node names joined by " + "); the host splits
+    them (profiling/trt_profile.py)."""
+    prof = os.path.join(work, "profile.json")
+    times = os.path.join(work, "profile_times.json")
+    argv = [trtexec, "--loadEngine=" + engine, "--iterations=%d" % runs, "--warmUp=0", "--duration=0",
+            "--exportProfile=" + prof, "--exportTimes=" + times]
+    info = os.path.join(work, "layers.json")
+    if tuple(int(p) for p in version.split(".")[:2]) >= (8, 2):
+        argv.append("--exportLayerInfo=" + info)
+    rc, out = _run_trtexec(argv, timeout=3600)
+    if rc != 0 or not os.path.isfile(prof):
+        return {"available": False, "runs": [], "blocks": [],
+                "reason": "trtexec --exportProfile failed (rc=%d): %s" % (rc, _tail(out))}
+    with open(prof) as f:
+        count, layers = parse_trtexec_profile(f.read())
+    with open(times) as f:
+        lat = sorted(float(q["latencyMs"]) for q in parse_trtexec_times(f.read()))
+    e2e = lat[len(lat) // 2] if lat else None
+    res = {"available": True, "profiler": "trtexec --exportProfile (per-iteration averages)",
+           "iterations": count,
+           "runs": [{"end_to_end_ms": e2e, "ops": [[l["name"], "TensorRT", float(l["averageMs"]) * 1000.0,
+                                                    "TensorRT"] for l in layers]}],
+           "blocks": foreign_node_blocks([l["name"] for l in layers])}
+    if os.path.isfile(info):
+        with open(info) as f:
+            res["engine_layers"] = parse_layer_info(f.read())
+    return res
+
+
+class TensorRtRuntime(object):
+    """Format "trt": its jobs go through benchmark_trt (trtexec drives the GPU); this entry gives the runtime's
+    name and version for --probe and the runtime registry."""
+
+    runtime = "tensorrt"
+
+    @staticmethod
+    def installed_version():
+        trtexec = find_trtexec(TRTEXEC[0])
+        if trtexec is None:
+            raise ImportError("no trtexec at %s or on PATH" % (TRTEXEC[0] or TRTEXEC_DEFAULT))
+        version = trtexec_version(trtexec)
+        if version is None:
+            raise ImportError("%s printed no TensorRT version" % trtexec)
+        return "tensorrt " + version
+
+
+def probe_tensorrt():
+    """TensorRT on this board: trtexec's path and version, the Python bindings' version, and which GPU
+    execution providers this board's onnxruntime offers (a CPU-only wheel offers none)."""
+    out = {"trtexec": find_trtexec(TRTEXEC[0]), "trtexec_version": None, "python_tensorrt": None,
+           "onnxruntime_providers": None, "onnxruntime_gpu_providers": []}
+    if out["trtexec"]:
+        out["trtexec_version"] = trtexec_version(out["trtexec"])
+    try:
+        import tensorrt
+        out["python_tensorrt"] = tensorrt.__version__
+    except ImportError as e:
+        out["python_tensorrt_error"] = str(e).splitlines()[0] if str(e) else "ImportError"
+    try:
+        import onnxruntime
+        providers = list(onnxruntime.get_available_providers())
+        out["onnxruntime_providers"] = providers
+        out["onnxruntime_gpu_providers"] = [p for p in providers
+                                            if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
+    except ImportError:
+        pass
+    return out
+
+
+RUNTIMES["trt"] = TensorRtRuntime
+
+
+# ------------------------------------------------------------------------------------------------
 # The benchmark
 # ------------------------------------------------------------------------------------------------
 
@@ -1013,6 +1441,9 @@ def inferences_per_sample(sample_min_ms, warm_ms):
 
 def benchmark(args):
     import numpy as np
+
+    if args.format == "trt":
+        return benchmark_trt(args)
 
     state_before = device_state()
     try:
@@ -1141,6 +1572,70 @@ def benchmark(args):
     return result
 
 
+# The distributions behind each runtime (the first installed one counts), for the installed size in --probe
+RUNTIME_DISTS = (("onnxruntime", ("onnxruntime", "onnxruntime-gpu")), ("tflite", ("tflite-runtime", "ai-edge-litert")),
+                 ("executorch", ("executorch",)))
+
+
+def _dist_key(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_sizes_mb():
+    """Disk taken by each runtime with everything it needs installed: the runtime's distribution and, following
+    its declared requirements (extras left out), every installed distribution it pulls in (torch and, for a CUDA
+    build of torch, the nvidia-* wheels under ExecuTorch). {"onnxruntime": {"mb", "dists"}, ..., "all": {"mb"}}
+    ("all": the union, each file once). Python < 3.8 has no importlib.metadata: {"error": why}."""
+    try:
+        from importlib import metadata  # novermin (guarded: Python 3.6 gets the error below)
+    except ImportError:
+        return {"error": "Python %s has no importlib.metadata (needs 3.8+)" % platform.python_version()}
+    dists = {}
+    for d in metadata.distributions():
+        name = d.metadata["Name"]
+        if name:
+            dists.setdefault(_dist_key(name), d)
+    sizes = {}
+
+    def size(key):
+        if key not in sizes:
+            total = 0
+            for f in dists[key].files or []:
+                try:
+                    total += os.path.getsize(str(dists[key].locate_file(f)))
+                except OSError:
+                    pass
+            sizes[key] = total
+        return sizes[key]
+
+    def closure(root):
+        seen, todo = set(), [root]
+        while todo:
+            key = todo.pop()
+            if key in seen or key not in dists:
+                continue
+            seen.add(key)
+            for req in dists[key].requires or []:
+                if "extra ==" in req.replace("extra==", "extra =="):
+                    continue
+                m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)", req)
+                if m:
+                    todo.append(_dist_key(m.group(1)))
+        return seen
+
+    out, union = {}, set()
+    for rt, names in RUNTIME_DISTS:
+        root = next((_dist_key(n) for n in names if _dist_key(n) in dists), None)
+        if root is None:
+            continue
+        keys = closure(root)
+        union |= keys
+        out[rt] = {"mb": round(sum(size(k) for k in keys) / 1e6, 1), "dists": sorted(keys)}
+    if out:
+        out["all"] = {"mb": round(sum(size(k) for k in union) / 1e6, 1), "dists": len(union)}
+    return out
+
+
 def probe():
     """What this device offers: platform, Python, numpy and runtime versions, free disk/mem, sensors, state."""
     info = {"ok": True, "arch": platform.machine(), "os": platform.platform(), "python": platform.python_version(),
@@ -1152,6 +1647,8 @@ def probe():
         info["numpy"] = None
         info["numpy_error"] = str(e)
     for fmt, cls in sorted(RUNTIMES.items()):
+        if fmt == "trt" and find_trtexec(TRTEXEC[0]) is None:
+            continue  # no TensorRT here (the board's "tensorrt" section says where it looked)
         try:
             info["runtimes"][cls.runtime] = cls.installed_version()
         except ImportError as e:
@@ -1173,6 +1670,8 @@ def probe():
             sensors[name + "_missing"] = why
     info["power_sensors"] = sensors
     info["state"] = device_state()
+    info["tensorrt"] = probe_tensorrt()
+    info["installed_mb"] = installed_sizes_mb()
     return info
 
 
@@ -1207,6 +1706,9 @@ def build_parser():
     p.add_argument("--profile-runs", type=int, default=0, help="per-operator profiled runs after the timed ones")
     p.add_argument("--profile-warmup", type=int, default=5)
     p.add_argument("--profile-dir", help="keep the profiler's files (ETDump) here; default: a removed temp dir")
+    p.add_argument("--trtexec", help="format trt: the board's trtexec (default %s, then PATH)" % TRTEXEC_DEFAULT)
+    p.add_argument("--input-name", help="format trt: the ONNX input's name (trtexec --loadInputs)")
+    p.add_argument("--engine-dir", help="format trt: the engine cache (default: trt-engines in the workdir)")
     return p
 
 
@@ -1254,6 +1756,7 @@ def main(argv=None):
         try:
             if args.watch_stdin:
                 start_watchdog()
+            TRTEXEC[0] = args.trtexec
             if args.probe:
                 result = probe()
             elif args.hold_lock:

@@ -46,7 +46,8 @@ def test_good_inventory_resolves_paths_and_defaults(tmp_path):
     assert tx2.key_file == tmp_path / "keys" / "id_ed25519"  # relative to the inventory file
     assert tx2.known_hosts == tmp_path / "keys" / "known_hosts"
     assert (tx2.port, tx2.python, tx2.workdir, tx2.power_sensor) == (22, "python3", "bench/edgemask", "auto")
-    assert tx2.runtimes == ("onnxruntime",)  # from the kind profile: no TFLite/ExecuTorch for Python 3.6
+    assert tx2.runtimes == ("onnxruntime", "tensorrt")  # kind profile: JetPack TensorRT; Python 3.6
+    assert tx2.trtexec is None and tx2.torch_index == "https://download.pytorch.org/whl/cpu"
     assert tx2.profile.max_onnx_opset == 15 and tx2.jetson_clocks
     assert (pi.port, pi.trust_on_first_use, pi.governor, pi.key_file) == (2222, True, "performance", None)
     assert pi.known_hosts_path() == Path.home() / ".ssh" / "known_hosts"
@@ -79,8 +80,8 @@ def test_kind_profiles_hold_the_board_facts():
      "] hostname: unknown field", "did you mean 'host'? valid fields"),
     ('kind = "rpi4"\nhost = "h"\nuser = "u"\npower_sensor = "ina999"',
      "] power_sensor: unknown power sensor 'ina999'", "ina3221"),
-    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nruntimes = ["tensorrt"]',
-     "] runtimes: unknown runtime 'tensorrt'", "onnxruntime"),
+    ('kind = "rpi4"\nhost = "h"\nuser = "u"\nruntimes = ["openvino"]',
+     "] runtimes: unknown runtime 'openvino'", "onnxruntime"),
     ('kind = "rpi4"\nhost = "h"\nuser = "u"\nworkdir = "../etc"',
      "] workdir: '../etc' contains '..'", "give a path inside"),
     ('kind = "rpi4"\nhost = "h"\nuser = "u"\nworkdir = "~/em"', "] workdir: '~/em' uses ~", "not expanded"),

@@ -122,3 +122,69 @@ def test_cli_setup_needs_a_name_and_refuses_local(tmp_path, capsys):
     assert "local device uses this machine's Python" in capsys.readouterr().err
     assert main(["devices", "setup", "nope", "--workspace", ws]) == 2
     assert "unknown device 'nope'; valid names: local" in capsys.readouterr().err
+
+
+def test_a_pi_gets_torch_from_pytorchs_cpu_index_first():
+    # PyPI's aarch64 torch is the CUDA build (+2.8 GB of CUDA wheels): torch alone, first, from the CPU index
+    spec = board("rpi4", ("onnxruntime", "tflite", "executorch"))
+    from devices.setup import install_commands
+
+    assert install_commands(spec, packages_for(spec)) == [
+        ["--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"],
+        ["numpy", "onnxruntime", "ai-edge-litert", "flatbuffers", "ruamel.yaml", "tabulate"],
+        ["--no-deps", "executorch==1.4.1"],
+    ]
+    mirror = replace(spec, torch_index="http://mirror.lan/whl/cpu")  # the inventory's torch_index / --torch-index
+    assert install_commands(mirror, packages_for(mirror))[0][:2] == ["--index-url", "http://mirror.lan/whl/cpu"]
+    # uploaded wheels (--wheels DIR): the folder decides, one index-free plan as before
+    assert install_commands(spec, packages_for(spec), from_wheels=True) == pip_installs(packages_for(spec))
+    no_torch = board("rpi4", ("onnxruntime", "tflite"))
+    assert install_commands(no_torch, packages_for(no_torch)) == pip_installs(packages_for(no_torch))
+
+
+def test_a_tx2_without_trtexec_is_told_how_to_get_it():
+    tx2 = board("jetson-tx2", ("onnxruntime", "tensorrt"), python="/home/pi/edgemask/venv/bin/python")
+    info = {"python_executable": tx2.python, "numpy": "1.19.5", "runtimes": {"onnxruntime": "onnxruntime 1.10.0"},
+            "tensorrt": {"trtexec": None, "trtexec_version": None}}
+    items = missing_items(replace(tx2, workdir="/home/pi/edgemask"), info)
+    assert [i["what"] for i in items] == ["tensorrt"]
+    assert "no working trtexec at /usr/src/tensorrt/bin/trtexec" in items[0]["why"]
+    info["tensorrt"] = {"trtexec": "/usr/src/tensorrt/bin/trtexec", "trtexec_version": "8.2.1"}
+    assert missing_items(replace(tx2, workdir="/home/pi/edgemask"), info) == []
+
+
+class _PipRecorder:
+    """A unit-test fake of one Connection for setup_device alone: a Pi with a working venv and nothing installed,
+    whose pip fails (no route out); it records the commands. (The fleet's stand-ins share this machine's
+    pip.conf, whose local wheel folders would satisfy torch from anywhere: a real board cannot show the index
+    setup asks for there.)"""
+
+    uploads = 0
+
+    def __init__(self):
+        self.argvs: list[list[str]] = []
+
+    def run(self, argv, timeout=None):
+        from devices.connection_base import RunResult
+
+        self.argvs.append(list(argv))
+        if argv[1:3] == ["-m", "pip"] and "install" in argv:
+            return RunResult("", "ERROR: Could not find a version that satisfies the requirement", 1)
+        if argv[1:2] == ["-c"] and "importlib" in argv[2]:
+            return RunResult('{"versions": {}, "errors": {}}\n', "", 0)
+        return RunResult("", "", 0)
+
+    def close(self):
+        pass
+
+
+def test_setup_on_a_pi_asks_pytorchs_cpu_index_first_and_says_so_when_it_cannot():
+    conn = _PipRecorder()
+    with pytest.raises(DeviceError) as e:
+        setup_device(board("rpi4", ("onnxruntime", "executorch")), conn=conn)
+    pips = [a for a in conn.argvs if "install" in a]
+    assert len(pips) == 1 and pips[0][-3:] == ["--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"]
+    msg = str(e.value)
+    assert msg.startswith("b1: pip could not install torch==2.13.0 from https://download.pytorch.org/whl/cpu (")
+    assert "pip download --index-url https://download.pytorch.org/whl/cpu --only-binary=:all:" in msg
+    assert "edgemask devices setup b1 --wheels WHEELS" in msg

@@ -20,8 +20,9 @@ def test_example_inventory_loads_with_pinned_host_keys(tmp_path):
     assert pi.known_hosts == tx2.known_hosts == CONFIGS / "known_hosts"
     assert not pi.trust_on_first_use and not tx2.trust_on_first_use
     assert pi.key_file is None  # the SSH agent
-    assert tx2.runtimes == ("onnxruntime",) and tx2.jetson_clocks and tx2.power_sensor == "ina3221"
+    assert tx2.runtimes == ("onnxruntime", "tensorrt") and tx2.jetson_clocks and tx2.power_sensor == "ina3221"
     assert pi.can_run("tflite") and not tx2.can_run("tflite")
+    assert tx2.can_run("trt") and not pi.can_run("trt") and pi.torch_index == "https://download.pytorch.org/whl/cpu"
 
 
 def test_example_campaign_loads_against_the_example_inventory(tmp_path):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from edgemask.errors import UnknownNameError
-from edgemask.targets import BOARDS, FORMAT_RUNTIME, FORMATS
+from edgemask.targets import BOARDS, FORMAT_RUNTIME, FORMATS, artifact_format
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,9 @@ def test_targets_import_no_stage_and_no_torch():
 
 
 def test_format_facts_by_hand():
-    assert FORMAT_RUNTIME == {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite"}
+    assert FORMAT_RUNTIME == {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite", "trt": "tensorrt"}
+    assert sorted(FORMATS) == ["onnx", "pte", "tflite"]  # "trt" is built on the board, from the ONNX file
+    assert artifact_format("trt") == "onnx" and artifact_format("pte") == "pte"
     assert FORMATS["onnx"].file_name() == "model.onnx"
     assert FORMATS["onnx"].file_name("int8") == "model.int8.onnx"
     assert FORMATS["tflite"].file_name("int8") == "model.int8.tflite"
@@ -61,7 +63,9 @@ def test_export_formats_and_campaign_formats_follow_the_facts():
     from export.formats import FORMATS as EXPORT_FORMATS
     from profiling.campaign import FORMATS as CAMPAIGN_FORMATS
 
-    assert EXPORT_FORMATS.names() == sorted(FORMATS) == CAMPAIGN_FORMATS.names()
+    assert EXPORT_FORMATS.names() == sorted(FORMATS)
+    assert CAMPAIGN_FORMATS.names() == sorted(FORMAT_RUNTIME)  # the exported formats and "trt"
+    assert CAMPAIGN_FORMATS.get("trt") == "tensorrt"
     for name in FORMATS:
         fmt = EXPORT_FORMATS.get(name)
         assert fmt.runtime == FORMAT_RUNTIME[name] == CAMPAIGN_FORMATS.get(name)

@@ -123,3 +123,18 @@ def test_a_killed_exports_temporary_folder_is_not_a_client(tmp_path):
     pf.write_manifest(ws, "run-a", ".client-001.x7k2.partial", kind="compacted")
     cfg = parse_campaign(tomllib.loads(pf.campaign_toml(devices=("dev-a",), repetitions=1)))
     assert {j.artifact for j in plan_jobs(cfg, ws)} == {"run-a/dense", "run-a/client-000"}
+
+
+def test_trt_jobs_read_the_onnx_file_on_boards_with_tensorrt(tmp_path):
+    # the board builds the TensorRT engine from the artifact's ONNX: an artifact with an onnx file has trt jobs
+    pf.write_manifest(tmp_path, "run-a", "dense", kind="dense", formats=(("onnx", "fp32"),))
+    pf.write_manifest(tmp_path, "run-a", "client-000", kind="compacted", formats=(("pte", "fp32"),))
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(devices=("tx2", "pi"), formats=("onnx", "trt"),
+                                                        repetitions=1)))
+    inv = {"tx2": pf.FakeSpec("tx2", ("onnxruntime", "tensorrt")), "pi": pf.FakeSpec("pi", ("onnxruntime",))}
+    plan = plan_campaign(cfg, tmp_path, inv)
+    assert {(j.artifact, j.device, j.format) for j in plan.jobs} == {
+        ("run-a/dense", "tx2", "onnx"), ("run-a/dense", "tx2", "trt"), ("run-a/dense", "pi", "onnx")}
+    reasons = {(s.artifact, s.device, s.format): s.reason for s in plan.skipped}
+    assert "no tensorrt runtime" in reasons[("run-a/dense", "pi", "trt")]
+    assert "no onnx/fp32 file" in reasons[("run-a/client-000", "tx2", "trt")]  # no ONNX: no engine to build
