@@ -245,14 +245,22 @@ def _run(ws, cfg, bench):
                         connect=pf.FakeConnect())
 
 
-def _reexport(ws, digest: str) -> None:
+def _reexport(ws) -> tuple[str, str]:
+    """Export client-000's files again with other bytes, manifest true to them: the ONNX's (old, new) sha256."""
+    import hashlib
     import json
 
-    path = ws / "artifacts" / "run-a" / "client-000" / "manifest.json"
-    doc = json.loads(path.read_text())
+    art = ws / "artifacts" / "run-a" / "client-000"
+    doc = json.loads((art / "manifest.json").read_text())
+    old = new = ""
     for f in doc["files"]:
-        f["sha256"] = digest
-    path.write_text(json.dumps(doc))
+        data = (art / f["file"]).read_bytes() + b"exported again"
+        (art / f["file"]).write_bytes(data)
+        if f["format"] == "onnx":
+            old, new = f["sha256"], hashlib.sha256(data).hexdigest()
+        f["sha256"], f["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    (art / "manifest.json").write_text(json.dumps(doc))
+    return old, new
 
 
 def test_a_resume_with_another_file_is_refused_before_anything_is_measured(tmp_path):
@@ -260,13 +268,13 @@ def test_a_resume_with_another_file_is_refused_before_anything_is_measured(tmp_p
 
     ws, cfg = _campaign(tmp_path, repetitions=1)
     assert _run(ws, cfg, _bench(_manifest_digest)).complete
-    _reexport(ws, B)
+    was, now = _reexport(ws)
     ws, cfg2 = _campaign(tmp_path, repetitions=2)  # one more repetition, of the changed file
     calls = []
-    with pytest.raises(EdgemaskError, match=r"run-a/client-000 onnx/fp32 on dev-a with 1 thread\(s\) was measured "
-                                            r"from model file sha256 0{12}… \(1 repetition\(s\)\), but .*model\.fp32"
-                                            r"\.onnx is now 278aac111111… \(exported again since\?\)"):
-        _run(ws, cfg2, _bench(lambda *a: calls.append(a) or B))
+    with pytest.raises(EdgemaskError, match=rf"run-a/client-000 onnx/fp32 on dev-a with 1 thread\(s\) was measured "
+                                            rf"from model file sha256 {was[:12]}… \(1 repetition\(s\)\), but "
+                                            rf".*model\.fp32\.onnx is now {now[:12]}… \(exported again since\?\)"):
+        _run(ws, cfg2, _bench(lambda *a: calls.append(a) or now))
     assert calls == []
     # a finished setting pools nothing new: its campaign run again is not refused
     assert _run(ws, cfg, _bench(_manifest_digest)).already_done == 1
