@@ -140,8 +140,8 @@ def assumptions(meta: dict, bandwidth_kbps: float, bandwidth_given: bool, augmen
     """Every assumption the replay's numbers rest on, one line each."""
     invalid = sorted({a for r in runs for a, v in zip(r.train_artifacts, r.verdicts) if v != "VALID"})
     lines = [
-        f"device {meta['device']}, {meta['format']}/{meta['variant']}, {meta['threads']} thread(s): every client "
-        f"is this device",
+        (f"device {meta['device']}, {meta['format']}/{meta['variant']}, {meta['threads']} thread(s): every client "
+         f"is this device"),
         f"computation: the measured p50 of one batch-1 inference of the model trained ({meta['train_model']}: "
         + ("the run's dense artifact, since masks are trained over the whole network" if meta["train_model"] == "dense"
            else "the client's compacted model, a trainer that removed dead units") + ")"
@@ -187,8 +187,8 @@ def replay_report(workspace: str | Path, run_ids: list[str], trace_dir: str | Pa
     runs, target, meta, bandwidth = replay(workspace, run_ids, trace_dir, settings)
     lines = assumptions(meta, bandwidth, settings.bandwidth_kbps is not None, settings.augmentation, runs)
     why = "given" if settings.target is not None else "the highest mean accuracy every run reaches"
-    return "\n".join([f"time and energy to {100 * target:.1f} % mean personalized accuracy ({why}), "
-                      f"FedScale's cost model:", replay_table(runs, target), "", "assumptions:",
+    return "\n".join([(f"time and energy to {100 * target:.1f} % mean personalized accuracy ({why}), "
+                       f"FedScale's cost model:"), replay_table(runs, target), "", "assumptions:",
                       *(f"  - {a}" for a in lines)])
 
 

@@ -482,7 +482,7 @@ def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame
     results = results_frame(summary) if not summary.empty else summary
     ledger, notes = build_ledger(results, workspace)
     write_ledger(results_dir, ledger)
-    traces, trace_notes = write_traces(results_dir, ledger, results)
+    _, trace_notes = write_traces(results_dir, ledger, results)
     fig = _Figure("accuracy_vs_latency", "Per client: personalized accuracy against measured latency (Pareto view; "
                   "hollow: INVALID setting; ringed and joined: on the front)",
                   _png(plots.accuracy_vs_latency(ledger)), "no client has both an accuracy and a measured latency")
@@ -496,7 +496,8 @@ def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame
                          "clients on the front (accuracy, p50 ms)": "; ".join(
                              f"{r.run_id}/{r.client_id} ({fmt_pct(r.accuracy)}, {fmt_ms(r.p50_ms)})"
                              for r in front.itertuples()) or "none: no VALID setting"})
-        sections.append((2, f"Which clients are both accurate and fast: the accuracy–latency front among VALID "
-                            f"settings (clients.parquet; device traces for FedScale and `edgemask replay` in "
-                            f"traces/, at an assumed {DEFAULT_BANDWIDTH_KBPS / 1000:g} Mbit/s)", pd.DataFrame(rows)))
+        heading = (f"Which clients are both accurate and fast: the accuracy–latency front among VALID settings "
+                   f"(clients.parquet; device traces for FedScale and `edgemask replay` in traces/, at an assumed "
+                   f"{DEFAULT_BANDWIDTH_KBPS / 1000:g} Mbit/s)")
+        sections.append((2, heading, pd.DataFrame(rows)))
     return fig, sections, notes + trace_notes

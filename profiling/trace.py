@@ -35,7 +35,12 @@ from typing import Any
 import pandas as pd
 
 from edgemask.errors import ConfigError, CorruptFileError
-from edgemask.fileio import atomic_path, sha256_file, write_bytes_atomic, write_json_atomic
+from edgemask.fileio import (
+    atomic_path,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from edgemask.workspace import check_name
 
 FEDSCALE_FILE = "client_device_capacity"
@@ -66,7 +71,7 @@ def trace_frame(ledger: pd.DataFrame, results: pd.DataFrame, setting: tuple[str,
     if not (bandwidth_kbps > 0 and math.isfinite(bandwidth_kbps)):
         raise ConfigError(f"bandwidth {bandwidth_kbps!r} kbit/s: expected a positive number")
     device, fmt, variant, threads = setting
-    sel = lambda df: df[(df["device"] == device) & (df["format"] == fmt) & (df["variant"] == variant)  # noqa: E731
+    sel = lambda df: df[(df["device"] == device) & (df["format"] == fmt) & (df["variant"] == variant)
                         & (df["threads"] == threads)]
     led, res = sel(ledger), sel(results)
     dense = {str(r.run_id): r for r in res[res["kind"] == "dense"].itertuples()}

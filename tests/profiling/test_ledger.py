@@ -4,9 +4,15 @@ import json
 
 import numpy as np
 import pandas as pd
-import pytest
 
-from profiling.ledger import RunRecord, client_training, ledger_frame, pareto_front, read_run, write_ledger
+from profiling.ledger import (
+    RunRecord,
+    client_training,
+    ledger_frame,
+    pareto_front,
+    read_run,
+    write_ledger,
+)
 
 SETTING = {"device": "dev", "format": "onnx", "variant": "fp32", "threads": 1}
 

@@ -70,3 +70,29 @@ def test_refusals_name_what_is_missing():
         replay_rounds(HISTORY[HISTORY["metric"] != "samples_seen"], COSTS, BANDWIDTH, run_id="r")
     with pytest.raises(ConfigError, match="bandwidth"):
         replay_rounds(HISTORY, COSTS, 0.0)
+
+
+def test_cli_replay_end_to_end_and_refusals(tmp_path, capsys):
+    """`edgemask replay` on a run directory and a trace written by the trace writer: the hand-computed figures
+    above; a missing trace is one line, exit 2."""
+    from cli.main import main
+    from profiling.trace import write_traces
+
+    run = tmp_path / "runs" / "run-x"
+    run.mkdir(parents=True)
+    HISTORY.to_parquet(run / "history.parquet")
+    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
+                           "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
+                           "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
+    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, ledger.assign(kind="compacted"),
+                               bandwidth_kbps=BANDWIDTH, train_model="compacted")
+    assert main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(trace),
+                 "--target", "0.8"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("fedx"))
+    assert row.split() == ["fedx", "run-x", "2", "7.60", "2.55", "0.8000", "7.60", "2.55"]
+    assert "8 kbit/s per client (the trace's, assumed, not measured)" in out
+    assert main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no trace here" in err
