@@ -13,6 +13,7 @@ from profiling.ledger import (
     read_run,
     write_ledger,
 )
+from profiling.trace import read_trace
 
 SETTING = {"device": "dev", "format": "onnx", "variant": "fp32", "threads": 1}
 
@@ -102,3 +103,27 @@ def test_files_read_and_written(tmp_path):
     path = write_ledger(tmp_path, ledger)
     pd.testing.assert_frame_equal(pd.read_parquet(path), ledger)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+def test_report_writes_the_ledger_plot_and_traces(tmp_path):
+    """`write_report` on a real store (test_report's campaign: run-a's dense baseline and client-000, one device)
+    with the run's summary.json: clients.parquet, the Pareto PNG, the front named in summary.md, a trace."""
+    from test_report import LENIENT, _campaign
+
+    from profiling.report import write_report
+
+    ws, results = _campaign(tmp_path)
+    (ws / "runs" / "run-a" / "summary.json").write_text(json.dumps(
+        {"clients": {"client-000": {"accuracy": 0.75}, "client-001": {"accuracy": 0.5}}}))
+    _, md_path = write_report(results, ws, rules=LENIENT)
+    ledger = pd.read_parquet(results / "clients.parquet")
+    row = ledger.iloc[0]
+    assert len(ledger) == 1 and (row["client_id"], row["accuracy"], row["p50_ms"]) == ("client-000", 0.75, 3.0)
+    assert (row["bytes_up"], row["bytes_down"], row["rounds_trained"]) == (3000, 9000, 3)  # 3 rounds × 1000, 3000
+    assert bool(row["on_front"])
+    assert (results / "plots" / "accuracy_vs_latency.png").read_bytes().startswith(b"\x89PNG")
+    md = md_path.read_text()
+    assert "run-a/client-000 (75.0%, 3.000)" in md
+    assert "no measured artifact for client(s) client-001" in md
+    trace, _ = read_trace(results / "traces" / "dev-a-onnx-fp32-t1")
+    assert trace[["client_id", "computation_ms", "inference_ms"]].values.tolist() == [["client-000", 10.0, 3.0]]
