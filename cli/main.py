@@ -134,7 +134,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from profiling.replay import ReplaySettings, replay_report
 
-    settings = ReplaySettings(bandwidth_kbps=args.bandwidth, target=args.target)
+    settings = ReplaySettings(bandwidth_kbps=args.bandwidth, target=args.target, metric=args.metric)
     print(replay_report(_ws(args).root, args.run, Path(args.trace), settings))
     return 0
 
@@ -236,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the trace's, assumed when it was written: 10000)")
     rp.add_argument("--target", type=float, default=None, help="target mean personalized accuracy, 0..1 (default: "
                     "the highest every replayed run reaches)")
+    rp.add_argument("--metric", default="mean_accuracy", help="the server-side history metric the target applies "
+                    "to (default: mean_accuracy, the clients' mean personalized accuracy)")
     return p
 
 

@@ -70,6 +70,8 @@ def test_refusals_name_what_is_missing():
         replay_rounds(HISTORY[HISTORY["metric"] != "samples_seen"], COSTS, BANDWIDTH, run_id="r")
     with pytest.raises(ConfigError, match="bandwidth"):
         replay_rounds(HISTORY, COSTS, 0.0)
+    with pytest.raises(ConfigError, match="no server metric 'global_accuracy'; it has mean_accuracy"):
+        replay_rounds(HISTORY, COSTS, BANDWIDTH, metric="global_accuracy")
 
 
 def test_cli_replay_end_to_end_and_refusals(tmp_path, capsys):
