@@ -300,6 +300,7 @@ def accuracy_vs_latency(ledger: pd.DataFrame) -> Figure | None:
                 Line2D([], [], marker="o", ls="-", color="black", markerfacecolor="none", markersize=9,
                        label="Pareto front (VALID settings)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=8,
-               title="one point per client (label: client number); FedAvg's clients all run its one model",
+               title="one point per client (label: client number); a run without client artifacts (FedAvg): "
+                     "each client on the run's dense model",
                title_fontsize=8)
     return fig
