@@ -111,7 +111,24 @@ def summary(runs: dict[str, Path], results_dir: Path) -> str:
     Latency and speedup appear only in the second table, where each carries its verdict."""
     from profiling.report import summary_table as settings_table
 
-    return "\n\n".join([training_table(runs, results_dir), settings_table(results_dir), LEGEND])
+    return "\n\n".join([training_table(runs, results_dir), settings_table(results_dir), LEGEND,
+                        replay_line(runs, results_dir)])
+
+
+def replay_line(runs: dict[str, Path], results_dir: Path) -> str:
+    """The summary's last line: the runs replayed under the local device's measured ONNX costs at the trace's
+    assumed bandwidth (:func:`profiling.replay.one_line`)."""
+    from edgemask.errors import EdgemaskError
+    from profiling.replay import one_line
+
+    traces = sorted((results_dir / "traces").glob("*-onnx-fp32-t1")) or sorted((results_dir / "traces").glob("*"))
+    if not traces:
+        return "replay: no device trace was written (see the report's notes)"
+    workspace = next(iter(runs.values())).parent.parent
+    try:
+        return one_line(workspace, [p.name for p in runs.values()], traces[0])
+    except EdgemaskError as exc:
+        return f"replay: {exc}"
 
 
 def training_table(runs: dict[str, Path], results_dir: Path) -> str:

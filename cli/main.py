@@ -190,6 +190,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from profiling.replay import ReplaySettings, replay_report
+
+    settings = ReplaySettings(bandwidth_kbps=args.bandwidth, target=args.target, metric=args.metric)
+    print(replay_report(_ws(args).root, args.run, Path(args.trace), settings))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cli.demo import run_demo
 
@@ -285,6 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = add("report", "write report.html and summary.md for a campaign's results", cmd_report)
     r.add_argument("--results", required=True, help="results/<campaign> directory")
+
+    rp = add("replay", "replay runs' histories under a device trace's measured costs (FedScale's cost model): "
+             "time and device energy to a target accuracy", cmd_replay)
+    rp.add_argument("--run", action="append", required=True, help="run id under <workspace>/runs (repeat to "
+                    "compare runs, e.g. --run demo-fedavg --run demo-fedmask)")
+    rp.add_argument("--trace", required=True, help="a trace directory `edgemask report` wrote, e.g. "
+                    "results/demo/traces/local-onnx-fp32-t1")
+    rp.add_argument("--bandwidth", type=float, default=None, metavar="KBPS", help="client bandwidth in kbit/s "
+                    "(default: the trace's, assumed when it was written: 10000)")
+    rp.add_argument("--target", type=float, default=None, help="target mean personalized accuracy, 0..1 (default: "
+                    "the highest every replayed run reaches)")
+    rp.add_argument("--metric", default="mean_accuracy", help="the server-side history metric the target applies "
+                    "to (default: mean_accuracy, the clients' mean personalized accuracy)")
     return p
 
 

@@ -8,7 +8,9 @@
   throttling, temperature drift);
 - ``tidy``: ``results.parquet`` (one row per setting) and ``samples.parquet`` (one row per raw sample);
 - ``report`` / ``plots``: one self-contained HTML page, a Markdown summary and a terminal table;
-- ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup.
+- ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup;
+- ``ledger`` / ``trace`` / ``replay``: ``clients.parquet`` (one row per run × client × setting) and its Pareto front,
+  device traces (FedScale's ``client_device_capacity`` and edgemask's own), time- and energy-to-accuracy replay.
 
 Names are imported on first use, so running a campaign does not load pandas and matplotlib up front.
 """
@@ -45,6 +47,11 @@ _EXPORTS = {
     "LayerRow": "profiling.layers",
     "breakdowns": "profiling.layers",
     "layer_table": "profiling.layers",
+    "build_ledger": "profiling.ledger",
+    "pareto_front": "profiling.ledger",
+    "write_traces": "profiling.trace",
+    "read_trace": "profiling.trace",
+    "replay_report": "profiling.replay",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
@@ -267,4 +268,50 @@ def layer_time_stacks(breakdowns) -> Figure | None:
         ax.legend(fontsize=6, ncols=2, loc="upper right", title="layer (hatched: < ½ FLOP bound)",
                   title_fontsize=6)
         ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+ALGORITHM_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+
+
+def accuracy_vs_latency(ledger: pd.DataFrame) -> Figure | None:
+    """The Pareto view of ``clients.parquet`` (``profiling.ledger``): per device × format, each client's
+    personalized accuracy against the measured p50 latency of its model, one colour per algorithm; an INVALID
+    setting's point hollow; the clients on the front (``on_front``, VALID settings only) joined by a step line
+    and ringed."""
+    if ledger.empty or ledger["p50_ms"].notna().sum() == 0:
+        return None
+    df = ledger[ledger["p50_ms"].notna() & ledger["accuracy"].notna()]
+    if df.empty:
+        return None
+    algos = sorted(df["algorithm"].fillna("?").astype(str).unique())
+    color = {a: ALGORITHM_COLORS[i % len(ALGORITHM_COLORS)] for i, a in enumerate(algos)}
+    fig, panels = _panel_grid(df, size=(5.2, 3.8))
+    for ax, title, rows in panels:
+        for algo, g in rows.groupby(rows["algorithm"].fillna("?").astype(str), sort=True):
+            valid = g["valid"].fillna(False).astype(bool).to_numpy()
+            ax.scatter(g["p50_ms"][valid], g["accuracy"][valid], s=40, color=color[algo], zorder=3)
+            ax.scatter(g["p50_ms"][~valid], g["accuracy"][~valid], s=40, facecolor="none", edgecolor=color[algo],
+                       linewidths=1.5, zorder=3)
+        front = rows[rows["on_front"].astype(bool)].sort_values("p50_ms")
+        if len(front):
+            ax.step(front["p50_ms"], front["accuracy"], where="post", color="black", lw=0.8, zorder=2)
+            ax.scatter(front["p50_ms"], front["accuracy"], s=110, facecolor="none", edgecolor="black",
+                       linewidths=0.8, zorder=2)
+        for r in rows.itertuples():
+            ax.annotate(str(r.client_id).replace("client-", ""), (r.p50_ms, r.accuracy), xytext=(3, 3),
+                        textcoords="offset points", fontsize=6, color="#555")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("measured p50 latency per inference (ms)")
+        ax.set_ylabel("personalized accuracy")
+        ax.grid(alpha=0.3)
+    handles = [Patch(facecolor=color[a], label=a) for a in algos]
+    handles += [Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="#555",
+                       label="INVALID setting (hollow)"),
+                Line2D([], [], marker="o", ls="-", color="black", markerfacecolor="none", markersize=9,
+                       label="Pareto front (VALID settings)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=8,
+               title="one point per client (label: client number); a run without client artifacts (FedAvg): "
+                     "each client on the run's dense model",
+               title_fontsize=8)
     return fig

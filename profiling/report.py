@@ -264,6 +264,7 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     name = config.get("name", results_dir.name)
     summary = summarize(df, rules=rules)
     write_tidy(results_dir, summary, df, csv=csv)
+    ledger_fig, ledger_sections, ledger_notes = ledger_part(results_dir, workspace, summary)
     runtime = runtime_table(summary)
     curves, history_notes = _run_curves(workspace, artifacts)
     energy_notes = _energy_notes(summary) if not summary.empty else []
@@ -281,13 +282,14 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
         _Figure("energy", "Energy per inference",
                 _png(plots.energy_per_inference(summary) if not summary.empty else None),
                 "energy is missing for every measurement: " + ("; ".join(energy_notes) or "no measurements")),
+        ledger_fig,
     ]
     plot_dir = results_dir / "plots"
     for f in figures:
         if f.png is not None:
             write_bytes_atomic(plot_dir / f"{f.name}.png", f.png)
 
-    notes = [*(_digest_notes(summary) if not summary.empty else []), *energy_notes, *history_notes]
+    notes = [*(_digest_notes(summary) if not summary.empty else []), *energy_notes, *history_notes, *ledger_notes]
     if not failures.empty:
         notes.append(f"{len(failures)} job(s) failed after their retries and are not in the tables "
                      f"(rerun `edgemask profile` to retry them)")
@@ -305,7 +307,7 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
 
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     verdict = verdict_lines(summary, rules)
-    sections = _sections(runtime, summary, failures, skipped) + layer_sections(layer_bds)
+    sections = _sections(runtime, summary, failures, skipped) + ledger_sections + layer_sections(layer_bds)
     md = _markdown(name, generated, config, verdict, sections, figures, notes)
     page = _html(name, generated, config, verdict, sections, figures, notes)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
@@ -499,3 +501,36 @@ def _html(name: str, generated: str, config: dict[str, Any], verdict: list[str],
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>edgemask campaign {e(name)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame
+                ) -> tuple[_Figure, list[tuple[int, str, pd.DataFrame | None]], list[str]]:
+    """Write ``clients.parquet`` (``profiling.ledger``) and the device traces (``profiling.trace``, at the assumed
+    default bandwidth) beside the store; return the Pareto figure, the section naming each setting's front, and
+    the notes on what the ledger left out."""
+    from profiling.ledger import build_ledger, write_ledger
+    from profiling.tidy import results_frame
+    from profiling.trace import DEFAULT_BANDWIDTH_KBPS, write_traces
+
+    results = results_frame(summary) if not summary.empty else summary
+    ledger, notes = build_ledger(results, workspace)
+    write_ledger(results_dir, ledger)
+    _, trace_notes = write_traces(results_dir, ledger, results)
+    fig = _Figure("accuracy_vs_latency", "Per client: personalized accuracy against measured latency (Pareto view; "
+                  "hollow: INVALID setting; ringed and joined: on the front)",
+                  _png(plots.accuracy_vs_latency(ledger)), "no client has both an accuracy and a measured latency")
+    sections: list[tuple[int, str, pd.DataFrame | None]] = []
+    if not ledger.empty:
+        rows = []
+        for keys, g in ledger.groupby(["device", "format", "variant", "threads"], sort=True):
+            front = g[g["on_front"]].sort_values("p50_ms")
+            rows.append({"setting": f"{keys[0]}, {keys[1]}/{keys[2]}, {keys[3]} thread(s)",
+                         "on the front": f"{len(front)} of {len(g)}",
+                         "clients on the front (accuracy, p50 ms)": "; ".join(
+                             f"{r.run_id}/{r.client_id} ({fmt_pct(r.accuracy)}, {fmt_ms(r.p50_ms)})"
+                             for r in front.itertuples()) or "none: no VALID setting"})
+        heading = (f"Which clients are both accurate and fast: the accuracy–latency front among VALID settings "
+                   f"(clients.parquet; device traces for FedScale and `edgemask replay` in traces/, at an assumed "
+                   f"{DEFAULT_BANDWIDTH_KBPS / 1000:g} Mbit/s)")
+        sections.append((2, heading, pd.DataFrame(rows)))
+    return fig, sections, notes + trace_notes

@@ -77,6 +77,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     is set up, before the first round (``train`` checks there that the run will fit on disk).
 
     History rows (long format): per round × sampled client: ``bytes_up``, ``bytes_down``, ``train_loss``,
+    ``samples_seen`` (training samples the local training processed, all its epochs),
     ``flops_fwd`` / ``flops_bwd`` (the round's local training, with the client's masks, counting what element
     sparsity would save: zero weights skipped), ``flops_fwd_structured`` / ``flops_bwd_structured`` (the same
     training counting only what structured removal saves: whole dead units; the paper's "computation cost"),
@@ -148,6 +149,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             record(rnd, cid, "bytes_up", upd.bytes_up)
             record(rnd, cid, "bytes_down", upd.bytes_down)
             record(rnd, cid, "train_loss", upd.train_loss)
+            record(rnd, cid, "samples_seen", res.samples_seen)  # training samples processed: FedScale's batch × steps
             record(rnd, cid, "flops_fwd", fwd_train)
             record(rnd, cid, "flops_bwd", bwd_train)
             record(rnd, cid, "flops_fwd_structured", fwd_train_s)

@@ -57,6 +57,16 @@ def test_demo_end_to_end(tmp_path):
     results = ws / "results" / "demo"
     assert (results / "results.sqlite").is_file()
     assert (results / "report.html").is_file() and (results / "summary.md").is_file()
+    # the ledger: 8 FedMask clients on their compacted models + 8 FedAvg clients on its one model, 2 formats each
+    import pandas as pd
+
+    ledger = pd.read_parquet(results / "clients.parquet")
+    assert len(ledger) == (8 + 8) * 2 and set(ledger["measured_model"]) == {"compacted", "dense"}
+    assert (results / "plots" / "accuracy_vs_latency.png").is_file()
+    assert (results / "traces" / "local-onnx-fp32-t1" / "fedscale" / "demo-fedmask" / "client_device_capacity").is_file()
+    assert p.stdout.rstrip().splitlines()[-1].startswith("stage wall time")
+    assert re.search(r"^replayed on local \(onnx, 1 thread\(s\), 10 Mbit/s assumed.*time to [\d.]+ % mean "
+                     r"accuracy: fedavg [\d.]+ s \(\d+ rounds.*\); fedmask [\d.]+ s", p.stdout, re.M), p.stdout[-2000:]
     from profiling.store import load_results
 
     df = load_results(results)

@@ -1,0 +1,213 @@
+"""Time- and energy-to-accuracy: replay a run's history round by round under a device trace's measured costs.
+
+FedScale's cost model (Lai et al., ICML 2022; ``fedscale/cloud/internal/client_metadata.py``,
+``get_completion_time``), per sampled client c of round r:
+
+    compute_c = augmentation × samples_c × computation_ms ÷ 1000          (s; FedScale: 3 × batch × local steps ×
+                                                                           ms per sample, "backward-pass takes
+                                                                           around 2x the latency")
+    comm_c    = (bytes_up_c + bytes_down_c) × 8 ÷ 1000 ÷ bandwidth_kbps    (s; FedScale: (upload + download) ÷
+                                                                           bandwidth, both in kbit)
+    round_r   = max_c (compute_c + comm_c)                                  (a round ends with its slowest client)
+    energy_r  = Σ_c augmentation × samples_c × train_energy_mj ÷ 1000       (J, the sampled devices' compute only)
+
+``samples_c`` is what the client's local training processed in that round (the history's ``samples_seen``:
+batch × local steps, every epoch counted, the last partial batch as it is). The time and energy to a target
+accuracy are the sums through the first evaluated round whose ``mean_accuracy`` reaches it.
+
+Assumptions (each stated in the output, :func:`assumptions`): clients train in parallel and the server waits for
+all of them (no over-commitment, no stragglers dropped, no availability trace); aggregation and evaluation take no
+time; a training sample costs ``augmentation`` × one batch-1 inference (FedScale's factor; batching would make it
+cheaper per sample); communication costs no device energy (not measured); the bandwidth is the same for every
+client and assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from edgemask.errors import ConfigError, CorruptFileError
+from edgemask.workspace import check_name
+from profiling.trace import read_trace
+
+# FedScale's augmentation_factor: "backward-pass takes around 2x the latency, so we multiple it by 3x".
+AUGMENTATION = 3.0
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """``bandwidth_kbps``: None takes the trace's own (assumed when it was written); ``target``: None takes the
+    highest mean accuracy every replayed run reaches."""
+
+    bandwidth_kbps: float | None = None
+    target: float | None = None
+    augmentation: float = AUGMENTATION
+    metric: str = "mean_accuracy"  # the server-side history metric the target applies to
+
+
+@dataclass
+class RunReplay:
+    run_id: str
+    algorithm: str
+    rounds: pd.DataFrame  # one row per round: round, clients, slowest, compute_s, comm_s, round_s, energy_j, ...
+    train_artifacts: list[str] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+
+    def to_target(self, target: float) -> dict[str, float]:
+        """Rounds, seconds and joules through the first evaluated round reaching ``target`` (NaN when none)."""
+        hit = self.rounds[self.rounds["accuracy"] >= target - 1e-12]
+        if hit.empty:
+            return {"rounds": math.nan, "time_s": math.nan, "energy_j": math.nan}
+        r = hit.iloc[0]
+        return {"rounds": int(r["round"]) + 1, "time_s": float(r["cum_time_s"]), "energy_j": float(r["cum_energy_j"])}
+
+
+def replay_rounds(history: pd.DataFrame, costs: pd.DataFrame, bandwidth_kbps: float,
+                  augmentation: float = AUGMENTATION, run_id: str = "?", metric: str = "mean_accuracy"
+                  ) -> pd.DataFrame:
+    """The cost of every round of ``history`` (long format) under ``costs`` (one row per client: ``client_id``,
+    ``computation_ms``, ``train_energy_mj``), with the cumulative time and energy and the round's accuracy: the
+    server's ``metric`` row (``mean_accuracy``: the clients' mean personalized accuracy; NaN in rounds not
+    evaluated)."""
+    if not (bandwidth_kbps > 0 and math.isfinite(bandwidth_kbps)):
+        raise ConfigError(f"bandwidth {bandwidth_kbps!r} kbit/s: expected a positive number")
+    wide = history[history["client"] != "server"].pivot_table(
+        index=["round", "client"], columns="metric", values="value", aggfunc="sum")
+    if "samples_seen" not in wide.columns:
+        raise CorruptFileError(f"run {run_id}: history.parquet has no samples_seen rows (recorded since "
+                               f"issue 29): retrain the run to replay it")
+    wide = wide[wide["samples_seen"].notna()].reset_index()
+    cost = costs.set_index("client_id")
+    missing = sorted(set(wide["client"]) - set(cost.index[cost["computation_ms"].notna()]))
+    if missing:
+        raise ConfigError(f"run {run_id}: the trace has no measured training cost for client(s) "
+                          f"{', '.join(missing[:5])}; profile the run's dense artifact on the trace's device")
+    wide["compute_s"] = augmentation * wide["samples_seen"] * cost.loc[wide["client"], "computation_ms"].to_numpy() / 1e3
+    wide["comm_s"] = (wide["bytes_up"] + wide["bytes_down"]) * 8 / 1e3 / bandwidth_kbps
+    wide["client_s"] = wide["compute_s"] + wide["comm_s"]
+    wide["energy_j"] = (augmentation * wide["samples_seen"]
+                        * cost.loc[wide["client"], "train_energy_mj"].to_numpy(dtype=float) / 1e3)
+    rows = []
+    for rnd, g in wide.groupby("round", sort=True):
+        slow = g.loc[g["client_s"].idxmax()]
+        rows.append({"round": int(rnd), "clients": len(g), "slowest": slow["client"],
+                     "compute_s": float(slow["compute_s"]), "comm_s": float(slow["comm_s"]),
+                     "round_s": float(slow["client_s"]), "energy_j": float(g["energy_j"].sum(min_count=len(g)))})
+    out = pd.DataFrame(rows)
+    out["cum_time_s"] = out["round_s"].cumsum()
+    out["cum_energy_j"] = out["energy_j"].cumsum()
+    server = history[history["client"] == "server"]
+    acc = server[server["metric"] == metric]
+    if acc.empty:
+        raise ConfigError(f"run {run_id}: history.parquet has no server metric {metric!r}; it has "
+                          f"{', '.join(sorted(server['metric'].unique())) or 'none'}")
+    out["accuracy"] = out["round"].map(dict(zip(acc["round"].astype(int), acc["value"].astype(float))))
+    return out
+
+
+def replay_run(workspace: str | Path, run_id: str, trace: pd.DataFrame, bandwidth_kbps: float,
+               augmentation: float = AUGMENTATION, metric: str = "mean_accuracy") -> RunReplay:
+    run_dir = Path(workspace) / "runs" / check_name(run_id, "--run")
+    path = run_dir / "history.parquet"
+    if not path.is_file():
+        raise CorruptFileError(f"{path}: missing; train the run first (or name a run under {run_dir.parent})")
+    history = pd.read_parquet(path)
+    costs = trace[trace["run_id"] == run_id]
+    if costs.empty:
+        raise ConfigError(f"run {run_id}: not in the trace (it has {', '.join(sorted(trace['run_id'].unique()))}); "
+                          f"profile its artifacts on this device and rerun `edgemask report`")
+    try:
+        algorithm = json.loads((run_dir / "summary.json").read_text()).get("algorithm", "?")
+    except (OSError, ValueError):
+        algorithm = str(costs["algorithm"].iloc[0])
+    rounds = replay_rounds(history, costs, bandwidth_kbps, augmentation, run_id, metric)
+    return RunReplay(run_id, algorithm, rounds, sorted(costs["train_artifact"].dropna().unique()),
+                     sorted(costs["train_verdict"].dropna().unique()))
+
+
+def replay(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
+           settings: ReplaySettings = ReplaySettings()) -> tuple[list[RunReplay], float, dict, float]:
+    """Replay each run under the trace; return the replays, the target, the trace's metadata and the bandwidth."""
+    trace, meta = read_trace(trace_dir)
+    bandwidth = settings.bandwidth_kbps if settings.bandwidth_kbps is not None else float(meta["bandwidth_kbps"])
+    runs = [replay_run(workspace, r, trace, bandwidth, settings.augmentation, settings.metric) for r in run_ids]
+    target = settings.target
+    if target is None:
+        target = min(float(r.rounds["accuracy"].max()) for r in runs)
+    return runs, target, meta, bandwidth
+
+
+def assumptions(meta: dict, bandwidth_kbps: float, bandwidth_given: bool, augmentation: float,
+                runs: list[RunReplay]) -> list[str]:
+    """Every assumption the replay's numbers rest on, one line each."""
+    invalid = sorted({a for r in runs for a, v in zip(r.train_artifacts, r.verdicts) if v != "VALID"})
+    lines = [
+        (f"device {meta['device']}, {meta['format']}/{meta['variant']}, {meta['threads']} thread(s): every client "
+         f"is this device"),
+        f"computation: the measured p50 of one batch-1 inference of the model trained ({meta['train_model']}: "
+        + ("the run's dense artifact, since masks are trained over the whole network" if meta["train_model"] == "dense"
+           else "the client's compacted model, a trainer that removed dead units") + ")"
+        + f", × {augmentation:g} per training sample (FedScale: backward ≈ 2 × forward)",
+        f"communication: bytes up + down ÷ {bandwidth_kbps:,.0f} kbit/s per client ("
+        + ("given" if bandwidth_given else "the trace's") + ", assumed, not measured); it costs no device energy",
+        "a round ends with its slowest client; clients train in parallel; aggregation and evaluation take no time",
+        "energy: the sampled devices' whole-board energy per inference × the training samples; "
+        + ("missing (no power sensor measured it)" if all(r.rounds["energy_j"].isna().all() for r in runs) else
+           "the sum over a round's clients"),
+    ]
+    if invalid:
+        lines.append(f"the training cost rests on INVALID settings ({', '.join(invalid)}): not numbers to quote")
+    return lines
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def replay_table(runs: list[RunReplay], target: float) -> str:
+    """Per run: rounds, seconds and joules to ``target``, and over all rounds, as plain text."""
+    head = ("algorithm", "run", f"rounds to {100 * target:.1f} %", "time to target (s)", "energy to target (J)",
+            "final acc", "all rounds (s)", "all rounds (J)")
+    rows = [head]
+    for r in runs:
+        t = r.to_target(target)
+        final = r.rounds["accuracy"].dropna()
+        rows.append((r.algorithm, r.run_id, _fmt(t["rounds"], ".0f"), _fmt(t["time_s"], ".2f"),
+                     _fmt(t["energy_j"], ".2f"), _fmt(float(final.iloc[-1]) if len(final) else math.nan, ".4f"),
+                     _fmt(float(r.rounds["cum_time_s"].iloc[-1]), ".2f"),
+                     _fmt(float(r.rounds["cum_energy_j"].iloc[-1]), ".2f")))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    text = ["  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            for row in rows]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def replay_report(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
+                  settings: ReplaySettings = ReplaySettings()) -> str:
+    """The ``edgemask replay`` output: the table, then every assumption."""
+    runs, target, meta, bandwidth = replay(workspace, run_ids, trace_dir, settings)
+    lines = assumptions(meta, bandwidth, settings.bandwidth_kbps is not None, settings.augmentation, runs)
+    why = "given" if settings.target is not None else f"the highest {settings.metric} every run reaches"
+    return "\n".join([(f"time and energy to {100 * target:.1f} % {settings.metric} ({why}), "
+                       f"FedScale's cost model:"), replay_table(runs, target), "", "assumptions:",
+                      *(f"  - {a}" for a in lines)])
+
+
+def one_line(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
+             settings: ReplaySettings = ReplaySettings()) -> str:
+    """One sentence for a summary: each run's time (and energy, where measured) to the target."""
+    runs, target, meta, bandwidth = replay(workspace, run_ids, trace_dir, settings)
+    parts = []
+    for r in runs:
+        t = r.to_target(target)
+        e = "" if math.isnan(t["energy_j"]) else f", {t['energy_j']:.2f} J"
+        parts.append(f"{r.algorithm} {_fmt(t['time_s'], '.2f')} s ({_fmt(t['rounds'], '.0f')} rounds{e})")
+    return (f"replayed on {meta['device']} ({meta['format']}, {meta['threads']} thread(s), {bandwidth / 1000:g} "
+            f"Mbit/s assumed, FedScale's cost model; `edgemask replay` states every assumption): time to "
+            f"{100 * target:.1f} % mean accuracy: " + "; ".join(parts))

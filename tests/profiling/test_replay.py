@@ -1,0 +1,100 @@
+"""The replay's arithmetic on a two-round history computed by hand (FedScale's cost model)."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from edgemask.errors import ConfigError, CorruptFileError
+from profiling.replay import RunReplay, replay_rounds, replay_table
+
+# round 0: a and b train; round 1: a alone. mean accuracy 0.5 after round 0, 0.8 after round 1.
+HISTORY = pd.DataFrame(
+    [(0, "a", "samples_seen", 100), (0, "a", "bytes_up", 1000), (0, "a", "bytes_down", 2000),
+     (0, "b", "samples_seen", 50), (0, "b", "bytes_up", 500), (0, "b", "bytes_down", 2000),
+     (0, "a", "accuracy", 0.4), (0, "b", "accuracy", 0.6), (0, "server", "mean_accuracy", 0.5),
+     (1, "a", "samples_seen", 100), (1, "a", "bytes_up", 1000), (1, "a", "bytes_down", 2000),
+     (1, "server", "mean_accuracy", 0.8)], columns=["round", "client", "metric", "value"])
+COSTS = pd.DataFrame({"client_id": ["a", "b"], "computation_ms": [2.0, 10.0], "train_energy_mj": [4.0, 1.0]})
+BANDWIDTH = 8.0  # kbit/s: a byte costs 1 ms
+
+
+def test_two_rounds_by_hand():
+    # round 0, a: compute 3 × 100 × 2 ms = 0.6 s, comm 3000 B × 8 / 1000 / 8 kbit/s = 3.0 s -> 3.6 s
+    #          b: compute 3 × 50 × 10 ms = 1.5 s, comm 2500 B -> 2.5 s -> 4.0 s: the round ends with b
+    #    energy: a 3 × 100 × 4 mJ = 1.2 J, b 3 × 50 × 1 mJ = 0.15 J -> 1.35 J
+    # round 1, a alone: 3.6 s, 1.2 J
+    r = replay_rounds(HISTORY, COSTS, BANDWIDTH)
+    assert list(r["clients"]) == [2, 1]
+    assert list(r["slowest"]) == ["b", "a"]
+    assert r["compute_s"].tolist() == pytest.approx([1.5, 0.6])
+    assert r["comm_s"].tolist() == pytest.approx([2.5, 3.0])
+    assert r["round_s"].tolist() == pytest.approx([4.0, 3.6])
+    assert r["energy_j"].tolist() == pytest.approx([1.35, 1.2])
+    assert r["cum_time_s"].tolist() == pytest.approx([4.0, 7.6])
+    assert r["cum_energy_j"].tolist() == pytest.approx([1.35, 2.55])
+    run = RunReplay("run", "fedx", r)
+    assert run.to_target(0.8) == pytest.approx({"rounds": 2, "time_s": 7.6, "energy_j": 2.55})
+    assert run.to_target(0.5) == pytest.approx({"rounds": 1, "time_s": 4.0, "energy_j": 1.35})
+    assert all(math.isnan(v) for v in run.to_target(0.9).values())
+    table = replay_table([run], 0.8)
+    assert "7.60" in table and "2.55" in table and "80.0 %" in table
+
+
+def test_matches_fedscales_own_completion_time():
+    """FedScale's ``ClientMetadata.get_completion_time`` (fedscale/cloud/internal/client_metadata.py), restated
+    here as the reference: computation = 3 × batch × local steps × ms per sample ÷ 1000, communication = (upload
+    + download kbit) ÷ bandwidth. Client a of round 0 trains 100 samples as 20 × 5 steps, sends 8 and fetches
+    16 kbit."""
+    def get_completion_time(compute_speed, bandwidth, batch_size, local_steps, upload_size, download_size,
+                            augmentation_factor=3.0):
+        return {"computation": augmentation_factor * batch_size * local_steps * float(compute_speed) / 1000.,
+                "communication": (upload_size + download_size) / float(bandwidth)}
+
+    ref = get_completion_time(2.0, BANDWIDTH, 20, 5, 1000 * 8 / 1000, 2000 * 8 / 1000)
+    r = replay_rounds(HISTORY[HISTORY["client"].isin(["a", "server"])], COSTS, BANDWIDTH)
+    assert r["compute_s"].iloc[0] == pytest.approx(ref["computation"])
+    assert r["comm_s"].iloc[0] == pytest.approx(ref["communication"])
+
+
+def test_missing_energy_is_missing_not_zero():
+    costs = COSTS.assign(train_energy_mj=[4.0, float("nan")])
+    r = replay_rounds(HISTORY, costs, BANDWIDTH)
+    assert math.isnan(r["energy_j"].iloc[0]) and r["energy_j"].iloc[1] == pytest.approx(1.2)
+
+
+def test_refusals_name_what_is_missing():
+    with pytest.raises(ConfigError, match="client\\(s\\) b"):
+        replay_rounds(HISTORY, COSTS[COSTS["client_id"] == "a"], BANDWIDTH, run_id="r")
+    with pytest.raises(CorruptFileError, match="samples_seen"):
+        replay_rounds(HISTORY[HISTORY["metric"] != "samples_seen"], COSTS, BANDWIDTH, run_id="r")
+    with pytest.raises(ConfigError, match="bandwidth"):
+        replay_rounds(HISTORY, COSTS, 0.0)
+    with pytest.raises(ConfigError, match="no server metric 'global_accuracy'; it has mean_accuracy"):
+        replay_rounds(HISTORY, COSTS, BANDWIDTH, metric="global_accuracy")
+
+
+def test_cli_replay_end_to_end_and_refusals(tmp_path, capsys):
+    """`edgemask replay` on a run directory and a trace written by the trace writer: the hand-computed figures
+    above; a missing trace is one line, exit 2."""
+    from cli.main import main
+    from profiling.trace import write_traces
+
+    run = tmp_path / "runs" / "run-x"
+    run.mkdir(parents=True)
+    HISTORY.to_parquet(run / "history.parquet")
+    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
+                           "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
+                           "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
+    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, ledger.assign(kind="compacted"),
+                               bandwidth_kbps=BANDWIDTH, train_model="compacted")
+    assert main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(trace),
+                 "--target", "0.8"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("fedx"))
+    assert row.split() == ["fedx", "run-x", "2", "7.60", "2.55", "0.8000", "7.60", "2.55"]
+    assert "8 kbit/s per client (the trace's, assumed, not measured)" in out
+    assert main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no trace here" in err
