@@ -51,13 +51,43 @@ PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (dis
 FROZEN = "frozen:"  # the constants' prefix of the frozen weights W
 
 
+FORWARDS = ("binary", "soft")  # FedMaskArgs.forward
+RESTARTS = ("reset", "keep_agreeing")  # FedMaskArgs.restart
+
+
 @dataclass(frozen=True)
 class FedMaskArgs:
     prune_rate: float = 0.2  # p_r: fraction of mask elements kept in the pruned layers (§4.2)
     prune_last: int = 2  # L: one-shot pruning applies to the last L masked layers (paper: 8 for VGG16, 2 for HAR/NCP)
-    lambda_r: float = 2e-4  # λ_R of Eq. 10
+    lambda_r: float = 2e-4  # λ_R of Eq. 10 (2e-4: the paper's centralized MNIST study, §3.5 / Table 2)
     init_scale: float = 1.0  # s in m^r = s·(2m − 1)
     lstm_real_output_gate: bool = True  # Table 3: W_o real-valued
+    # The local training's feedforward mask. "binary" (the paper, §3.3: "when transmitting m ... and performing
+    # the feedforward operation, the result from Eq. 6 will be binarized"): W ⊙ 1[σ(m^r) ≥ 0.5], the gradient
+    # σ′(m^r) ⊙ ∂L/∂m at the binary mask (Eq. 7-8, straight through). "soft" (a deviation, kept to measure it):
+    # W ⊙ σ(m^r), the gradient of that soft forward.
+    forward: str = "binary"
+    # How a round's real-valued mask restarts from the binary start mask b = m^T ⊙ m_k (Alg. 1 line 14 leaves
+    # m^r's magnitude open). "reset": m^r = s·(2b − 1) every round. "keep_agreeing": the device keeps its own last
+    # trained scores where their sign agrees with b (1[m^r ≥ 0] = b), ±s elsewhere and in its first round.
+    restart: str = "reset"
+
+
+def check_args(args: FedMaskArgs) -> None:
+    """Refuse an unknown ``forward`` / ``restart`` with the valid values (a config mistake, not a traceback)."""
+    from edgemask.errors import ConfigError
+
+    for name, valid in (("forward", FORWARDS), ("restart", RESTARTS)):
+        if getattr(args, name) not in valid:
+            raise ConfigError(f"algorithm 'fedmask': [algorithm.args] {name} = {getattr(args, name)!r}; valid: "
+                              f"{', '.join(valid)}")
+
+
+def binary_ste(soft: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 in the forward, Eq. 7-8 in the backward: the value is the binary mask 1[σ(m^r) ≥ 0.5] exactly (the
+    added ``soft − soft`` is an exact 0), the gradient is that of ``soft`` = σ(m^r), so ∂L/∂m^r = σ′(m^r) ⊙ ∂L/∂m
+    with ∂L/∂m taken at the binary mask (a straight-through estimator, as in Piggyback)."""
+    return binarize(soft).to(soft.dtype) + (soft - soft.detach())
 
 
 def group_lasso(site: MaskSite, masks: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -79,8 +109,8 @@ class MaskedTask:
     the frozen weights (constants ``FROZEN`` + name), pruning structures in the constants by weight name, and
     with ``real_output_gate`` the LSTM's W_o rows trained directly (trainable ``o:`` + name, Table 3)."""
 
-    def __init__(self, m: ModelContext, real_output_gate: bool) -> None:
-        self.m, self.sites = m, m.sites
+    def __init__(self, m: ModelContext, real_output_gate: bool, binary: bool = True) -> None:
+        self.m, self.sites, self.binary = m, m.sites, binary
         self.mask_names = tuple(w for s in m.sites for w in s.weights)  # every mask, in the sites' order
         self.real_o = {w: s.hidden for s in m.sites if s.kind == "lstm" for w in s.weights} if real_output_gate \
             else {}
@@ -96,17 +126,31 @@ class MaskedTask:
             params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
         return params
 
+    def forward_masks(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The masks the feedforward runs: binary, 1[σ(m^r) ≥ 0.5] with the straight-through gradient of σ
+        (:func:`binary_ste`, §3.3 and Eq. 7-8), or with ``binary`` False the soft σ(m^r) (a deviation); pruned
+        elements 0 either way."""
+        if not self.binary:
+            return self.soft_masks(tr, c)
+        out = {}
+        for w in self.mask_names:
+            m = binary_ste(torch.sigmoid(tr[w]))
+            out[w] = m * c[w] if w in c else m
+        return out
+
     def forward(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: torch.Tensor,
                 buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The frozen weights under the soft masks (Eq. 2, 6)."""
-        eff = effective_params(self.params_with_o(tr, c), self.soft_masks(tr, c), self.sites)
+        """The frozen weights under the forward masks (Eq. 2; binary by Eq. 3 and §3.3, or soft by Eq. 6). With
+        binary masks a unit whose row is all zero is dead in that step: its bias and batch-norm affine are gated
+        to zero (:func:`~trainer.models.masking.effective_params`), as at inference and in export."""
+        eff = effective_params(self.params_with_o(tr, c), self.forward_masks(tr, c), self.sites)
         return self.m.call(eff, buffers, x)
 
 
 @task_function("fedmask.forward")
-def masked_forward(m: ModelContext, real_output_gate: bool = True):
+def masked_forward(m: ModelContext, real_output_gate: bool = True, binary: bool = True):
     """The task's forward (:meth:`MaskedTask.forward`)."""
-    return MaskedTask(m, real_output_gate).forward
+    return MaskedTask(m, real_output_gate, binary).forward
 
 
 @task_function("fedmask.group_lasso")
@@ -127,6 +171,7 @@ class FedMask(Algorithm):
     Args = FedMaskArgs
 
     def setup(self) -> None:
+        check_args(self.args)
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
         self.mask_names = tuple(masked)  # every mask, in the sites' order
@@ -173,6 +218,8 @@ class FedMask(Algorithm):
         self.covered: dict[str, torch.Tensor | None] = {w: None for w in masked}
         self.first_start = {cid: self._start_scores(self.masks[cid], self.keep[cid]) for cid in self.client_ids}
         self.shared_start: dict[str, torch.Tensor] = {}  # an unpruned mask's start, m^T for every device
+        self.scores: dict[str, dict[str, torch.Tensor]] = {}  # restart "keep_agreeing": each device's last m^r
+        self.round_start: dict[str, dict[str, torch.Tensor]] = {}  # the binary mask a round's first step ran
 
     # -- the local task -------------------------------------------------------------------------------
     def _weight_rows(self, w: str) -> torch.Tensor:
@@ -206,7 +253,8 @@ class FedMask(Algorithm):
         # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
         # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
-        return LocalTask(trainable, self.model_spec, Fn.of("fedmask.forward", real_output_gate=real_o), regs,
+        fwd = Fn.of("fedmask.forward", real_output_gate=real_o, binary=self.args.forward == "binary")
+        return LocalTask(trainable, self.model_spec, fwd, regs,
                          constants=constants, buffers=self.buffers[cid], epochs=self.local_epochs,
                          lr=self.cfg.training.lr, grad_keep=grad_keep)
 
@@ -218,21 +266,42 @@ class FedMask(Algorithm):
             return []
         return [w for s in self.sites if s.kind == "lstm" for w in s.weights]
 
-    def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
-        """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the
-        server's current global mask under the device's structure, m^T ⊙ m_k (see the module docstring for an
-        element no upload has kept yet), as ±``init_scale``, 0 where pruned. An unpruned mask every upload keeps
-        whole, so after the first aggregation all devices start from one tensor (stacked as a view)."""
-        keep, first, start = self.keep[cid], self.first_start[cid], {}
+    def returned_mask(self, cid: str) -> dict[str, torch.Tensor]:
+        """The binary mask the server sends device ``cid`` (§3.6: "the updated binary masks ... will be sent back
+        to devices"; Alg. 1 line 11): the current global mask under the device's structure, m^T ⊙ m_k (see the
+        module docstring for an element no upload has kept yet: m_k itself)."""
+        keep, out = self.keep[cid], {}
         for w, m_k in self.masks[cid].items():
             covered = self.covered[w]
-            if w in self.shared_start:
+            if covered is None:  # m^0 ⊙ m_k = m_k
+                out[w] = m_k
+            elif w not in self.pruned:  # every upload keeps every element: m^T itself
+                out[w] = self.global_mask[w]
+            else:
+                out[w] = torch.where(covered, self.global_mask[w], m_k) * keep[w]
+        return out
+
+    def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
+        """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the
+        returned mask m^T ⊙ m_k (:meth:`returned_mask`) as ±``init_scale``, 0 where pruned; with ``restart``
+        "keep_agreeing", the device's own last scores where their sign agrees with it. An unpruned mask every
+        upload keeps whole, so after the first aggregation all devices start from one tensor under "reset"
+        (stacked as a view)."""
+        keep, first, start = self.keep[cid], self.first_start[cid], {}
+        returned = self.returned_mask(cid)
+        own = self.scores.get(cid) if self.args.restart == "keep_agreeing" else None
+        for w, b in returned.items():
+            if own is not None:
+                reset = self._start_scores({w: b}, {w: keep[w]})[w]
+                agree = (own[w] >= 0).to(b.dtype).eq(b) & keep[w].bool()
+                start[w] = torch.where(agree, own[w], reset)
+            elif w in self.shared_start:
                 start[w] = self.shared_start[w]
-            elif covered is None:  # m^0 ⊙ m_k = m_k
+            elif self.covered[w] is None:  # m^0 ⊙ m_k = m_k
                 start[w] = first[w]
             else:
-                mask = torch.where(covered, self.global_mask[w], m_k) * keep[w]
-                start[w] = self._start_scores({w: mask}, {w: keep[w]})[w]
+                start[w] = self._start_scores({w: b}, {w: keep[w]})[w]
+        self.round_start[cid] = returned
         return start
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
@@ -258,6 +327,8 @@ class FedMask(Algorithm):
         o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
         self.buffers[cid] = result.buffers
         self.local[cid] = masks
+        if self.args.restart == "keep_agreeing":
+            self.scores[cid] = {w: result.trained[w].detach().clone() for w in masks}
         size = mask_bytes(masks) + tensor_bytes(o)  # the same both ways
         return ClientUpdate(cid, result.num_samples, masks, bytes_up=size, bytes_down=size, train_loss=result.loss,
                             samples_seen=result.samples_seen, extra={"o": o})
@@ -293,7 +364,26 @@ class FedMask(Algorithm):
         return self.local[cid]
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]  # W ⊙ m (Eq. 2), binary m
+        """The personalized model: W ⊙ m (Eq. 2) with the device's last locally trained binary mask (the
+        ``local_mask`` accuracy, ``accuracy`` in the history)."""
+        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]
+
+    primary_accuracy = "local_mask"
+
+    def extra_eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
+        """The mask the server sends back, m^T ⊙ m_k (:meth:`returned_mask`), with the device's own batch-norm
+        statistics: the ``returned_mask`` accuracy."""
+        return {"returned_mask": [self.masked_model(self.returned_mask(cid), self.buffers[cid]) for cid in cids]}
+
+    def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        """The binary mask the round's forward passes computed with, for the training FLOPs: binary forward,
+        the union of the mask the round started from (m^T ⊙ m_k, its first step's) and the one it ended with
+        (the upload): an element either step ran counts (a unit alive only in between is not seen). Soft
+        forward: σ(m^r) > 0 everywhere, so every element the pruning structure keeps ran."""
+        if self.args.forward == "soft":
+            return dict(self.keep[cid])
+        start = self.round_start.get(cid, self.local[cid])
+        return {w: torch.maximum(start[w], m) for w, m in self.local[cid].items()}
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())
