@@ -158,3 +158,32 @@ def test_keep_agreeing_restart_keeps_the_devices_scores_where_their_sign_agrees(
     # sign agrees with b (score ≥ 0 ⇔ bit 1): the own score; else ±s = 2b − 1
     expect = torch.where((own >= 0).float().eq(b), own, 2 * b - 1)
     torch.testing.assert_close(start, expect)
+
+
+def test_ic_cifar10_config_gives_25_training_samples_per_device_at_20_plus_5():
+    """Table 4's 25 samples per device are training samples; Fig. 13's grid makes them 20 + 5 (balance rate
+    0.25). The config's partition on CIFAR-10's label layout (10 classes × 6,000 images)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from trainer.data.partition import partition, train_test_split
+
+    d = TrainConfig.load(Path(__file__).parents[2] / "configs" / "ic-cifar10-fedmask.toml").data
+    y = np.repeat(np.arange(10), 6000)
+    rng = np.random.default_rng(0)
+    train, big, small = [], [], []
+    for idx in partition(y, d, rng):
+        idx = np.sort(rng.permutation(idx)[: d.samples_per_client])
+        tr, _ = train_test_split(idx, y, d.test_fraction, rng)
+        counts = sorted(c for c in np.bincount(y[tr], minlength=10) if c > 0)
+        train.append(len(tr))
+        small.append(counts[0])
+        big.append(counts[-1])
+    assert (np.mean(train), np.mean(big), np.mean(small)) == (25.0, 20.0, 5.0)
+
+
+def test_client_pruning_upload_is_counted(two_rounds):
+    """Alg. 1 line 28: every device sends its pruned mask m_k once before the first round: the MLP's
+    64·128 + 128·64 + 64·10 = 17,024 mask bits, ⌈17,024 / 8⌉ = 2,128 bytes per device, 2 devices."""
+    assert two_rounds.summary["bytes_up_setup"] == 2 * 2128

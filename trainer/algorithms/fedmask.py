@@ -209,6 +209,9 @@ class FedMask(Algorithm):
             self.keep[cid] = keep
             self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
             self.buffers[cid] = res.buffers
+        # ClientPruning's upload (Alg. 1 line 28: "return m_k to server"), 1 bit per element, packed, per device:
+        # before the first round, so in summary.json's ``bytes_up_setup``, not in a round's history.
+        self.setup_bytes_up = sum(mask_bytes(self.masks[cid]) for cid in self.client_ids)
         # The mask each device infers with: its latest locally trained binary mask.
         self.local = {cid: dict(m) for cid, m in self.masks.items()}
         # The server's global mask m^T (Alg. 1 line 2: m^0 = 1), and per mask where some upload has kept an
@@ -394,7 +397,8 @@ class FedMask(Algorithm):
     def summary_extra(self) -> dict:
         kept = {cid: sum(float(m.sum()) for m in self.local[cid].values()) for cid in self.client_ids}
         total = sum(m.numel() for m in self.local[self.client_ids[0]].values())
-        return {"mask_density": float(np.mean([k / total for k in kept.values()]))}
+        return {"mask_density": float(np.mean([k / total for k in kept.values()])),
+                "bytes_up_setup": self.setup_bytes_up}
 
 
 def top_fraction(score: torch.Tensor, fraction: float) -> torch.Tensor:
