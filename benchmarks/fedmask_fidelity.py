@@ -101,8 +101,9 @@ def main() -> None:
             runs = []
             for seed in args.seeds:
                 cfg = base.replace(algorithm=replace(base.algorithm, args={**base.algorithm.args, **a}),
-                                   model=replace(base.model, **({"name": m.pop("name")} if "name" in m else {}),
-                                                 args={**base.model.args, **m}),
+                                   model=replace(base.model, name=m.get("name", base.model.name),
+                                                 args={**base.model.args,
+                                                       **{k: v for k, v in m.items() if k != "name"}}),
                                    training=replace(t, rounds=rounds),
                                    run=replace(base.run, seed=seed, run_id=f"fid-{name}-{seed}"))
                 runs.append(measure(cfg, Path(d)))

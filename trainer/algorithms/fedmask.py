@@ -2,9 +2,11 @@
 Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
 
 * Frozen weights W, shared by every client through the seed (or a warm start); only masks are learned.
-* Real-valued masks m^r; during local training m = σ(m^r) (Eq. 6), so ∂L/∂m^r = Ψ ⊙ ∂L/∂m with
-  Ψ = m(1 − m) (Eq. 7-8) — exactly what autograd gives through the sigmoid; binarized at 0.5 for transmission
-  and inference (Eq. 3).
+* Real-valued masks m^r; the feedforward runs the binary mask 1[σ(m^r) ≥ 0.5] (§3.3: "when transmitting m
+  ... and performing the feedforward operation, the result from Equation 6 will be binarized"), and
+  ∂L/∂m^r = Ψ ⊙ ∂L/∂m with Ψ = σ(m^r)(1 − σ(m^r)) (Eq. 7-8) and ∂L/∂m at that binary mask: σ′ straight through
+  (:func:`binary_ste`). ``forward = "soft"`` runs W ⊙ σ(m^r) instead (a deviation, kept to measure it). Binarized
+  at 0.5 for transmission and inference too (Eq. 3).
 * One-shot pruning at initialization (§3.4, Alg. 1 lines 21-28): one epoch of mask updates, then in the last
   ``prune_last`` masked layers keep the largest ``prune_rate`` fraction of |Δ(W ⊙ m^r)| — the change, as the
   text says — and set the rest to zero, frozen for good.
@@ -18,7 +20,8 @@ Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
   it was. Every selected device, sampled in the round the mask was formed or not, starts its next local update
   from the *current* m^T under its own structure, m^T ⊙ m_k (Alg. 1 line 11), so the downlink is 1 bit per
   element too. The device infers with its latest locally trained mask, which is what personalized accuracy is
-  measured on and what the run directory stores.
+  measured on (``local_mask``) and what the run directory stores; the mask the server sends back, m^T ⊙ m_k, is
+  scored too (``returned_mask``; the paper does not say which one its figures use: docs/fedmask.md).
 
 Choices the paper leaves open, stated here: the real-valued mask starts at m^r = s·(2m − 1) for the binary
 mask m it is initialized from (Alg. 1 lines 14, 22), s = ``init_scale``; so σ(m^r) ≥ 0.5 ⇔ m = 1, and 0 where
@@ -26,7 +29,8 @@ pruned. In m^T ⊙ m_k, m_k's role is the structure (which elements the device k
 has kept, the start is m^T's value; on an element no upload has kept yet (before the first aggregation, or a
 pruned-layer element only unsampled devices keep), m^T is still m^0 = 1, so the start is m_k itself, the
 device's ClientPruning mask. Batch-norm running statistics are local to each client. Bytes up and down: every
-mask element, 1 bit, packed.
+mask element, 1 bit, packed; ClientPruning's upload (Alg. 1 line 28) once, as ``bytes_up_setup``. The group lasso
+(Eq. 9-10) is taken on σ(m^r) whichever the forward. Every choice with its measured effect: docs/fedmask.md.
 """
 
 from __future__ import annotations
