@@ -2,14 +2,14 @@
 units removable, bytes and training FLOPs; mean ± spread (sample standard deviation) over the seeds.
 
 Each setting is ``name:key=value,key=value`` over ``[algorithm.args]`` (and ``model.width=…`` /
-``model.name=…`` for the model); one table row per setting:
+``model.name=…`` for the model, ``training.participation=…`` for the training); one table row per setting:
 
 * acc local / acc returned: mean accuracy over clients on the device's last locally trained mask and on the mask
   the server sends back, m^T ⊙ m_k (summary.json ``mean_accuracies``);
 * density: mean fraction of mask elements kept (``mask_density``);
 * removable %: output units export's compaction removes (:func:`export.compact.compact`), over every masked layer
   but the head, mean over clients whose model is not cut; params %: the compacted model's parameters / dense;
-* MB: bytes up + down over the run; FLOPs ×: ``vs_fedavg.flops_train_structured``.
+* MB: bytes up + down over the run, ClientPruning's upload included; FLOPs ×: ``vs_fedavg.flops_train_structured``.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedmask_fidelity.py \\
         --config configs/digits-fedmask.toml --seeds 0 1 2 --settings soft:forward=soft binary:forward=binary
@@ -35,10 +35,11 @@ from trainer.run_dir import load_run  # noqa: E402
 from trainer.simulation import train  # noqa: E402
 
 
-def parse_setting(text: str) -> tuple[str, dict, dict]:
-    """``name:key=value,...`` -> (name, algorithm args, model overrides); values parsed as JSON when they parse."""
+def parse_setting(text: str) -> tuple[str, dict, dict, dict]:
+    """``name:key=value,...`` -> (name, algorithm args, model overrides, training overrides); values parsed as
+    JSON when they parse."""
     name, _, rest = text.partition(":")
-    algo, model = {}, {}
+    algo, model, training = {}, {}, {}
     for kv in filter(None, rest.split(",")):
         k, _, v = kv.partition("=")
         try:
@@ -47,9 +48,11 @@ def parse_setting(text: str) -> tuple[str, dict, dict]:
             val = v
         if k.startswith("model."):
             model[k[len("model."):]] = val
+        elif k.startswith("training."):
+            training[k[len("training."):]] = val
         else:
             algo[k] = val
-    return name, algo, model
+    return name, algo, model, training
 
 
 def removable(run) -> tuple[float, float]:
@@ -75,7 +78,7 @@ def measure(cfg: TrainConfig, root: Path) -> dict:
     acc = s.get("mean_accuracies", {"local_mask": s["mean_accuracy"]})
     return {"local": acc["local_mask"], "returned": acc.get("returned_mask", float("nan")),
             "density": s["mask_density"], "removable": rem, "params": params,
-            "mb": (s["bytes_up"] + s["bytes_down"]) / 1e6, "flops": s["vs_fedavg"]["flops_train_structured"]}
+            "mb": (s["bytes_up"] + s["bytes_down"] + s.get("bytes_up_setup", 0)) / 1e6, "flops": s["vs_fedavg"]["flops_train_structured"]}
 
 
 def main() -> None:
@@ -97,14 +100,14 @@ def main() -> None:
     out = {}
     with tempfile.TemporaryDirectory() as d:
         for text in args.settings:
-            name, a, m = parse_setting(text)
+            name, a, m, tr = parse_setting(text)
             runs = []
             for seed in args.seeds:
                 cfg = base.replace(algorithm=replace(base.algorithm, args={**base.algorithm.args, **a}),
                                    model=replace(base.model, name=m.get("name", base.model.name),
                                                  args={**base.model.args,
                                                        **{k: v for k, v in m.items() if k != "name"}}),
-                                   training=replace(t, rounds=rounds),
+                                   training=replace(t, rounds=rounds, **tr),
                                    run=replace(base.run, seed=seed, run_id=f"fid-{name}-{seed}"))
                 runs.append(measure(cfg, Path(d)))
             out[name] = runs

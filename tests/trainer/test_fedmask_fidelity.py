@@ -187,3 +187,20 @@ def test_client_pruning_upload_is_counted(two_rounds):
     """Alg. 1 line 28: every device sends its pruned mask m_k once before the first round: the MLP's
     64·128 + 128·64 + 64·10 = 17,024 mask bits, ⌈17,024 / 8⌉ = 2,128 bytes per device, 2 devices."""
     assert two_rounds.summary["bytes_up_setup"] == 2 * 2128
+
+
+def test_vote_tie_and_literal_product_start_settings():
+    """vote_tie: a mean of exactly 0.5 (one of two uploads) is 1 under "keep" (Eq. 3's ≥ τ), 0 under "drop".
+    start_mask "product": the start is m^T ⊙ m_k elementwise, so an element m_k turned off stays off."""
+    mean = torch.tensor([0.5, 0.49, 1.0, 0.0])
+    assert built(cfg(lambda_r=0.0))._vote(mean).tolist() == [1, 0, 1, 0]
+    algo = built(cfg(lambda_r=0.0, vote_tie="drop", start_mask="product"))
+    assert algo._vote(mean).tolist() == [0, 0, 1, 0]
+    cid = algo.client_ids[0]
+    w = "fc1.weight"
+    g = torch.zeros(algo.masks[cid][w].shape)
+    g[:, :32] = 1  # a global mask keeping the first 32 inputs
+    algo.global_mask[w] = g
+    algo.covered[w] = torch.ones(g.shape, dtype=torch.bool)
+    torch.testing.assert_close(algo.returned_mask(cid)[w], g * algo.masks[cid][w])
+    assert algo.masks[cid][w][:, :32].sum() < 128 * 32  # ClientPruning turned some of them off: the product differs

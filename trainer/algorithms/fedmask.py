@@ -57,6 +57,9 @@ FROZEN = "frozen:"  # the constants' prefix of the frozen weights W
 
 FORWARDS = ("binary", "soft")  # FedMaskArgs.forward
 RESTARTS = ("reset", "keep_agreeing")  # FedMaskArgs.restart
+PRUNE_BY = ("delta", "magnitude")  # FedMaskArgs.prune_by
+START_MASKS = ("structure", "product")  # FedMaskArgs.start_mask
+VOTE_TIES = ("keep", "drop")  # FedMaskArgs.vote_tie
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,26 @@ class FedMaskArgs:
     # m^r's magnitude open). "reset": m^r = s·(2b − 1) every round. "keep_agreeing": the device keeps its own last
     # trained scores where their sign agrees with b (1[m^r ≥ 0] = b), ±s elsewhere and in its first round.
     restart: str = "reset"
+    # ClientPruning's score (§3.4 / Alg. 1 line 26). "delta": |Δ(W ⊙ m^r)| over the pruning epoch (§3.4's text:
+    # the change the epoch made). "magnitude": |W ⊙ m^r| after it (Alg. 1 line 26: "preserving the largest p_r
+    # portion of elements in |W_ij · m^r_ij|").
+    prune_by: str = "delta"
+    # The role of m_k in a round's start m^T ⊙ m_k (Alg. 1 line 11). "structure": m_k's pruning structure selects
+    # the elements; on them the start is m^T's value (m_k itself where no upload has kept the element yet).
+    # "product": the literal elementwise product of the binary masks, so an element ClientPruning turned off
+    # never comes back.
+    start_mask: str = "structure"
+    # The server's vote (§3.6, Eq. 3 with τ = 0.5) on an exact tie (half of the uploads keeping an element set
+    # it). "keep": 1 (Eq. 3's σ ≥ τ). "drop": 0.
+    vote_tie: str = "keep"
 
 
 def check_args(args: FedMaskArgs) -> None:
     """Refuse an unknown ``forward`` / ``restart`` with the valid values (a config mistake, not a traceback)."""
     from edgemask.errors import ConfigError
 
-    for name, valid in (("forward", FORWARDS), ("restart", RESTARTS)):
+    for name, valid in (("forward", FORWARDS), ("restart", RESTARTS), ("prune_by", PRUNE_BY),
+                        ("start_mask", START_MASKS), ("vote_tie", VOTE_TIES)):
         if getattr(args, name) not in valid:
             raise ConfigError(f"algorithm 'fedmask': [algorithm.args] {name} = {getattr(args, name)!r}; valid: "
                               f"{', '.join(valid)}")
@@ -205,9 +221,12 @@ class FedMask(Algorithm):
             keep = {}
             for w in masked:
                 if w in pruned:
-                    before = self._weight_rows(w) * task.trainable[w]
                     after = self._weight_rows(w) * res.trained[w]
-                    keep[w] = top_fraction((after - before).abs(), self.args.prune_rate)
+                    if self.args.prune_by == "magnitude":  # Alg. 1 line 26: |W ⊙ m^r|
+                        score = after.abs()
+                    else:  # §3.4: the change of W ⊙ m^r over the epoch
+                        score = (after - self._weight_rows(w) * task.trainable[w]).abs()
+                    keep[w] = top_fraction(score, self.args.prune_rate)
                 else:
                     keep[w] = ones[w]
             self.keep[cid] = keep
@@ -280,7 +299,9 @@ class FedMask(Algorithm):
         keep, out = self.keep[cid], {}
         for w, m_k in self.masks[cid].items():
             covered = self.covered[w]
-            if covered is None:  # m^0 ⊙ m_k = m_k
+            if self.args.start_mask == "product":  # the literal product of the binary masks (m^0 = 1)
+                out[w] = self.global_mask[w] * m_k
+            elif covered is None:  # m^0 ⊙ m_k = m_k
                 out[w] = m_k
             elif w not in self.pruned:  # every upload keeps every element: m^T itself
                 out[w] = self.global_mask[w]
@@ -302,7 +323,7 @@ class FedMask(Algorithm):
                 reset = self._start_scores({w: b}, {w: keep[w]})[w]
                 agree = (own[w] >= 0).to(b.dtype).eq(b) & keep[w].bool()
                 start[w] = torch.where(agree, own[w], reset)
-            elif w in self.shared_start:
+            elif w in self.shared_start and self.args.start_mask == "structure":
                 start[w] = self.shared_start[w]
             elif self.covered[w] is None:  # m^0 ⊙ m_k = m_k
                 start[w] = first[w]
@@ -348,7 +369,7 @@ class FedMask(Algorithm):
             if w not in self.pruned:
                 # Every upload keeps every element: §3.6's average over the clients that keep it is the plain
                 # average, written so (the same bits), and the whole mask is covered.
-                merged = binarize(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
+                merged = self._vote(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
                 self.global_mask[w] = merged
                 if self.covered[w] is None:
                     self.covered[w] = torch.ones(merged.shape, dtype=torch.bool)
@@ -356,7 +377,7 @@ class FedMask(Algorithm):
                 continue
             keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
             merged, kept = personalization_preserving(self.global_mask[w], masks, keep)
-            self.global_mask[w] = binarize(merged)
+            self.global_mask[w] = self._vote(merged)
             covered = self.covered[w]
             self.covered[w] = kept if covered is None else covered | kept
         real_o = self._real_output_gates()
@@ -365,6 +386,10 @@ class FedMask(Algorithm):
             for w in real_o:
                 h = self._hidden(w)
                 self.global_params[w] = torch.cat([self.global_params[w][: 3 * h], avg[f"o:{w}"]], dim=0)
+
+    def _vote(self, mean: torch.Tensor) -> torch.Tensor:
+        """Eq. 3 on the averaged uploads: 1 where the mean is ≥ 0.5 (``vote_tie`` "keep") or > 0.5 ("drop")."""
+        return binarize(mean) if self.args.vote_tie == "keep" else (mean > 0.5).to(torch.float32)
 
     # -- evaluation and storage -----------------------------------------------------------------------
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
