@@ -9,7 +9,8 @@ Each setting is ``name:key=value,key=value`` over ``[algorithm.args]`` (and ``mo
 * density: mean fraction of mask elements kept (``mask_density``);
 * removable %: output units export's compaction removes (:func:`export.compact.compact`), over every masked layer
   but the head, mean over clients whose model is not cut; params %: the compacted model's parameters / dense;
-* MB: bytes up + down over the run, ClientPruning's upload included; FLOPs ×: ``vs_fedavg.flops_train_structured``.
+* MB: bytes up + down over the run, ClientPruning's upload included; FLOPs ×: ``vs_fedavg.flops_train_structured``
+  (whole dead units free), elem FLOPs ×: ``vs_fedavg.flops_train`` (every zero element free).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedmask_fidelity.py \\
         --config configs/digits-fedmask.toml --seeds 0 1 2 --settings soft:forward=soft binary:forward=binary
@@ -78,7 +79,8 @@ def measure(cfg: TrainConfig, root: Path) -> dict:
     acc = s.get("mean_accuracies", {"local_mask": s["mean_accuracy"]})
     return {"local": acc["local_mask"], "returned": acc.get("returned_mask", float("nan")),
             "density": s["mask_density"], "removable": rem, "params": params,
-            "mb": (s["bytes_up"] + s["bytes_down"] + s.get("bytes_up_setup", 0)) / 1e6, "flops": s["vs_fedavg"]["flops_train_structured"]}
+            "mb": (s["bytes_up"] + s["bytes_down"] + s.get("bytes_up_setup", 0)) / 1e6, "flops": s["vs_fedavg"]["flops_train_structured"],
+            "flops_element": s["vs_fedavg"]["flops_train"]}
 
 
 def main() -> None:
@@ -94,9 +96,9 @@ def main() -> None:
     t = base.training
     rounds = args.rounds if args.rounds is not None else t.rounds
     print(f"# {args.config}, {rounds} rounds, seeds {args.seeds}; mean ± sd over seeds")
-    cols = ("local", "returned", "density", "removable", "params", "mb", "flops")
+    cols = ("local", "returned", "density", "removable", "params", "mb", "flops", "flops_element")
     print(f"{'setting':<24} {'acc local':>13} {'acc returned':>13} {'density':>13} {'removable %':>13} "
-          f"{'params %':>13} {'MB':>13} {'FLOPs ×':>13}", flush=True)
+          f"{'params %':>13} {'MB':>13} {'FLOPs ×':>13} {'elem FLOPs ×':>13}", flush=True)
     out = {}
     with tempfile.TemporaryDirectory() as d:
         for text in args.settings:
