@@ -6,13 +6,15 @@ FLOPs: a multiply-add counts 2. Two counts, labelled (:class:`ForwardFlops`):
 
 * ``element`` — what element sparsity would save: a weight element costs nothing when it is zero after masking,
   when its output unit is dead, or when its input unit is dead (a column of fc2 fed by a dead fc1 unit, a conv
-  filter's slice over a dead input channel, LSTM columns of dead hidden units). An optimistic figure: training
-  runs the dense (sigmoid) masks, and dense kernels do not skip scattered zeros.
+  filter's slice over a dead input channel, LSTM columns of dead hidden units). An optimistic figure: dense
+  kernels do not skip scattered zeros.
 * ``structured`` — what structured removal saves: only whole units that export's compaction removes cost
   nothing (a dead row / filter / LSTM hidden unit, and the columns it fed); every other weight of a live unit
   over a live input counts, zero or not. This is the figure for the paper's "computation cost" comparison
   (FedMask §3.4: the one-shot pruned masks save computation through the units that die).
 
+The simulation counts a round's training on the masks its forward passes ran (``Algorithm.train_masks``: FedMask's
+binary forward, the union of the round's start and end masks; its soft forward, every element the pruning keeps).
 Liveness is structural, found by one probe forward pass (:func:`input_liveness`); backward ≈ 2 × forward
 (input gradients + weight/mask gradients).
 """

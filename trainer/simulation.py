@@ -123,6 +123,15 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             accs.append(acc)
         mean = float(np.nanmean(accs))
         record(rnd, "server", "mean_accuracy", mean)
+        for name, extra in algo.extra_eval_models(list(algo.client_ids)).items():  # further labelled measures
+            if cfg.training.batched:
+                scores = evaluate_many(extra, tests, device=cfg.training.device)
+            else:
+                scores = [evaluate(model, x, y) for model, (x, y) in zip(extra, tests)]
+            for cid, (acc, loss) in zip(algo.client_ids, scores):
+                record(rnd, cid, f"accuracy_{name}", acc)
+                record(rnd, cid, f"test_loss_{name}", loss)
+            record(rnd, "server", f"mean_accuracy_{name}", float(np.nanmean([a for a, _ in scores])))
         if ds.global_test_x is not None:  # the server's global model on the shared test set (FedPeWS)
             g_acc, g_loss = evaluate(algo.global_forward(), ds.global_test_x, ds.global_test_y)
             record(rnd, "server", "global_accuracy", g_acc)
@@ -136,11 +145,11 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     for rnd in range(cfg.training.rounds):
         trained = train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase)
         updates = algo.client_updates(rnd, trained)
-        masks_of = [algo.eval_masks(cid) for cid, _ in trained]
+        masks_of = [algo.train_masks(cid) for cid, _ in trained]  # what the round's forward passes ran
         # a client without masks runs the dense model: FedAvg's per-sample cost, counted once above
         with_masks = [m for m in masks_of if m]
         masked = iter(forward_flops_split_many(algo.model, algo.sites, with_masks, positions))
-        kept = iter(kept_counts(with_masks))
+        kept = iter(kept_counts([m for cid, _ in trained if (m := algo.eval_masks(cid))]))
         for (cid, res), upd, masks in zip(trained, updates, masks_of):
             fwd, fwd_s = next(masked) if masks else (ref["flops_fwd"], ref["flops_fwd"])
             fwd_train, fwd_train_s = fwd * res.samples_seen, fwd_s * res.samples_seen
@@ -181,13 +190,24 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         eval_all(cfg.training.rounds)
         final = {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == "accuracy")
                  for cid in algo.client_ids}
+    accuracies = {}  # measure name -> {client: final accuracy}, when the algorithm reports more than one
+    if algo.primary_accuracy is not None:
+        extras = sorted({r["metric"][len("accuracy_"):] for r in hist
+                         if r["metric"].startswith("accuracy_") and r["client"] != "server"})
+        accuracies = {algo.primary_accuracy: final, **{
+            name: {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid
+                             and r["metric"] == f"accuracy_{name}") for cid in algo.client_ids}
+            for name in extras}}
     result.summary = {
         "run_id": cfg.run_id, "algorithm": cfg.algorithm.name, "model": cfg.model.name, "dataset": cfg.data.name,
         "rounds": cfg.training.rounds, "num_clients": len(algo.client_ids),
-        "clients": {cid: {"accuracy": a, **({"accuracy_before_finetune": before_ft[cid]} if before_ft else {})}
+        "clients": {cid: {"accuracy": a, **({"accuracy_before_finetune": before_ft[cid]} if before_ft else {}),
+                          **({"accuracies": {k: v[cid] for k, v in accuracies.items()}} if accuracies else {})}
                     for cid, a in final.items()},
         **global_summary(hist, cfg.training.target_accuracy),
         "mean_accuracy": float(np.nanmean(list(final.values()))),
+        **({"mean_accuracies": {k: float(np.nanmean(list(v.values()))) for k, v in accuracies.items()}}
+           if accuracies else {}),
         "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
         "flops_train": totals["flops_train"],  # element sparsity: what skipping every zero weight would save
         "flops_train_structured": totals["flops_train_structured"],  # whole dead units only: computation cost

@@ -160,9 +160,12 @@ def test_fedmask_upload_is_exactly_the_packed_masks(fedmask_digits):
     assert 32 < dense / upd.bytes_up < 33  # 4 bytes per weight and bias vs 1 bit per weight
 
 
-def test_sigmoid_gradient_factor_through_the_fedmask_forward(fedmask_digits):
-    """Eq. 7-8: ∂L/∂m^r = m(1 − m) ⊙ ∂L/∂m with m = σ(m^r)."""
-    algo = fedmask_digits
+def test_sigmoid_gradient_factor_through_the_fedmask_forward():
+    """Eq. 7-8 under the soft forward (``forward = "soft"``, a deviation kept as an option): ∂L/∂m^r =
+    m(1 − m) ⊙ ∂L/∂m with m = σ(m^r). The paper's binary forward: tests/trainer/test_fedmask_fidelity.py."""
+    c = cfg(prune_rate=0.2, prune_last=2, lambda_r=0.002, forward="soft")
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo.setup()
     cid = algo.client_ids[0]
     task = algo.local_task(cid, 0)
     d = algo.client_data(cid)

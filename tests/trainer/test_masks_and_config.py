@@ -163,7 +163,8 @@ def test_the_paper_settings_are_shipped():
     assert TrainConfig.load(Path(CONFIGS[0]).parent / "fedselect-cifar10-resnet18.toml").training.rounds == 200
     assert [TrainConfig.load(Path(CONFIGS[0]).parent / f"perfedmask-cifar10-{c}.toml").training.participation
             for c in ("c1", "c01")] == [1.0, 0.1]
-    assert TrainConfig.load(Path(CONFIGS[0]).parent / "ic-cifar10-fedmask.toml").data.samples_per_client == 25
+    ic = TrainConfig.load(Path(CONFIGS[0]).parent / "ic-cifar10-fedmask.toml").data  # 25 training samples (#26)
+    assert (ic.samples_per_client, ic.balance_rate) == (33, 0.25)
 
 
 def test_the_schema_declares_every_config_field_and_no_other():

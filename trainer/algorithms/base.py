@@ -167,6 +167,20 @@ class Algorithm:
         """The client's current binary masks (empty: dense)."""
         return {}
 
+    def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        """The binary masks the client's last local training computed with, for its training FLOPs (default:
+        :meth:`eval_masks`, the masks it trained and infers with)."""
+        return self.eval_masks(cid)
+
+    # The name of the ``accuracy`` measure in summary.json's ``accuracies`` when :meth:`extra_eval_models` adds
+    # others (FedMask: "local_mask"); None: one measure only.
+    primary_accuracy: ClassVar[str | None] = None
+
+    def extra_eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
+        """Further models each of ``cids`` is evaluated with, by measure name (history metric
+        ``accuracy_<name>``; summary.json ``accuracies``); default none."""
+        return {}
+
     def client_state(self, cid: str) -> ClientState:
         """What the run directory stores of client ``cid`` (its masks and personal parameters)."""
         return ClientState()

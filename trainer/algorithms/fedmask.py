@@ -2,9 +2,11 @@
 Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
 
 * Frozen weights W, shared by every client through the seed (or a warm start); only masks are learned.
-* Real-valued masks m^r; during local training m = σ(m^r) (Eq. 6), so ∂L/∂m^r = Ψ ⊙ ∂L/∂m with
-  Ψ = m(1 − m) (Eq. 7-8) — exactly what autograd gives through the sigmoid; binarized at 0.5 for transmission
-  and inference (Eq. 3).
+* Real-valued masks m^r; the feedforward runs the binary mask 1[σ(m^r) ≥ 0.5] (§3.3: "when transmitting m
+  ... and performing the feedforward operation, the result from Equation 6 will be binarized"), and
+  ∂L/∂m^r = Ψ ⊙ ∂L/∂m with Ψ = σ(m^r)(1 − σ(m^r)) (Eq. 7-8) and ∂L/∂m at that binary mask: σ′ straight through
+  (:func:`binary_ste`). ``forward = "soft"`` runs W ⊙ σ(m^r) instead (a deviation, kept to measure it). Binarized
+  at 0.5 for transmission and inference too (Eq. 3).
 * One-shot pruning at initialization (§3.4, Alg. 1 lines 21-28): one epoch of mask updates, then in the last
   ``prune_last`` masked layers keep the largest ``prune_rate`` fraction of |Δ(W ⊙ m^r)| — the change, as the
   text says — and set the rest to zero, frozen for good.
@@ -18,7 +20,8 @@ Learning via Heterogeneous Masking", SenSys 2021), Algorithm 1.
   it was. Every selected device, sampled in the round the mask was formed or not, starts its next local update
   from the *current* m^T under its own structure, m^T ⊙ m_k (Alg. 1 line 11), so the downlink is 1 bit per
   element too. The device infers with its latest locally trained mask, which is what personalized accuracy is
-  measured on and what the run directory stores.
+  measured on (``local_mask``) and what the run directory stores; the mask the server sends back, m^T ⊙ m_k, is
+  scored too (``returned_mask``; the paper does not say which one its figures use: docs/fedmask.md).
 
 Choices the paper leaves open, stated here: the real-valued mask starts at m^r = s·(2m − 1) for the binary
 mask m it is initialized from (Alg. 1 lines 14, 22), s = ``init_scale``; so σ(m^r) ≥ 0.5 ⇔ m = 1, and 0 where
@@ -26,7 +29,8 @@ pruned. In m^T ⊙ m_k, m_k's role is the structure (which elements the device k
 has kept, the start is m^T's value; on an element no upload has kept yet (before the first aggregation, or a
 pruned-layer element only unsampled devices keep), m^T is still m^0 = 1, so the start is m_k itself, the
 device's ClientPruning mask. Batch-norm running statistics are local to each client. Bytes up and down: every
-mask element, 1 bit, packed.
+mask element, 1 bit, packed; ClientPruning's upload (Alg. 1 line 28) once, as ``bytes_up_setup``. The group lasso
+(Eq. 9-10) is taken on σ(m^r) whichever the forward. Every choice with its measured effect: docs/fedmask.md.
 """
 
 from __future__ import annotations
@@ -51,13 +55,59 @@ PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (dis
 FROZEN = "frozen:"  # the constants' prefix of the frozen weights W
 
 
+FORWARDS = ("binary", "soft")  # FedMaskArgs.forward
+RESTARTS = ("reset", "keep_agreeing")  # FedMaskArgs.restart
+PRUNE_BY = ("delta", "magnitude")  # FedMaskArgs.prune_by
+START_MASKS = ("structure", "product")  # FedMaskArgs.start_mask
+VOTE_TIES = ("keep", "drop")  # FedMaskArgs.vote_tie
+
+
 @dataclass(frozen=True)
 class FedMaskArgs:
     prune_rate: float = 0.2  # p_r: fraction of mask elements kept in the pruned layers (§4.2)
     prune_last: int = 2  # L: one-shot pruning applies to the last L masked layers (paper: 8 for VGG16, 2 for HAR/NCP)
-    lambda_r: float = 2e-4  # λ_R of Eq. 10
+    lambda_r: float = 2e-4  # λ_R of Eq. 10 (2e-4: the paper's centralized MNIST study, §3.5 / Table 2)
     init_scale: float = 1.0  # s in m^r = s·(2m − 1)
     lstm_real_output_gate: bool = True  # Table 3: W_o real-valued
+    # The local training's feedforward mask. "binary" (the paper, §3.3: "when transmitting m ... and performing
+    # the feedforward operation, the result from Eq. 6 will be binarized"): W ⊙ 1[σ(m^r) ≥ 0.5], the gradient
+    # σ′(m^r) ⊙ ∂L/∂m at the binary mask (Eq. 7-8, straight through). "soft" (a deviation, kept to measure it):
+    # W ⊙ σ(m^r), the gradient of that soft forward.
+    forward: str = "binary"
+    # How a round's real-valued mask restarts from the binary start mask b = m^T ⊙ m_k (Alg. 1 line 14 leaves
+    # m^r's magnitude open). "reset": m^r = s·(2b − 1) every round. "keep_agreeing": the device keeps its own last
+    # trained scores where their sign agrees with b (1[m^r ≥ 0] = b), ±s elsewhere and in its first round.
+    restart: str = "reset"
+    # ClientPruning's score (§3.4 / Alg. 1 line 26). "delta": |Δ(W ⊙ m^r)| over the pruning epoch (§3.4's text:
+    # the change the epoch made). "magnitude": |W ⊙ m^r| after it (Alg. 1 line 26: "preserving the largest p_r
+    # portion of elements in |W_ij · m^r_ij|").
+    prune_by: str = "delta"
+    # The role of m_k in a round's start m^T ⊙ m_k (Alg. 1 line 11). "structure": m_k's pruning structure selects
+    # the elements; on them the start is m^T's value (m_k itself where no upload has kept the element yet).
+    # "product": the literal elementwise product of the binary masks, so an element ClientPruning turned off
+    # never comes back.
+    start_mask: str = "structure"
+    # The server's vote (§3.6, Eq. 3 with τ = 0.5) on an exact tie (half of the uploads keeping an element set
+    # it). "keep": 1 (Eq. 3's σ ≥ τ). "drop": 0.
+    vote_tie: str = "keep"
+
+
+def check_args(args: FedMaskArgs) -> None:
+    """Refuse an unknown ``forward`` / ``restart`` with the valid values (a config mistake, not a traceback)."""
+    from edgemask.errors import ConfigError
+
+    for name, valid in (("forward", FORWARDS), ("restart", RESTARTS), ("prune_by", PRUNE_BY),
+                        ("start_mask", START_MASKS), ("vote_tie", VOTE_TIES)):
+        if getattr(args, name) not in valid:
+            raise ConfigError(f"algorithm 'fedmask': [algorithm.args] {name} = {getattr(args, name)!r}; valid: "
+                              f"{', '.join(valid)}")
+
+
+def binary_ste(soft: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 in the forward, Eq. 7-8 in the backward: the value is the binary mask 1[σ(m^r) ≥ 0.5] exactly (the
+    added ``soft − soft`` is an exact 0), the gradient is that of ``soft`` = σ(m^r), so ∂L/∂m^r = σ′(m^r) ⊙ ∂L/∂m
+    with ∂L/∂m taken at the binary mask (a straight-through estimator, as in Piggyback)."""
+    return binarize(soft).to(soft.dtype) + (soft - soft.detach())
 
 
 def group_lasso(site: MaskSite, masks: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -79,8 +129,8 @@ class MaskedTask:
     the frozen weights (constants ``FROZEN`` + name), pruning structures in the constants by weight name, and
     with ``real_output_gate`` the LSTM's W_o rows trained directly (trainable ``o:`` + name, Table 3)."""
 
-    def __init__(self, m: ModelContext, real_output_gate: bool) -> None:
-        self.m, self.sites = m, m.sites
+    def __init__(self, m: ModelContext, real_output_gate: bool, binary: bool = True) -> None:
+        self.m, self.sites, self.binary = m, m.sites, binary
         self.mask_names = tuple(w for s in m.sites for w in s.weights)  # every mask, in the sites' order
         self.real_o = {w: s.hidden for s in m.sites if s.kind == "lstm" for w in s.weights} if real_output_gate \
             else {}
@@ -96,17 +146,31 @@ class MaskedTask:
             params[w] = torch.cat([params[w][: 3 * h], tr[f"o:{w}"]], dim=0)
         return params
 
+    def forward_masks(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The masks the feedforward runs: binary, 1[σ(m^r) ≥ 0.5] with the straight-through gradient of σ
+        (:func:`binary_ste`, §3.3 and Eq. 7-8), or with ``binary`` False the soft σ(m^r) (a deviation); pruned
+        elements 0 either way."""
+        if not self.binary:
+            return self.soft_masks(tr, c)
+        out = {}
+        for w in self.mask_names:
+            m = binary_ste(torch.sigmoid(tr[w]))
+            out[w] = m * c[w] if w in c else m
+        return out
+
     def forward(self, tr: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: torch.Tensor,
                 buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The frozen weights under the soft masks (Eq. 2, 6)."""
-        eff = effective_params(self.params_with_o(tr, c), self.soft_masks(tr, c), self.sites)
+        """The frozen weights under the forward masks (Eq. 2; binary by Eq. 3 and §3.3, or soft by Eq. 6). With
+        binary masks a unit whose row is all zero is dead in that step: its bias and batch-norm affine are gated
+        to zero (:func:`~trainer.models.masking.effective_params`), as at inference and in export."""
+        eff = effective_params(self.params_with_o(tr, c), self.forward_masks(tr, c), self.sites)
         return self.m.call(eff, buffers, x)
 
 
 @task_function("fedmask.forward")
-def masked_forward(m: ModelContext, real_output_gate: bool = True):
+def masked_forward(m: ModelContext, real_output_gate: bool = True, binary: bool = True):
     """The task's forward (:meth:`MaskedTask.forward`)."""
-    return MaskedTask(m, real_output_gate).forward
+    return MaskedTask(m, real_output_gate, binary).forward
 
 
 @task_function("fedmask.group_lasso")
@@ -127,6 +191,7 @@ class FedMask(Algorithm):
     Args = FedMaskArgs
 
     def setup(self) -> None:
+        check_args(self.args)
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
         self.mask_names = tuple(masked)  # every mask, in the sites' order
@@ -156,14 +221,20 @@ class FedMask(Algorithm):
             keep = {}
             for w in masked:
                 if w in pruned:
-                    before = self._weight_rows(w) * task.trainable[w]
                     after = self._weight_rows(w) * res.trained[w]
-                    keep[w] = top_fraction((after - before).abs(), self.args.prune_rate)
+                    if self.args.prune_by == "magnitude":  # Alg. 1 line 26: |W ⊙ m^r|
+                        score = after.abs()
+                    else:  # §3.4: the change of W ⊙ m^r over the epoch
+                        score = (after - self._weight_rows(w) * task.trainable[w]).abs()
+                    keep[w] = top_fraction(score, self.args.prune_rate)
                 else:
                     keep[w] = ones[w]
             self.keep[cid] = keep
             self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
             self.buffers[cid] = res.buffers
+        # ClientPruning's upload (Alg. 1 line 28: "return m_k to server"), 1 bit per element, packed, per device:
+        # before the first round, so in summary.json's ``bytes_up_setup``, not in a round's history.
+        self.setup_bytes_up = sum(mask_bytes(self.masks[cid]) for cid in self.client_ids)
         # The mask each device infers with: its latest locally trained binary mask.
         self.local = {cid: dict(m) for cid, m in self.masks.items()}
         # The server's global mask m^T (Alg. 1 line 2: m^0 = 1), and per mask where some upload has kept an
@@ -173,6 +244,8 @@ class FedMask(Algorithm):
         self.covered: dict[str, torch.Tensor | None] = {w: None for w in masked}
         self.first_start = {cid: self._start_scores(self.masks[cid], self.keep[cid]) for cid in self.client_ids}
         self.shared_start: dict[str, torch.Tensor] = {}  # an unpruned mask's start, m^T for every device
+        self.scores: dict[str, dict[str, torch.Tensor]] = {}  # restart "keep_agreeing": each device's last m^r
+        self.round_start: dict[str, dict[str, torch.Tensor]] = {}  # the binary mask a round's first step ran
 
     # -- the local task -------------------------------------------------------------------------------
     def _weight_rows(self, w: str) -> torch.Tensor:
@@ -206,7 +279,8 @@ class FedMask(Algorithm):
         # The frozen weights ride in the constants (the same tensors for every client: stacked as a stride-0 view,
         # never copied on the CPU), so a task captures no tensor and trains on whatever device the loop uses.
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
-        return LocalTask(trainable, self.model_spec, Fn.of("fedmask.forward", real_output_gate=real_o), regs,
+        fwd = Fn.of("fedmask.forward", real_output_gate=real_o, binary=self.args.forward == "binary")
+        return LocalTask(trainable, self.model_spec, fwd, regs,
                          constants=constants, buffers=self.buffers[cid], epochs=self.local_epochs,
                          lr=self.cfg.training.lr, grad_keep=grad_keep)
 
@@ -218,21 +292,44 @@ class FedMask(Algorithm):
             return []
         return [w for s in self.sites if s.kind == "lstm" for w in s.weights]
 
-    def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
-        """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the
-        server's current global mask under the device's structure, m^T ⊙ m_k (see the module docstring for an
-        element no upload has kept yet), as ±``init_scale``, 0 where pruned. An unpruned mask every upload keeps
-        whole, so after the first aggregation all devices start from one tensor (stacked as a view)."""
-        keep, first, start = self.keep[cid], self.first_start[cid], {}
+    def returned_mask(self, cid: str) -> dict[str, torch.Tensor]:
+        """The binary mask the server sends device ``cid`` (§3.6: "the updated binary masks ... will be sent back
+        to devices"; Alg. 1 line 11): the current global mask under the device's structure, m^T ⊙ m_k (see the
+        module docstring for an element no upload has kept yet: m_k itself)."""
+        keep, out = self.keep[cid], {}
         for w, m_k in self.masks[cid].items():
             covered = self.covered[w]
-            if w in self.shared_start:
-                start[w] = self.shared_start[w]
+            if self.args.start_mask == "product":  # the literal product of the binary masks (m^0 = 1)
+                out[w] = self.global_mask[w] * m_k
             elif covered is None:  # m^0 ⊙ m_k = m_k
+                out[w] = m_k
+            elif w not in self.pruned:  # every upload keeps every element: m^T itself
+                out[w] = self.global_mask[w]
+            else:
+                out[w] = torch.where(covered, self.global_mask[w], m_k) * keep[w]
+        return out
+
+    def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
+        """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the
+        returned mask m^T ⊙ m_k (:meth:`returned_mask`) as ±``init_scale``, 0 where pruned; with ``restart``
+        "keep_agreeing", the device's own last scores where their sign agrees with it. An unpruned mask every
+        upload keeps whole, so after the first aggregation all devices start from one tensor under "reset"
+        (stacked as a view)."""
+        keep, first, start = self.keep[cid], self.first_start[cid], {}
+        returned = self.returned_mask(cid)
+        own = self.scores.get(cid) if self.args.restart == "keep_agreeing" else None
+        for w, b in returned.items():
+            if own is not None:
+                reset = self._start_scores({w: b}, {w: keep[w]})[w]
+                agree = (own[w] >= 0).to(b.dtype).eq(b) & keep[w].bool()
+                start[w] = torch.where(agree, own[w], reset)
+            elif w in self.shared_start and self.args.start_mask == "structure":
+                start[w] = self.shared_start[w]
+            elif self.covered[w] is None:  # m^0 ⊙ m_k = m_k
                 start[w] = first[w]
             else:
-                mask = torch.where(covered, self.global_mask[w], m_k) * keep[w]
-                start[w] = self._start_scores({w: mask}, {w: keep[w]})[w]
+                start[w] = self._start_scores({w: b}, {w: keep[w]})[w]
+        self.round_start[cid] = returned
         return start
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
@@ -258,6 +355,8 @@ class FedMask(Algorithm):
         o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
         self.buffers[cid] = result.buffers
         self.local[cid] = masks
+        if self.args.restart == "keep_agreeing":
+            self.scores[cid] = {w: result.trained[w].detach().clone() for w in masks}
         size = mask_bytes(masks) + tensor_bytes(o)  # the same both ways
         return ClientUpdate(cid, result.num_samples, masks, bytes_up=size, bytes_down=size, train_loss=result.loss,
                             samples_seen=result.samples_seen, extra={"o": o})
@@ -270,7 +369,7 @@ class FedMask(Algorithm):
             if w not in self.pruned:
                 # Every upload keeps every element: §3.6's average over the clients that keep it is the plain
                 # average, written so (the same bits), and the whole mask is covered.
-                merged = binarize(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
+                merged = self._vote(masks.sum(0) / torch.full(masks.shape[1:], float(len(updates))))
                 self.global_mask[w] = merged
                 if self.covered[w] is None:
                     self.covered[w] = torch.ones(merged.shape, dtype=torch.bool)
@@ -278,7 +377,7 @@ class FedMask(Algorithm):
                 continue
             keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
             merged, kept = personalization_preserving(self.global_mask[w], masks, keep)
-            self.global_mask[w] = binarize(merged)
+            self.global_mask[w] = self._vote(merged)
             covered = self.covered[w]
             self.covered[w] = kept if covered is None else covered | kept
         real_o = self._real_output_gates()
@@ -288,12 +387,35 @@ class FedMask(Algorithm):
                 h = self._hidden(w)
                 self.global_params[w] = torch.cat([self.global_params[w][: 3 * h], avg[f"o:{w}"]], dim=0)
 
+    def _vote(self, mean: torch.Tensor) -> torch.Tensor:
+        """Eq. 3 on the averaged uploads: 1 where the mean is ≥ 0.5 (``vote_tie`` "keep") or > 0.5 ("drop")."""
+        return binarize(mean) if self.args.vote_tie == "keep" else (mean > 0.5).to(torch.float32)
+
     # -- evaluation and storage -----------------------------------------------------------------------
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.local[cid]
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]  # W ⊙ m (Eq. 2), binary m
+        """The personalized model: W ⊙ m (Eq. 2) with the device's last locally trained binary mask (the
+        ``local_mask`` accuracy, ``accuracy`` in the history)."""
+        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]
+
+    primary_accuracy = "local_mask"
+
+    def extra_eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
+        """The mask the server sends back, m^T ⊙ m_k (:meth:`returned_mask`), with the device's own batch-norm
+        statistics: the ``returned_mask`` accuracy."""
+        return {"returned_mask": [self.masked_model(self.returned_mask(cid), self.buffers[cid]) for cid in cids]}
+
+    def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
+        """The binary mask the round's forward passes computed with, for the training FLOPs: binary forward,
+        the union of the mask the round started from (m^T ⊙ m_k, its first step's) and the one it ended with
+        (the upload): an element either step ran counts (a unit alive only in between is not seen). Soft
+        forward: σ(m^r) > 0 everywhere, so every element the pruning structure keeps ran."""
+        if self.args.forward == "soft":
+            return dict(self.keep[cid])
+        start = self.round_start.get(cid, self.local[cid])
+        return {w: torch.maximum(start[w], m) for w, m in self.local[cid].items()}
 
     def trained_numel(self, cid: str) -> int:
         return sum(int(k.sum()) for k in self.keep[cid].values())
@@ -304,7 +426,8 @@ class FedMask(Algorithm):
     def summary_extra(self) -> dict:
         kept = {cid: sum(float(m.sum()) for m in self.local[cid].values()) for cid in self.client_ids}
         total = sum(m.numel() for m in self.local[self.client_ids[0]].values())
-        return {"mask_density": float(np.mean([k / total for k in kept.values()]))}
+        return {"mask_density": float(np.mean([k / total for k in kept.values()])),
+                "bytes_up_setup": self.setup_bytes_up}
 
 
 def top_fraction(score: torch.Tensor, fraction: float) -> torch.Tensor:

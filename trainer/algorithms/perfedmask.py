@@ -54,6 +54,10 @@ class PerFedMaskArgs:
     finetune_epochs: int = 5  # head fine-tuning after training
     finetune_lr: float = -1.0  # -1: training.lr
     milp_time_limit: float = 60.0  # seconds for P^mask's MILP; past it, HiGHS's best choice so far (warned)
+    # P^mask's second term. "bound": Σ_j |π_j| k̃_nj, the convergence bound's Σ_l (k_n)_l written per layer (each
+    # layer weighs by its parameter count). "printed": Σ_j k̃_nj, as the poster prints P^mask (every layer weighs
+    # 1). docs/fedmask.md measures the choice.
+    objective: str = "bound"
 
 
 def layer_groups(names: list[str]) -> dict[str, list[str]]:
@@ -64,26 +68,29 @@ def layer_groups(names: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def pmask_objective(m: np.ndarray, sizes: np.ndarray, psi: np.ndarray) -> float:
+def pmask_objective(m: np.ndarray, sizes: np.ndarray, psi: np.ndarray, weights: np.ndarray | None = None) -> float:
     """P^mask's objective Σ_n (d_w max_j k̃_nj − Σ_j |π_j| k̃_nj + ε_n) for a binary (N, J) choice ``m`` with
     Σ_j |π_j| m_nj ≤ ψ_n (ε_n the slack); ``sizes`` (J,) = |π_j|, ``psi`` (N,) = ψ_n.
 
     The poster's bound (Theorem) has the bias term Σ_n (d_w γ_n − Σ_{l=1}^{d_w} (k_n)_l), a sum over the d_w
     parameters; with layer-wise masks every parameter l of layer j has (k_n)_l = k̃_nj, so the sum is
     Σ_j |π_j| k̃_nj: a layer weighs by its parameter count (the poster's P^mask prints Σ_j m̃_nj, which would
-    reward covering a bias vector as much as a conv kernel)."""
+    reward covering a bias vector as much as a conv kernel). ``weights`` (J,) replaces |π_j| in that term only
+    (ones: the printed P^mask)."""
     d_w = float(sizes.sum())
     count = m.sum(0)  # (J,) devices per layer
     k = np.where(count > 0, m / np.maximum(count, 1), 0.0)  # (N, J)
     eps = psi - m @ sizes
-    return float(np.sum(d_w * k.max(1) - k @ sizes + eps))
+    return float(np.sum(d_w * k.max(1) - k @ (sizes if weights is None else weights) + eps))
 
 
-def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) -> tuple[np.ndarray, float]:
+def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0, printed: bool = False
+                ) -> tuple[np.ndarray, float]:
     """Solve P^mask (see the module docstring). ``sizes[j]`` = |π_j|, ``psi[n]`` = ψ_n.
     Returns the (N, J) binary masking vectors and their objective value: the optimum, or where the MILP runs
     past ``time_limit`` seconds the best feasible choice HiGHS has found, with a RuntimeWarning giving its
-    relative MIP gap (the exact solve grows fast with N·J)."""
+    relative MIP gap (the exact solve grows fast with N·J). ``printed``: the poster's printed second term,
+    Σ_j k̃_nj (every layer weighs 1), instead of the bound's Σ_j |π_j| k̃_nj."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import lil_matrix
 
@@ -101,8 +108,9 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
     for n in range(N):
         cost[ig(n)] = d_w
         cost[ie(n)] = 1.0
+    w = np.ones(J) if printed else s  # the second term's layer weights
     for j in range(J):  # −Σ_n Σ_j |π_j| k̃_nj = −Σ_j |π_j| (1 − z_j0) = |π_j| z_j0 − d_w (the constant dropped)
-        cost[iz(j, 0)] = s[j]
+        cost[iz(j, 0)] = w[j]
     rows = N + 2 * J + N * J
     A = lil_matrix((rows, nv))
     lo, hi = np.zeros(rows), np.zeros(rows)
@@ -146,7 +154,7 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0) ->
                       f"gap of {gap:.1%} to the optimum; using the best masking vectors found. Raise "
                       f"algorithm.args.milp_time_limit for a closer choice", RuntimeWarning, stacklevel=2)
     m = np.round(res.x[:nm]).reshape(N, J).astype(np.int64)
-    return m, pmask_objective(m, s, p)
+    return m, pmask_objective(m, s, p, w if printed else None)
 
 
 @ALGORITHMS.register("perfedmask")
@@ -174,7 +182,11 @@ class PerFedMask(Algorithm):
             full = set(rng.permutation(N)[: int(round(self.args.nu * N))].tolist())
             frac = [1.0 if i in full else self.args.budget for i in range(N)]
         self.psi = [f * d_w for f in frac]
-        m, self.objective = solve_pmask(sizes, self.psi, self.args.milp_time_limit)
+        if self.args.objective not in ("bound", "printed"):
+            raise ConfigError(f"perfedmask: [algorithm.args] objective = {self.args.objective!r}; valid: bound, "
+                              f"printed")
+        m, self.objective = solve_pmask(sizes, self.psi, self.args.milp_time_limit,
+                                        printed=self.args.objective == "printed")
         names = list(self.layers)
         self.layer_masks = {cid: {names[j]: int(m[i, j]) for j in range(len(names))}
                             for i, cid in enumerate(self.client_ids)}

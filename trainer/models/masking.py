@@ -11,8 +11,10 @@ Given masks, :func:`effective_params` returns the parameters the masked model co
   (Table 3) keeps W_o real-valued and trained. Hidden unit j is dead when its g rows in ``weight_ih`` and
   ``weight_hh`` are all zero; its g biases are gated, so g_j = tanh(0) = 0, c_j stays 0 and h_j = o_j·tanh(0) = 0.
 
-The trainer's forward (soft sigmoid masks during training, binary at inference) and export's bake both call this
-one function, so the model that was trained is the model that is compacted.
+The trainer's forward (FedMask: the binary mask in the feedforward, §3.3, or soft σ(m^r) masks with
+``forward = "soft"``; binary at inference) and export's bake both call this one function, so the model that was
+trained is the model that is compacted. The gate of dead units' biases and batch-norm γ/β is this code's, not the
+paper's (FedMask masks weights only, Eq. 2): it is what makes the masked model equal to its compaction in export.
 """
 
 from __future__ import annotations
