@@ -30,6 +30,7 @@ from edgemask.workspace import check_name
 from export.compact import compact
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
 from export.layers import ETRECORD, layer_records, write_etrecord
+from export.parallel import export_pending
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -153,13 +154,14 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
                formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
                settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
-               wait_s: float = 0.0, etrecord: bool = False) -> list[Path]:
+               wait_s: float = 0.0, etrecord: bool = False, workers: int = 1) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
     One export of a run at a time: it holds ``out_root/.<run-id>.lock`` throughout; a second one waits up to
     ``wait_s`` seconds, then leaves with a one-line reason (and, once it has the lock, finds the first one's
     artifacts unchanged). Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see
-    :func:`export_client`."""
+    :func:`export_client`. ``workers``: clients exported at a time, in processes (:mod:`export.parallel`; 1, the
+    default: one after another in this process; ``edgemask export --jobs`` defaults to this machine's cores)."""
     from trainer.run_dir import load_run
 
     run = load_run(run_dir)
@@ -179,14 +181,21 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     with exclusive_lock(Path(out_root) / f".{run.run_id}.lock", f"artifacts/{run.run_id}", wait_s):
         for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
             remove_stale_temporaries(root / (cid or DENSE))
-        it = jobs
+        bar = None
         if progress:
             from tqdm import tqdm
 
-            it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
-        for cid in it:
+            bar = tqdm(total=len(jobs), desc=f"export {run.run_id}", unit="model")
+        todo = []
+        for cid in jobs:
             dest = root / (cid or DENSE)
-            if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
-                export_client(run, cid, dest, formats, settings, limit, etrecord)
+            if _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                bar is not None and bar.update(1)
+            else:
+                todo.append((cid, dest))
             out.append(dest)
+        export_pending(run, todo, formats, settings, limit, etrecord, workers,
+                       (lambda: bar.update(1)) if bar is not None else (lambda: None))
+        if bar is not None:
+            bar.close()
     return out
