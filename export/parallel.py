@@ -42,22 +42,21 @@ def _init(run_dir: str, threads: int) -> None:
     _RUN = load_run(Path(run_dir))
 
 
-def _one(cid: str | None, dest: str, formats: Sequence[str], settings, limit: float, etrecord: bool) -> str:
-    from export.pipeline import export_client
-
+def _one(export_client: Callable, cid: str | None, dest: str, formats: Sequence[str], settings, limit: float,
+         etrecord: bool) -> str:
     return str(export_client(_RUN, cid, Path(dest), formats, settings, limit, etrecord))
 
 
-def export_pending(run, todo: Sequence[tuple[str | None, Path]], formats: Sequence[str], settings, limit: float,
-                   etrecord: bool, jobs: int, done: Callable[[], None] = lambda: None) -> None:
-    """Export each ``(client id or None for the dense baseline, destination)`` in ``todo``; ``jobs`` at a time.
+def export_pending(export_client: Callable, run, todo: Sequence[tuple[str | None, Path]], formats: Sequence[str],
+                   settings, limit: float, etrecord: bool, jobs: int, done: Callable[[], None] = lambda: None) -> None:
+    """Export each ``(client id or None for the dense baseline, destination)`` in ``todo``; ``jobs`` at a time,
+    each with ``export_client`` (:func:`export.pipeline.export_client`, passed in: a module-level function, so a
+    worker process imports it by name, and this module imports nothing of the pipeline).
 
     ``jobs <= 1`` (or one client to do) runs them here, one after another, on ``run`` as loaded; otherwise in a
     pool of ``min(jobs, len(todo))`` spawned processes. ``done`` is called once per finished client (progress).
     The first failure stops the pool (clients not started are not started; those running finish or fail on their
     own temporaries, which :func:`edgemask.fileio.atomic_dir` removes) and is raised here."""
-    from export.pipeline import export_client
-
     if jobs < 1:
         raise EdgemaskError(f"--jobs is {jobs}; give 1 or more parallel export processes")
     if jobs == 1 or len(todo) <= 1:
@@ -70,7 +69,7 @@ def export_pending(run, todo: Sequence[tuple[str | None, Path]], formats: Sequen
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
                              initargs=(str(run.path), threads)) as pool:
-        pending = {pool.submit(_one, cid, str(dest), tuple(formats), settings, limit, etrecord)
+        pending = {pool.submit(_one, export_client, cid, str(dest), tuple(formats), settings, limit, etrecord)
                    for cid, dest in todo}
         try:
             while pending:

@@ -194,7 +194,7 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
             else:
                 todo.append((cid, dest))
             out.append(dest)
-        export_pending(run, todo, formats, settings, limit, etrecord, workers,
+        export_pending(export_client, run, todo, formats, settings, limit, etrecord, workers,
                        (lambda: bar.update(1)) if bar is not None else (lambda: None))
         if bar is not None:
             bar.close()
