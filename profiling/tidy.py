@@ -41,7 +41,7 @@ def with_predicted(results: pd.DataFrame, predicted: pd.DataFrame | None) -> pd.
         return results
     out = results.assign(predicted=False)
     rows = predicted.assign(predicted=True, valid=False, comparison_valid=False)
-    return pd.concat([out, rows[[c for c in rows.columns]]], ignore_index=True)
+    return pd.concat([out, rows], ignore_index=True)
 
 
 def samples_frame(measurements: pd.DataFrame) -> pd.DataFrame:
