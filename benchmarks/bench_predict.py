@@ -14,6 +14,7 @@ runtime: clients, share within ±10 % and ±5 %, worst |error|; then per client 
 without per-operator events (ExecuTorch until ETDump lands) is listed with the reason.
 
     .venv/bin/python benchmarks/bench_predict.py [--cases demo,vgg16] [--clients 16] [--seconds 1.0]
+        [--demo-formats onnx,pte]
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def main() -> None:
     ap.add_argument("--cases", default="demo,vgg16")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--demo-formats", default="onnx,pte", help="formats of the demo case (pte: no per-layer "
+                    "times until ExecuTorch's ETDump is read, so its export time buys only the reason line)")
     args = ap.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="bench_predict."))
     load0 = os.getloadavg()
@@ -98,7 +101,7 @@ def main() -> None:
     for case in args.cases.split(","):
         t0 = time.time()
         if case == "demo":
-            run, formats = demo_run(ws), ("onnx", "pte")
+            run, formats = demo_run(ws), tuple(args.demo_formats.split(","))
         else:
             run, formats = vgg_run(ws, args.clients), ("onnx",)
         got = measure(ws, run, formats, args.seconds, f"predict-{case}")
