@@ -84,8 +84,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     clients = "all" if args.clients == "all" else _name_list("--clients", args.clients)
     formats = _name_list("--formats", args.formats)
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
+    if args.jobs is None:
+        from export.parallel import default_jobs
+
+        args.jobs = default_jobs()
     dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings,
-                      wait_s=args.wait, etrecord=args.etrecord)
+                      wait_s=args.wait, etrecord=args.etrecord, workers=args.jobs)
     for d in dirs:
         print(f"wrote {d}")
         for line in kept_dead_notes(load_manifest(d).layers):  # why a layer's dead units stay (1× speedup)
@@ -268,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
     e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
                    "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
+    e.add_argument("--jobs", type=int, default=None, metavar="N", help="export N clients at a time, each in its "
+                   "own process (default: this machine's cores; 1: one after another)")
     e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run, or "
                    "a training of its run id, is running, wait up to this long for it (default: 0, leave at once "
                    "saying so)")

@@ -30,6 +30,7 @@ from edgemask.workspace import check_name
 from export.compact import compact
 from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
 from export.layers import ETRECORD, layer_records, write_etrecord
+from export.parallel import export_pending
 from export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -155,7 +156,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
                formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
                settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
-               wait_s: float = 0.0, etrecord: bool = False) -> list[Path]:
+               wait_s: float = 0.0, etrecord: bool = False, workers: int = 1) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
     Locks, each waited for up to ``wait_s`` seconds, then a one-line reason:
@@ -166,7 +167,10 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     Both are taken on real paths (symlinks resolved), so a run or artifact directory reached through a link takes
     the locks its real path takes. Holding them, the run's files are read once and checked against its digests
     (``Run.snapshot``); every model and every ``input_hash`` comes from those bytes.
-    Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see :func:`export_client`."""
+    Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see :func:`export_client`.
+    ``workers``: clients exported at a time, in processes (:mod:`export.parallel`; 1, the default: one after
+    another in this process; ``edgemask export --jobs`` defaults to this machine's cores). The workers read the
+    run while this process holds its shared lock, so no training replaces it meanwhile."""
     from trainer.run_dir import load_run, run_read_lock
 
     formats = tuple(formats)
@@ -197,14 +201,21 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
         with exclusive_lock(root.parent / f".{root.name}.lock", f"artifacts/{run.run_id}", wait_s):
             for cid in jobs:  # what a killed export left: no live writer owns it while we hold the lock
                 remove_stale_temporaries(root / (cid or DENSE))
-            it = jobs
+            bar = None
             if progress:
                 from tqdm import tqdm
 
-                it = tqdm(jobs, desc=f"export {run.run_id}", unit="model")
-            for cid in it:
+                bar = tqdm(total=len(jobs), desc=f"export {run.run_id}", unit="model")
+            todo = []
+            for cid in jobs:
                 dest = root / (cid or DENSE)
-                if not _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
-                    export_client(run, cid, dest, formats, settings, limit, etrecord)
+                if _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                    bar is not None and bar.update(1)
+                else:
+                    todo.append((cid, dest))
                 out.append(Path(out_root) / run.run_id / (cid or DENSE))
+            export_pending(export_client, run, todo, formats, settings, limit, etrecord, workers,
+                           (lambda: bar.update(1)) if bar is not None else (lambda: None))
+            if bar is not None:
+                bar.close()
     return out

@@ -20,6 +20,8 @@ campaign's store before the next one starts, so a campaign stopped at any point 
     retry_backoff_s = 2.0              # base of the jittered exponential backoff
     inventory = "devices.toml"         # optional, relative to the workspace
     remeasure_unstable = 0             # re-measure a repetition whose CV > the verdict's 10 %, up to N times
+    sample_clients = 0                 # > 0: measure this many clients per run, spread over their kept units,
+    sample_seed = 0                    #   and predict the others from their per-layer times (profiling.predict)
 
     [[artifacts]]
     run = "digits-fedmask-20261122"    # artifacts/<run>/...
@@ -114,6 +116,8 @@ _CAMPAIGN = {
     "retry_backoff_s": Field(float, 2.0, minimum=0),
     "inventory": Field(str, None),
     "remeasure_unstable": Field(int, 0, minimum=0, maximum=MAX_RETRIES),
+    "sample_clients": Field(int, 0, minimum=0),
+    "sample_seed": Field(int, 0),
 }
 _SELECTION = {"run": Field(str), "clients": Field((str, list), "all", items=str, what="client id", unique=True),
               "dense": Field(bool, True)}
@@ -177,6 +181,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
         retry_backoff_s=camp["retry_backoff_s"],
         inventory=camp["inventory"],
         remeasure_unstable=camp["remeasure_unstable"],
+        sample_clients=camp["sample_clients"],
+        sample_seed=camp["sample_seed"],
     )
 
 
@@ -248,12 +254,15 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
         for client in _select_clients(run_dir, sel):
             info = read_manifest(run_dir / client)
             infos[f"{sel.run}/{client}"] = info
+    measure = sampled(config, infos)
 
     runnable: list[tuple[str, str, str, str]] = []
     skipped: list[SkippedJob] = []
     for device in config.devices:
         runtimes = getattr(inventory.get(device), "runtimes", None) if inventory else None
         for artifact, info in infos.items():
+            if artifact not in measure:
+                continue
             for fmt in config.formats:
                 for variant in config.variants:
                     if info.file_for(artifact_format(fmt), variant) is None:  # trt: the ONNX file
@@ -275,6 +284,21 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
         for threads in config.threads
     ]
     return CampaignPlan(jobs=tuple(jobs), skipped=tuple(skipped), artifacts=infos)
+
+
+def sampled(config: CampaignConfig, infos: Mapping[str, ArtifactInfo]) -> set[str]:
+    """The artifacts a campaign measures: all, or with ``sample_clients = K`` per run its dense baseline and K
+    compacted clients spread over their total kept units (:func:`profiling.predict.choose_sample`, seeded with
+    ``sample_seed``); the rest stay in the plan's artifacts, to be predicted."""
+    if not config.sample_clients:
+        return set(infos)
+    from profiling.predict import choose_sample, kept_totals
+
+    keep = {a for a, i in infos.items() if i.kind != "compacted"}
+    for run in sorted({i.run_id for i in infos.values()}):
+        clients = {a: i.manifest for a, i in infos.items() if i.run_id == run and i.kind == "compacted"}
+        keep.update(choose_sample(kept_totals(clients), config.sample_clients, config.sample_seed))
+    return keep
 
 
 def plan_jobs(config: CampaignConfig, workspace: str | Path) -> list[Job]:

@@ -315,3 +315,30 @@ def accuracy_vs_latency(ledger: pd.DataFrame) -> Figure | None:
                      "each client on the run's dense model",
                title_fontsize=8)
     return fig
+
+
+def measured_and_predicted(summary: pd.DataFrame, predicted: pd.DataFrame | None) -> Figure | None:
+    """Per device × format panel: every compacted client's p50 against its compacted FLOPs, measured clients as
+    filled circles (hollow red when INVALID), predicted ones as crosses: a prediction is never drawn as a
+    measurement."""
+    if predicted is None or predicted.empty:
+        return None
+    both = pd.concat([summary[summary["kind"] == "compacted"].assign(_pred=False), predicted.assign(_pred=True)],
+                     ignore_index=True)
+    fig, panels = _panel_grid(both)
+    for ax, title, g in panels:
+        x, y = g["flops_compacted"].astype(float).to_numpy(), g["p50_ms"].astype(float).to_numpy()
+        pred = g["_pred"].astype(bool).to_numpy()
+        valid = g["valid"].astype(bool).to_numpy() & ~pred
+        ax.scatter(x[valid], y[valid], marker="o", s=36, color="#08519c", label="measured (VALID)", zorder=3)
+        bad = ~valid & ~pred
+        ax.scatter(x[bad], y[bad], marker="o", s=36, facecolor="none", edgecolor=INVALID_COLOR,
+                   label="measured (INVALID)", zorder=3)
+        ax.scatter(x[pred], y[pred], marker="x", s=40, color="#6a51a3", label="predicted (not measured)", zorder=3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("compacted FLOPs per inference")
+        ax.set_ylabel("p50 latency, ms")
+        ax.grid(alpha=0.3)
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+    return fig

@@ -44,6 +44,10 @@ class CampaignConfig:
     # measure a repetition again when its own CV exceeds the verdict's threshold (a disturbance on the board),
     # up to this many times; each dropped attempt is kept in the store (superseded, status "unstable")
     remeasure_unstable: int = 0
+    # measure only this many clients per run (0: all), spread over their kept units; the others are predicted
+    # from the measured ones' per-layer times (profiling.predict); sample_seed makes the draw repeatable
+    sample_clients: int = 0
+    sample_seed: int = 0
 
     def results_dir(self, workspace: str | Path) -> Path:
         return Path(workspace) / "results" / self.name

@@ -263,7 +263,8 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     rules = rules or VerdictRules.for_campaign(config, cv_threshold)
     name = config.get("name", results_dir.name)
     summary = summarize(df, rules=rules)
-    write_tidy(results_dir, summary, df, csv=csv)
+    predicted, prediction_errors = _predictions(config, summary, data)
+    write_tidy(results_dir, summary, df, csv=csv, predicted=predicted)
     ledger_fig, ledger_sections, ledger_notes = ledger_part(results_dir, workspace, summary)
     runtime = runtime_table(summary)
     curves, history_notes = _run_curves(workspace, artifacts)
@@ -284,6 +285,10 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
                 "energy is missing for every measurement: " + ("; ".join(energy_notes) or "no measurements")),
         ledger_fig,
     ]
+    if predicted is not None:
+        figures.append(_Figure("predicted", "Measured (●) and predicted (✕, not measured) p50 latency per client",
+                               _png(plots.measured_and_predicted(summary, predicted)),
+                               "no client was predicted"))
     plot_dir = results_dir / "plots"
     for f in figures:
         if f.png is not None:
@@ -307,13 +312,56 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
 
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     verdict = verdict_lines(summary, rules)
-    sections = _sections(runtime, summary, failures, skipped) + ledger_sections + layer_sections(layer_bds)
+    sections = (_sections(runtime, summary, failures, skipped) + ledger_sections + layer_sections(layer_bds)
+                + predicted_sections(predicted, prediction_errors))
     md = _markdown(name, generated, config, verdict, sections, figures, notes)
     page = _html(name, generated, config, verdict, sections, figures, notes)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
     write_text_atomic(md_path, md)
     write_text_atomic(html_path, page)
     return html_path, md_path
+
+
+def _predictions(config: dict[str, Any], summary: pd.DataFrame,
+                 data: dict[str, Any]) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """With ``sample_clients`` set: the unmeasured clients' predicted rows and each setting's held-out error
+    (:mod:`profiling.predict`); otherwise (None, None)."""
+    if not config.get("sample_clients"):
+        return None, None
+    from profiling.predict import predicted_rows
+
+    return predicted_rows(summary, data["artifacts"], data["profiles"], data["profiled_runs"],
+                          data["operator_samples"])
+
+
+PREDICTED_MARK = "≈"
+
+
+def predicted_sections(predicted: pd.DataFrame | None,
+                       errors: pd.DataFrame | None) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """The predicted clients, apart from every measured table (never in a VALID count or a comparison): per
+    setting the held-out error of the predictor, then one row per predicted client, its p50 marked ≈."""
+    if predicted is None:
+        return []
+    from profiling.predict import error_lines
+
+    out: list[tuple[int, str, pd.DataFrame | None]] = [
+        (2, f"Predicted, not measured ({PREDICTED_MARK}: sum over layers of per-layer fits on the measured "
+            "clients + the fixed per-inference cost; no verdict, in no comparison)", None)]
+    for line in error_lines(errors if errors is not None else pd.DataFrame()):
+        out.append((3, line, None))
+    if predicted.empty:
+        out.append((3, "No client left to predict (every client has a measured setting, or no per-layer "
+                       "times were profiled: set [runner] profile_layers = true).", None))
+        return out
+    table = pd.DataFrame({"artifact": predicted["artifact"], "device": predicted["device"],
+                          "format": predicted["format"] + "/" + predicted["variant"],
+                          "threads": predicted["threads"].astype(str),
+                          "p50 ms": [f"{PREDICTED_MARK}{fmt_ms(x)}" for x in predicted["p50_ms"]],
+                          "verdict": predicted["verdict"],
+                          "fitted on": predicted["predicted_from"].str.count(",") + 1})
+    out.append((3, "Predicted clients", table.astype(str)))
+    return out
 
 
 def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:

@@ -35,6 +35,17 @@ def results_frame(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[first + [c for c in summary.columns if c not in first]].reset_index(drop=True)
 
 
+def with_predicted(results: pd.DataFrame, predicted: pd.DataFrame | None) -> pd.DataFrame:
+    """``results`` with a ``predicted`` column (False: every row there was measured) and, after them, the rows
+    :func:`profiling.predict.predicted_rows` made (``predicted`` True, ``verdict`` ``PREDICTED``, never VALID).
+    Without predictions the table is returned as it was: campaigns that measure every client keep their columns."""
+    if predicted is None or predicted.empty:
+        return results
+    out = results.assign(predicted=False)
+    rows = predicted.assign(predicted=True, valid=False, comparison_valid=False)
+    return pd.concat([out, rows], ignore_index=True)
+
+
 def samples_frame(measurements: pd.DataFrame) -> pd.DataFrame:
     """One row per raw sample of ``ResultsStore.to_dataframe()``: the artifact and setting columns, ``job_id``,
     ``repetition``, ``inferences_per_sample`` (how many back-to-back inferences a latency sample averages),
@@ -56,12 +67,13 @@ def samples_frame(measurements: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tidy(results_dir: str | Path, summary: pd.DataFrame, measurements: pd.DataFrame, *,
-               csv: bool = False) -> list[Path]:
+               csv: bool = False, predicted: pd.DataFrame | None = None) -> list[Path]:
     """Write ``results.parquet`` and ``samples.parquet`` (and ``results.csv``, ``samples.csv`` when ``csv``)
-    into ``results_dir``, each atomically; return the paths written."""
+    into ``results_dir``, each atomically; return the paths written. ``predicted``: rows of clients a sampled
+    campaign did not measure (:func:`with_predicted`), in ``results`` only (a prediction has no samples)."""
     results_dir = Path(results_dir)
     written = []
-    for name, table in (("results", results_frame(summary)), ("samples", samples_frame(measurements))):
+    for name, table in (("results", with_predicted(results_frame(summary), predicted)), ("samples", samples_frame(measurements))):
         path = results_dir / f"{name}.parquet"
         with atomic_path(path) as tmp:
             table.to_parquet(tmp, index=False)
