@@ -508,7 +508,9 @@ class ExecuTorchRuntime(object):
             self.program = self.et.load_program(path)
         else:
             try:
-                self.program = self.et.load_program(path, enable_etdump=True, debug_buffer_size=ETDUMP_DEBUG_BYTES)
+                # no debug buffer: with one, the ETDump also logs every intermediate output, and a run that
+                # fills it aborts the process (etdump_flatcc.cpp log_evalue assert, ExecuTorch 1.5.1)
+                self.program = self.et.load_program(path, enable_etdump=True)
             except TypeError:
                 raise ProfilerMissing("this executorch.runtime has no enable_etdump (ExecuTorch < 0.7)")
         self.method = self.program.load_method("forward")
@@ -824,7 +826,6 @@ def jetson_clocks(action, state_file):
 # "etdump_sha256", "etdump_bytes" (ExecuTorch: the ETDump itself, its ops filled in on the host)}.
 # ------------------------------------------------------------------------------------------------
 
-ETDUMP_DEBUG_BYTES = 10 * 1000 * 1000
 ETDUMP_MAX_BYTES = 16 * 1000 * 1000  # an ETDump larger than this stays on the board (JSON over SSH)
 ORT_KERNEL_SUFFIX = "_kernel_time"
 TFLITE_NO_PROFILER = ("the TFLite Python interpreter exposes no per-operator profiler (its op profiling is only "
@@ -884,7 +885,7 @@ def executorch_profile(program, warmup, end_to_end_ms, profile_dir):
     import hashlib
 
     path = os.path.join(profile_dir, "model.etdp")
-    program.write_etdump_result_to_file(path, os.path.join(profile_dir, "model.debug.bin"))
+    program.write_etdump_result_to_file(path, os.path.join(profile_dir, "model.debug.bin"))  # no buffer: none
     runs = [{"end_to_end_ms": ms, "ops": []} for ms in end_to_end_ms]
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return {"available": False, "reason": ETDUMP_MISSING, "runs": runs, "blocks": []}
