@@ -254,7 +254,7 @@ def layer_time_stacks(breakdowns) -> Figure | None:
         ax.set_ylabel("ms per inference (median of profiled runs)")
         ax.set_title(f"{bd.artifact}\n{bd.device} · {bd.format}/{bd.variant} · {bd.threads} thread(s)"
                      + ("\nSUSPECT: unchanged layers differ" if bd.suspect else ""), fontsize=9,
-                     color="#d62728" if bd.suspect else None)
+                     color=INVALID_COLOR if bd.suspect else "black")
         ax.legend(fontsize=6, ncols=2, loc="upper right", title="layer (hatched: < ½ FLOP bound)",
                   title_fontsize=6)
         ax.grid(axis="y", alpha=0.3)
