@@ -101,6 +101,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     with atomic_dir(out_dir, _is_artifact_dir, "an edgemask artifact directory (it has no manifest.json)") as tmp:
         ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
         files, diffs = [], {"torch": torch_diff}
+        written_etrecord = None
         labels = y_all.numpy()
         measured_on = {"accuracy_set": f"{data_client}/test", "accuracy_samples": int(len(labels))}
         for fmt in fmts:
@@ -110,6 +111,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                 name = fmt.filename(variant)
                 path = tmp / name
                 info = fmt.write(model, path, ctx, variant)
+                if fmt.name == "pte" and variant == "fp32" and info.get("etrecord"):
+                    written_etrecord = info["etrecord"]  # from the .pte's own lowering (export.formats.pte)
                 got = fmt.run(path, x_all.numpy())  # (len(labels), n_out), batch 1 in the runtime
                 acc = _accuracy(got, labels)
                 if variant == "fp32":
@@ -130,8 +133,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
         write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
         layers = layer_records(masked.base, model, (x[:1],), result.layers,
                                {f.file: tmp / f.file for f in files if f.format == "onnx"})
-        etrec = None
-        if etrecord and any(f.format == "pte" for f in files):
+        etrec = written_etrecord
+        if etrec is None and etrecord and any(f.format == "pte" for f in files):
             etrec = write_etrecord(model, x[:1], tmp / ETRECORD).name
         cfg = run.config
         manifest = Manifest(

@@ -563,6 +563,8 @@ class _DeviceWorker:
                 # Not a link fault (a missing file, a runner that cannot load the model): retrying would repeat it.
                 self._fail(job, f"{type(exc).__name__}: {exc}", attempt + 1)
                 return
+            if measurement.ok and measurement.profile.get("etdump_b64"):
+                measurement = self._read_etdump(measurement, artifact_dir)
             if not measurement.ok and self.stop.is_set():
                 # cut short by Ctrl-C: not the model's fault; its answer is kept, the job is run again
                 self._fail(job, f"interrupted: {measurement.error}", attempt + 1, status="interrupted",
@@ -592,6 +594,19 @@ class _DeviceWorker:
                 if self.on_recorded is not None:
                     self.on_recorded(job)
             return
+
+    def _read_etdump(self, measurement: Measurement, artifact_dir: Path) -> Measurement:
+        """The ETDump the runner brought back -> its operator events per profiled run, mapped to the manifest's
+        layers with the artifact's ETRecord (profiling.layers.attach_etdump); the ETDump itself is kept beside
+        the store as ``etdump/<sha256>.etdp``."""
+        from profiling.layers import attach_etdump
+
+        man = load_manifest(artifact_dir)
+        keep = Path(self.store.path).parent / "etdump" if getattr(self.store, "path", None) else None
+        beside = Path(man.file_for(measurement.format, measurement.variant).file).with_suffix(".etrecord").name
+        etrecord = beside if (artifact_dir / beside).is_file() else man.etrecord  # export.formats.pte writes both
+        profile = attach_etdump(measurement.profile, artifact_dir, etrecord, man.layers, keep)
+        return dataclasses.replace(measurement, profile=profile)
 
     def _fail(self, job: Job, reason: str, attempts: int, status: str = "failed",
               measurement: Measurement | None = None) -> None:

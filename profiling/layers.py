@@ -12,6 +12,21 @@ the layer's summed operator time):
 * realized fraction ``S / B``; a layer realizing less than :data:`REALIZED_FLAG` of its bound is flagged.
 
 Operators no layer claims (pooling, reductions, layout reorders) are summed under :data:`OTHER`.
+
+ExecuTorch (:func:`etdump_runs`): the board's ETDump is read here with ExecuTorch's Inspector and the artifact's
+ETRecord. XNNPACK names its own events by operator and ordinal ("Convolution (NHWC, F32) IGEMM #2", "Fully
+Connected (NC, F32) GEMM #1") with **no link to a source op** (the ETRecord's delegate map for XNNPACK is empty);
+the DELEGATE_CALL event carries, from the ETRecord, the delegate's aten ops in graph order with their module paths.
+So delegated operators are mapped **by order, per kind**: the k-th Convolution event of a delegate call is the k-th
+``aten.convolution`` of that delegate, the k-th Fully Connected event its k-th ``aten.linear``/``addmm``/``mm``
+(XNNPACK creates its operators in the order of the serialized graph's nodes). A kind whose counts differ is left
+unmapped (its time under :data:`OTHER`) and said so. Operators run outside a delegate carry debug handles, mapped
+through the ETRecord's module hierarchy.
+
+A comparison checks itself (:attr:`LayerBreakdown.suspect`): a layer the mask left unchanged (same FLOPs dense and
+compacted) runs the same kernel on the same shapes in both models, so its speedup must be 1 up to noise; one outside
+:data:`UNCHANGED_BAND` says the two profiles were not taken alike (threads, load, clocks), and the breakdown is
+marked suspect with the layers named, and kept out of the summary.
 """
 
 from __future__ import annotations
@@ -21,6 +36,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
@@ -31,6 +47,10 @@ from profiling.trt_profile import trt_layer_of
 OTHER = "(other)"
 REALIZED_FLAG = 0.5  # flag layers realizing less than half their FLOP bound
 COARSE_MS = 0.01  # onnxruntime's trace has whole microseconds: below this a layer's time is coarse
+# An unchanged layer (flops_dense == flops_compacted) measuring a speedup outside this band makes its comparison
+# suspect. 0.8-1.25x: symmetric in log (1/1.25 = 0.8); unchanged VGG16 layers on an idle machine measured
+# 0.98-1.09x at 1 thread (issue 28); layers under COARSE_MS are exempt (whole-microsecond times).
+UNCHANGED_BAND = (0.8, 1.25)
 
 # onnxruntime renames the kernels its graph transformers build from a node: "fused <name>" (Conv + activation
 # fusion, 1.10), "<conv>_<activation>" (the same fusion later), "<name>_nchwc" (x86 NCHWc layout),
@@ -124,6 +144,32 @@ class LayerRow:
     def flagged(self) -> bool:
         return self.realized < REALIZED_FLAG  # NaN compares False: an unmeasured layer is not flagged
 
+    @property
+    def unchanged(self) -> bool:
+        """The mask removed none of this layer's FLOPs (nor its inputs'): the same computation in both models."""
+        return self.flops_dense == self.flops_compacted > 0
+
+    @property
+    def out_of_band(self) -> bool:
+        """An unchanged layer whose measured speedup lies outside :data:`UNCHANGED_BAND` (times too coarse to
+        judge, under :data:`COARSE_MS`, or unmeasured: not)."""
+        lo, hi = UNCHANGED_BAND
+        if not self.unchanged or not min(self.dense_ms, self.compacted_ms) >= COARSE_MS:
+            return False
+        return not lo <= self.speedup <= hi
+
+
+def suspect_reason(rows: Sequence[LayerRow]) -> str | None:
+    """Why a dense-vs-compacted comparison cannot be trusted (its unchanged layers outside
+    :data:`UNCHANGED_BAND`), or None."""
+    bad = [r for r in rows if r.out_of_band]
+    if not bad:
+        return None
+    lo, hi = UNCHANGED_BAND
+    named = ", ".join(f"{r.layer} {r.speedup:.2f}×" for r in bad)
+    return (f"unchanged layers measure outside {lo:g}-{hi:g}× ({named}): the dense and compacted profiles were "
+            "not taken alike (threads, load, clocks); kept out of the summary")
+
 
 def layer_table(layers: Sequence[Mapping], dense_ms: Mapping[str, float],
                 compacted_ms: Mapping[str, float]) -> list[LayerRow]:
@@ -153,6 +199,11 @@ class LayerBreakdown:
     e2e_dense_ms: float
     ops_compacted_ms: float
     e2e_compacted_ms: float
+
+    @property
+    def suspect(self) -> str | None:
+        """Why this comparison is suspect (:func:`suspect_reason`), or None."""
+        return suspect_reason(self.rows)
 
 
 _SETTING = ["format", "variant", "device", "threads"]
@@ -204,8 +255,12 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
         files = {tag: next((f["file"] for f in m["files"] if f["format"] == artifact_format(fmt)
                             and f["variant"] == variant), "")
                  for tag, m in (("dense", dense_man), ("compacted", man))}
-        index = {"dense": name_index(dense_man["layers"], files["dense"]),
-                 "compacted": name_index(man["layers"], files["compacted"])}
+        if fmt == "pte":  # etdump_runs names each mapped operator event after its layer
+            index = {tag: {lay["name"]: lay["name"] for lay in m["layers"]}
+                     for tag, m in (("dense", dense_man), ("compacted", man))}
+        else:
+            index = {"dense": name_index(dense_man["layers"], files["dense"]),
+                     "compacted": name_index(man["layers"], files["compacted"])}
         if not all(index.values()) or any("flops_dense" not in lay for lay in man["layers"]):
             notes[f"{art} ({fmt}/{variant}): its manifest has no per-layer graph names or FLOPs for this file; "
                   f"re-export it with this edgemask"] = None
@@ -217,10 +272,179 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
             per[tag] = (layer_ms(rs, index[tag]), _median(sum(op[2] for op in r["ops"]) / 1e3 for r in rs),
                         _median(r["end_to_end_ms"] for r in rs))
         rows = tuple(layer_table(man["layers"], per["dense"][0], per["compacted"][0]))
-        if fmt == "onnx" and any(r.compacted_ms < COARSE_MS for r in rows):
-            notes["onnxruntime's trace counts whole microseconds: per-layer times under "
+        if fmt in ("onnx", "pte") and any(r.compacted_ms < COARSE_MS for r in rows):
+            who = "onnxruntime's trace counts" if fmt == "onnx" else "XNNPACK's ETDump events count"
+            notes[f"{who} whole microseconds: per-layer times under "
                   f"{COARSE_MS * 1e3:.0f} µs (and their speedups) are coarse"] = None
         out.append(LayerBreakdown(art, device, fmt, variant, int(threads), rows,
                                   per["dense"][0].get(OTHER, 0.0), per["compacted"][0].get(OTHER, 0.0),
                                   per["dense"][1], per["dense"][2], per["compacted"][1], per["compacted"][2]))
     return out, list(notes)
+
+
+# -- ExecuTorch: ETDump events to layers ------------------------------------------------------------------------
+ET_FRAME_EVENTS = frozenset({"DELEGATE_CALL", "Method::execute", "Method::init", "Program::load_method"})
+# aten op (an ETRecord node name's prefix) -> the XNNPACK operator kind (its event name's prefix) it becomes
+ATEN_TO_XNN = (("aten_convolution", "Convolution"), ("aten_linear", "Fully Connected"),
+               ("aten_addmm", "Fully Connected"), ("aten_mm", "Fully Connected"))
+_XNN_KINDS = tuple(dict.fromkeys(k for _, k in ATEN_TO_XNN))
+
+
+class EtdumpError(ValueError):
+    """An ETDump that cannot be read for these runs (wrong digest, wrong number of executions)."""
+
+
+def _deepest_layer(stack: Mapping | None, layer_set: set[str]) -> str | None:
+    """The innermost module path of an nn_module_stack (``{key: (path, type)}``, outermost first) that is a
+    layer."""
+    hit = None
+    for value in (stack or {}).values():
+        path = value[0] if isinstance(value, (tuple, list)) else value
+        if path in layer_set:
+            hit = path
+    return hit
+
+
+def _xnn_kind(event_name: str) -> str | None:
+    return next((k for k in _XNN_KINDS if event_name.startswith(k + " (")), None)
+
+
+def map_delegate_events(event_names: Sequence[str], hierarchy: Mapping[str, Mapping],
+                        layer_set: set[str]) -> tuple[list[str | None], list[str]]:
+    """One delegate call's operator events (in order) -> the layer of each (None: no layer), by order per kind.
+
+    ``hierarchy``: the DELEGATE_CALL event's module hierarchy from the ETRecord, ``{node name: nn_module_stack}``
+    in graph order (node names ``aten_convolution_default_1_`` ...). Returns the layers and a note per kind whose
+    event and op counts differ (left unmapped)."""
+    ops: dict[str, list[str | None]] = {}
+    for node, stack in hierarchy.items():
+        kind = next((k for prefix, k in ATEN_TO_XNN if node.startswith(prefix)), None)
+        if kind is not None:
+            ops.setdefault(kind, []).append(_deepest_layer(stack, layer_set))
+    kinds = [_xnn_kind(n) for n in event_names]
+    notes = []
+    for kind in _XNN_KINDS:
+        n_ev, n_op = kinds.count(kind), len(ops.get(kind, []))
+        if n_ev != n_op:
+            notes.append(f"{n_ev} XNNPACK {kind} events for {n_op} such aten ops in the delegate: left unmapped")
+            ops[kind] = [None] * n_ev
+    seen: dict[str, int] = {}
+    out: list[str | None] = []
+    for kind in kinds:
+        if kind is None:
+            out.append(None)
+            continue
+        out.append(ops[kind][seen.get(kind, 0)])
+        seen[kind] = seen.get(kind, 0) + 1
+    return out, notes
+
+
+def etdump_runs(etdump: str | Path, etrecord: str | Path | None, layers: Iterable[Mapping], warmup: int,
+                end_to_end_ms: Sequence[float]) -> tuple[list[dict], list[str]]:
+    """An ETDump of ``warmup`` + ``len(end_to_end_ms)`` executions -> the profiled runs in the runner's shape,
+    ``[{"end_to_end_ms", "total_us", "ops": [[name, op type, us, provider], ...]}]`` (warm-up dropped), and notes.
+
+    Leaf events only (XNNPACK's operators, operators run outside a delegate); the frames around them
+    (DELEGATE_CALL, Method::execute: ``total_us``) are not operators. An event mapped to a layer is named after
+    the layer (op type: the runtime's event name), others keep the runtime's name. Without an ETRecord no event
+    can be mapped: every operator falls under :data:`OTHER`, and a note says so."""
+    from executorch.devtools import Inspector
+
+    layer_set = {lay["name"] for lay in layers}
+    n_exec = warmup + len(end_to_end_ms)
+    notes: list[str] = []
+    if etrecord is None:
+        notes.append("no ETRecord beside the .pte: ExecuTorch operator events cannot be mapped to layers; "
+                     "re-export the artifact with this edgemask")
+    with _quiet():
+        ins = Inspector(etdump_path=str(etdump), etrecord=str(etrecord) if etrecord is not None else None)
+    blocks = [b for b in ins.event_blocks if any(e.name == "Method::execute" for e in b.events)]
+    if len(blocks) != 1:
+        raise EtdumpError(f"{etdump}: {len(blocks)} blocks of executions, expected one (one method, one program)")
+    ops: list[tuple[str, str, str, list[float]]] = []  # name, op type, provider, ms per execution
+    pending: list = []
+    total: list[float] = []
+    for e in blocks[0].events:
+        raw = list(e.perf_data.raw) if e.perf_data is not None else []
+        if len(raw) != n_exec:
+            raise EtdumpError(f"{etdump}: event {e.name!r} has {len(raw)} executions, {n_exec} were made "
+                              f"({warmup} warm-up + {len(end_to_end_ms)} profiled)")
+        if e.is_delegated_op:
+            pending.append((e, raw))
+        elif e.name == "DELEGATE_CALL":
+            mapped, why = map_delegate_events([d.name for d, _ in pending], e.module_hierarchy or {}, layer_set)
+            notes += [f"{e.delegate_backend_name or 'delegate'}: {w}" for w in why] if etrecord is not None else []
+            backend = pending[0][0].delegate_backend_name if pending else None
+            for (d, r), layer in zip(pending, mapped):
+                ops.append((layer or d.name, d.name, backend or e.delegate_backend_name or "delegate", r))
+            pending = []
+        elif e.name == "Method::execute":
+            total = raw
+        elif e.name not in ET_FRAME_EVENTS:  # an operator run outside any delegate (portable kernels)
+            layer = None
+            for stack in (e.module_hierarchy or {}).values():
+                layer = _deepest_layer(stack, layer_set) or layer
+            ops.append((layer or e.name, e.name, "portable", raw))
+    if pending:
+        raise EtdumpError(f"{etdump}: {len(pending)} delegated events after the last DELEGATE_CALL")
+    runs = []
+    for i, ms in enumerate(end_to_end_ms):
+        k = warmup + i
+        runs.append({"end_to_end_ms": ms, "total_us": total[k] * 1e3 if total else None,
+                     "ops": [[name, op_type, raw[k] * 1e3, provider] for name, op_type, provider, raw in ops]})
+    return runs, list(dict.fromkeys(notes))
+
+
+def _quiet():
+    """The Inspector prints its warnings (a missing debug-handle map, ...) through logging: keep them quiet."""
+    import contextlib
+    import logging
+    import warnings
+
+    @contextlib.contextmanager
+    def ctx():
+        level = logging.root.level
+        logging.root.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                yield
+            finally:
+                logging.root.setLevel(level)
+    return ctx()
+
+
+def attach_etdump(profile: dict, artifact_dir: str | Path, etrecord: str | None, layers: Iterable[Mapping],
+                  keep_dir: str | Path | None = None) -> dict:
+    """A runner's ExecuTorch profile (``etdump_b64`` and its ``etdump_sha256``) -> the same profile with its runs'
+    operators filled from the ETDump (:func:`etdump_runs`) and the bytes gone from it (kept, when ``keep_dir``,
+    as ``<keep_dir>/<sha256>.etdp``, named by its digest). Wrong digest or unreadable ETDump: the profile is
+    marked not available with the reason; the timed result is untouched."""
+    import base64
+    import hashlib
+    import tempfile
+
+    from edgemask.fileio import write_bytes_atomic
+
+    if not profile.get("etdump_b64"):
+        return profile
+    out = {k: v for k, v in profile.items() if k != "etdump_b64"}
+    data = base64.b64decode(profile["etdump_b64"])
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != profile.get("etdump_sha256"):
+        return {**out, "available": False, "reason": f"the ETDump brought back has sha256 {digest}, the board "
+                f"sent {profile.get('etdump_sha256')}: damaged on the way; measure again"}
+    rec = Path(artifact_dir) / etrecord if etrecord else None
+    if rec is not None and not rec.is_file():
+        rec = None
+    with tempfile.TemporaryDirectory(prefix="edgemask-etdump-") as tmp:
+        path = Path(tmp) / "model.etdp"
+        path.write_bytes(data)
+        try:
+            runs, notes = etdump_runs(path, rec, layers, int(profile.get("warmup_runs") or 0),
+                                      [r["end_to_end_ms"] for r in profile.get("runs") or []])
+        except (EtdumpError, RuntimeError, ValueError) as e:
+            return {**out, "available": False, "reason": f"the ETDump could not be read: {e}"}
+    if keep_dir is not None:
+        write_bytes_atomic(Path(keep_dir) / f"{digest}.etdp", data)
+    return {**out, "runs": runs, "blocks": [*out.get("blocks", []), *notes]}

@@ -264,7 +264,9 @@ def layer_time_stacks(breakdowns) -> Figure | None:
             bottoms = [bottoms[0] + vals[0], bottoms[1] + vals[1]]
         ax.set_xticks([0, 1], ["dense", "compacted"])
         ax.set_ylabel("ms per inference (median of profiled runs)")
-        ax.set_title(f"{bd.artifact}\n{bd.device} · {bd.format}/{bd.variant} · {bd.threads} thread(s)", fontsize=9)
+        ax.set_title(f"{bd.artifact}\n{bd.device} · {bd.format}/{bd.variant} · {bd.threads} thread(s)"
+                     + ("\nSUSPECT: unchanged layers differ" if bd.suspect else ""), fontsize=9,
+                     color=INVALID_COLOR if bd.suspect else "black")
         ax.legend(fontsize=6, ncols=2, loc="upper right", title="layer (hatched: < ½ FLOP bound)",
                   title_fontsize=6)
         ax.grid(axis="y", alpha=0.3)

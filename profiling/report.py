@@ -22,7 +22,7 @@ import pandas as pd
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
 from profiling import plots
-from profiling.layers import REALIZED_FLAG, LayerBreakdown, breakdowns
+from profiling.layers import REALIZED_FLAG, UNCHANGED_BAND, LayerBreakdown, breakdowns
 from profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, summarize
 from profiling.store import ResultsStore
 from profiling.tidy import write_tidy
@@ -453,7 +453,8 @@ def layer_table_frame(bd: LayerBreakdown) -> pd.DataFrame:
     rows = [{"layer": r.layer, "units kept": f"{r.kept}/{r.total}", "FLOP ratio": fmt_ratio(r.flop_bound),
              "dense ms": fmt_ms(r.dense_ms), "compacted ms": fmt_ms(r.compacted_ms),
              "measured speedup": fmt_ratio(r.speedup), "speedup ÷ bound": _fmt_fraction(r.realized),
-             "flag": f"{FLAG_MARK} < {REALIZED_FLAG:g} of its bound" if r.flagged else ""} for r in bd.rows]
+             "flag": (f"unchanged, outside {UNCHANGED_BAND[0]:g}-{UNCHANGED_BAND[1]:g}×: suspect" if r.out_of_band
+                      else f"{FLAG_MARK} < {REALIZED_FLAG:g} of its bound" if r.flagged else "")} for r in bd.rows]
     blank = {k: "" for k in rows[0]} if rows else {}
     rows.append({**blank, "layer": "(other operators)", "dense ms": fmt_ms(bd.other_dense_ms),
                  "compacted ms": fmt_ms(bd.other_compacted_ms)})
@@ -475,8 +476,15 @@ def layer_sections(bds: list[LayerBreakdown]) -> list[tuple[int, str, pd.DataFra
     out: list[tuple[int, str, pd.DataFrame | None]] = [
         (2, f"Per layer: where compaction's time goes (profiled runs, separate from the timed ones; "
             f"{FLAG_MARK}: a layer realizing less than {REALIZED_FLAG:g} of its FLOP bound)", None)]
+    trusted = [bd for bd in bds if bd.suspect is None]
+    if trusted:  # the summary: only comparisons whose unchanged layers measure alike in both profiles
+        lines = [f"{bd.artifact} on {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s): operators "
+                 f"{fmt_ratio(bd.ops_dense_ms / bd.ops_compacted_ms if bd.ops_compacted_ms else math.nan)} faster"
+                 for bd in trusted]
+        out.append((3, "Summary (suspect comparisons left out): " + "; ".join(lines), None))
     for bd in bds:
-        out.append((3, f"{bd.artifact} — {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s)",
+        why = f" — SUSPECT: {bd.suspect}" if bd.suspect else ""
+        out.append((3, f"{bd.artifact} — {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s){why}",
                     layer_table_frame(bd)))
     return out
 

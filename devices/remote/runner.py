@@ -509,7 +509,9 @@ class ExecuTorchRuntime(object):
             self.program = self.et.load_program(path)
         else:
             try:
-                self.program = self.et.load_program(path, enable_etdump=True, debug_buffer_size=ETDUMP_DEBUG_BYTES)
+                # no debug buffer: with one, the ETDump also logs every intermediate output, and a run that
+                # fills it aborts the process (etdump_flatcc.cpp log_evalue assert, ExecuTorch 1.5.1)
+                self.program = self.et.load_program(path, enable_etdump=True)
             except TypeError:
                 raise ProfilerMissing("this executorch.runtime has no enable_etdump (ExecuTorch < 0.7)")
         self.method = self.program.load_method("forward")
@@ -887,10 +889,11 @@ def jetson_clocks(action, state_file):
 # Per-operator profiling: profiled runs, separate from the timed ones (a profiler inflates latency).
 # profile_runs(...) -> {"available": bool, "profiler", "reason" (when not available), "runs": [{"end_to_end_ms",
 # "total_us" (the runtime's own time for the run), "ops": [[name, op type, microseconds, provider], ...]}],
-# "blocks" (delegates that report as one block), "etdump" (ExecuTorch: its file)}.
+# "blocks" (delegates that report as one block), "etdump" (ExecuTorch: its file on the board), "etdump_b64",
+# "etdump_sha256", "etdump_bytes" (ExecuTorch: the ETDump itself, its ops filled in on the host)}.
 # ------------------------------------------------------------------------------------------------
 
-ETDUMP_DEBUG_BYTES = 10 * 1000 * 1000
+ETDUMP_MAX_BYTES = 16 * 1000 * 1000  # an ETDump larger than this stays on the board (JSON over SSH)
 ORT_KERNEL_SUFFIX = "_kernel_time"
 TFLITE_NO_PROFILER = ("the TFLite Python interpreter exposes no per-operator profiler (its op profiling is only "
                       "in the benchmark_model binary: --enable_op_profiling=true)")
@@ -941,15 +944,27 @@ def onnxruntime_profile(trace_path, warmup, end_to_end_ms):
 
 
 def executorch_profile(program, warmup, end_to_end_ms, profile_dir):
-    """Write the ETDump (warm-up and profiled runs) into profile_dir; its events are read on the host by the
-    Inspector with the artifact's ETRecord. No ETDump (a runtime built without the event tracer): not available."""
+    """Write the ETDump (warm-up and profiled runs) into profile_dir and bring its bytes back in the result
+    ("etdump_b64", its "etdump_sha256" and "etdump_bytes"): the host reads its events with the Inspector and the
+    artifact's ETRecord (profiling.layers.etdump_runs), so the board needs no devtools. No ETDump (a runtime built
+    without the event tracer): not available; one over ETDUMP_MAX_BYTES: not brought back, said why."""
+    import base64
+    import hashlib
+
     path = os.path.join(profile_dir, "model.etdp")
-    program.write_etdump_result_to_file(path, os.path.join(profile_dir, "model.debug.bin"))
+    program.write_etdump_result_to_file(path, os.path.join(profile_dir, "model.debug.bin"))  # no buffer: none
     runs = [{"end_to_end_ms": ms, "ops": []} for ms in end_to_end_ms]
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return {"available": False, "reason": ETDUMP_MISSING, "runs": runs, "blocks": []}
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) > ETDUMP_MAX_BYTES:
+        return {"available": False, "runs": runs, "blocks": [], "etdump": path,
+                "reason": "the ETDump is %d bytes, over the %d the runner sends back; profile fewer runs"
+                          % (len(data), ETDUMP_MAX_BYTES)}
     return {"available": True, "profiler": "executorch etdump", "etdump": path, "warmup_runs": warmup,
-            "runs": runs, "blocks": ["XNNPACK: without its per-op profiling build, a delegate call is one event"]}
+            "etdump_bytes": len(data), "etdump_sha256": hashlib.sha256(data).hexdigest(),
+            "etdump_b64": base64.b64encode(data).decode("ascii"), "runs": runs, "blocks": []}
 
 
 def profile_runs(fmt, model, batches, threads, warmup, runs, profile_dir=None):

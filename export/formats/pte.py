@@ -1,6 +1,11 @@
 """ExecuTorch ``.pte`` lowered to XNNPACK, run with ``executorch.runtime.Runtime``; int8 with the XNNPACK
 quantizer (PT2E: prepare, calibrate on the client's train samples, convert).
 
+Beside each ``.pte`` goes its ETRecord (``<stem>.etrecord``, from the same lowering, so its debug handles and
+delegate op lists are this very file's): the host's Inspector reads a device's ETDump with it to name the aten ops
+and module paths behind each XNNPACK delegate call (``profiling.layers``). The fp32 one is the manifest's
+``etrecord``.
+
 Note: ExecuTorch 1.4.1 decomposes ``aten.lstm`` into one sub-graph per time step; lowering an 80-step LSTM
 takes minutes (measured ~7 min for a 2-layer one)."""
 
@@ -13,18 +18,29 @@ import numpy as np
 import torch
 from torch import nn
 
-from edgemask.fileio import write_bytes_atomic
+from edgemask.fileio import atomic_path, write_bytes_atomic
 from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, pt2e_quantized, quiet_exporters
 
 
-def _lower(program_module: nn.Module, example: torch.Tensor) -> bytes:
+def _lower(program_module: nn.Module, example: torch.Tensor, etrecord: Path | None = None) -> bytes:
+    """The ``.pte`` bytes; with ``etrecord``, also save the ETRecord of this lowering there (atomically)."""
     with quiet_exporters():  # importing ExecuTorch logs cpuinfo lines too
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
 
         ep = torch.export.export(program_module, (example,))
         _explicit_pool_stride(ep)
-        return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+        prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()],
+                                           generate_etrecord=etrecord is not None).to_executorch()
+        if etrecord is not None:
+            with atomic_path(etrecord) as tmp:
+                prog.get_etrecord().save(str(tmp))
+        return prog.buffer
+
+
+def etrecord_path(pte: Path) -> Path:
+    """The ETRecord written beside ``pte``: ``model.pte`` -> ``model.etrecord``."""
+    return Path(pte).with_suffix(".etrecord")
 
 
 def _explicit_pool_stride(ep) -> None:
@@ -47,7 +63,7 @@ class Pte(Format):
     def write(self, model: nn.Module, path: Path, ctx: FormatContext, variant: str = "fp32") -> dict[str, Any]:
         model = model.eval()
         if variant == "fp32":
-            buf = _lower(model, ctx.example)
+            buf = _lower(model, ctx.example, etrecord_path(path))
         elif variant == "int8":
             with quiet_exporters():
                 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -55,11 +71,11 @@ class Pte(Format):
 
                 q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
                 quantized = pt2e_quantized(model, ctx, q, path.name)
-            buf = _lower(quantized, ctx.example)
+            buf = _lower(quantized, ctx.example, etrecord_path(path))
         else:
             raise ExportFormatError(f"pte: unknown variant {variant!r}; valid: {', '.join(self.variants)}")
         write_bytes_atomic(path, buf)
-        return {"backend": "xnnpack", "runtime": self.runtime}
+        return {"backend": "xnnpack", "runtime": self.runtime, "etrecord": etrecord_path(path).name}
 
     def run(self, path: Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
         with quiet_exporters():  # loading the runtime logs cpuinfo lines

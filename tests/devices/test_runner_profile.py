@@ -73,8 +73,27 @@ def test_runtimes_without_a_profiler_say_why(tmp_path):
     assert got == {"available": False, "reason": TFLITE_NO_PROFILER, "runs": [], "blocks": []}
 
 
-@pytest.mark.slow
 def test_executorch_without_event_tracer_says_so(tmp_path):
+    """Unit test of executorch_profile alone, with a stand-in program: a runtime built without the event tracer
+    writes an empty ETDump (nothing for the host to read)."""
+    from devices.remote.runner import executorch_profile
+
+    class NoTracer:  # stand-in for executorch.runtime.Program of a build without EXECUTORCH_ENABLE_EVENT_TRACER
+        def write_etdump_result_to_file(self, etdump_path, debug_buffer_path):
+            open(etdump_path, "wb").close()
+
+    got = executorch_profile(NoTracer(), 2, [1.5, 2.5], str(tmp_path))
+    assert got == {"available": False, "reason": ETDUMP_MISSING, "blocks": [],
+                   "runs": [{"end_to_end_ms": 1.5, "ops": []}, {"end_to_end_ms": 2.5, "ops": []}]}
+
+
+@pytest.mark.slow
+def test_executorch_runner_brings_the_etdump_back(tmp_path):
+    """ExecuTorch 1.5.1's wheel has the event tracer: the runner's profile carries the ETDump's bytes and their
+    digest, whatever the warm-up and run counts, and its temporary directory is gone."""
+    import base64
+    import hashlib
+
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -83,8 +102,8 @@ def test_executorch_without_event_tracer_says_so(tmp_path):
     prog = to_edge_transform_and_lower(torch.export.export(model, (torch.zeros(1, 6),)),
                                        partitioner=[XnnpackPartitioner()]).to_executorch()
     (tmp_path / "model.pte").write_bytes(prog.buffer)
-    got = profile_runs("pte", str(tmp_path / "model.pte"), [np.zeros((1, 6), np.float32)], 1, 2, 3,
-                       profile_dir=str(tmp_path))
-    # the pip wheel of ExecuTorch 1.4.1 is built without the event tracer: the ETDump is never written
-    assert got["available"] is False and got["reason"] == ETDUMP_MISSING
+    got = profile_runs("pte", str(tmp_path / "model.pte"), [np.zeros((1, 6), np.float32)], 1, 2, 3)
+    data = base64.b64decode(got["etdump_b64"])
+    assert got["available"] is True and got["warmup_runs"] == 2 and got["etdump"] is None
+    assert got["etdump_sha256"] == hashlib.sha256(data).hexdigest() and got["etdump_bytes"] == len(data) > 0
     assert len(got["runs"]) == 3 and all(r["end_to_end_ms"] > 0 and r["ops"] == [] for r in got["runs"])
