@@ -89,6 +89,8 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
 LEGEND = """\
 What the numbers are:
   mean pers. acc    each client's accuracy on its own test split after training, averaged over the clients
+                    (FedMask: on the device's last locally trained mask, the personalized model exported)
+  returned mask     FedMask only: the same on the mask the server sends back, m^T ⊙ m_k (docs/fedmask.md)
   bytes comm.       bytes uploaded + downloaded over all rounds (FedMask: 1 bit per mask element); vs FedAvg's
   setting           <run>/<client> measured on a device: `dense` is the run's uncompacted model. FedMask's
                     dense model is its frozen random weights without a mask (the mask is the model): the right
@@ -146,15 +148,18 @@ def training_table(runs: dict[str, Path], results_dir: Path) -> str:
         dense, comp = d[d["kind"] == "dense"], d[d["kind"] != "dense"]
         if comp.empty:  # no personal structure (FedAvg): every client runs the dense model
             comp = dense
-        rows.append((algo, summary["mean_accuracy"], summary["bytes_up"] + summary["bytes_down"],
+        returned = summary.get("mean_accuracies", {}).get("returned_mask")
+        rows.append((algo, summary["mean_accuracy"], returned, summary["bytes_up"] + summary["bytes_down"],
                      int(dense["params_dense"].iloc[0]) if len(dense) else -1,
                      float(comp["params_compacted"].astype(float).mean())))
-    base = next((r[2] for r in rows if r[0] == "fedavg"), None)
-    head = ("algorithm", "mean pers. acc", "bytes comm.", "vs FedAvg", "params dense", "params compacted")
+    base = next((r[3] for r in rows if r[0] == "fedavg"), None)
+    head = ("algorithm", "mean pers. acc", "returned mask", "bytes comm.", "vs FedAvg", "params dense",
+            "params compacted")
     lines = [head]
-    for algo, acc, nbytes, pd_, pc in rows:
+    for algo, acc, returned, nbytes, pd_, pc in rows:
         ratio = nbytes / base if base else float("nan")
-        lines.append((algo, f"{acc:.4f}", f"{nbytes:,}", f"{ratio:.4f}×", f"{pd_:,}", f"{pc:,.0f}"))
+        lines.append((algo, f"{acc:.4f}", "—" if returned is None else f"{returned:.4f}", f"{nbytes:,}",
+                      f"{ratio:.4f}×", f"{pd_:,}", f"{pc:,.0f}"))
     widths = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
     fmt_row = lambda r: "  ".join(str(c).rjust(w) for c, w in zip(r, widths))
     return "\n".join([fmt_row(lines[0]), "  ".join("-" * w for w in widths), *map(fmt_row, lines[1:])])

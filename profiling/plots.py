@@ -169,12 +169,13 @@ def speedup_per_client(summary: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def accuracy_curve(history: pd.DataFrame) -> pd.DataFrame:
-    """From a run's long-format history: per round, mean client accuracy and cumulative bytes (up + down).
+def accuracy_curve(history: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
+    """From a run's long-format history: per round, mean client ``metric`` (``accuracy``, or a further measure an
+    algorithm reports, e.g. FedMask's ``accuracy_returned_mask``) and cumulative bytes (up + down).
 
-    Returns columns round, accuracy, cum_bytes; empty when the history has no accuracy rows.
+    Returns columns round, accuracy, cum_bytes; empty when the history has no such rows.
     """
-    acc = history[history["metric"] == "accuracy"]
+    acc = history[history["metric"] == metric]
     clients = acc[acc["client"] != "server"]
     acc = clients if not clients.empty else acc
     if acc.empty:

@@ -191,7 +191,12 @@ def _run_curves(workspace: Path, artifacts: pd.DataFrame) -> tuple[dict[str, pd.
         if curve.empty:
             notes.append(f"training history {path} has no accuracy rows; left out")
             continue
-        curves[label] = curve
+        # an algorithm scoring clients on more than one model (FedMask: the local mask and the returned one,
+        # docs/fedmask.md) gets one line per measure, each named
+        measures = sorted(m[len("accuracy_"):] for m in history["metric"].unique() if str(m).startswith("accuracy_"))
+        curves[label if not measures else f"{label}, local mask"] = curve
+        for m in measures:
+            curves[f"{label}, {m.replace('_', ' ')}"] = plots.accuracy_curve(history, f"accuracy_{m}")
     return curves, notes
 
 

@@ -17,7 +17,7 @@ def test_demo_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, "-m", "cli", "demo", "--workspace", str(ws), "--rounds", "3"],
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "mean pers. acc" in p.stdout and "fedmask" in p.stdout and "fedavg" in p.stdout
+    assert "mean pers. acc" in p.stdout and "returned mask" in p.stdout and "fedmask" in p.stdout and "fedavg" in p.stdout
     # the terminal holds edgemask's lines only: stage headers, bars, what was written, the summary
     assert not re.search(r"^W\d{4} |Failed to load|cpuinfo|midr|\[torch\.onnx\]|Please consider|LiteRT",
                          p.stdout + p.stderr, re.M)

@@ -5,6 +5,7 @@ import re
 import tomllib
 
 import pandas as pd
+import pytest
 
 import profiling
 import profiling_fakes as pf
@@ -118,6 +119,24 @@ def test_accuracy_curve_from_long_history():
     c = accuracy_curve(h)
     assert c["accuracy"].tolist() == [0.5, 0.7]  # mean over clients; server row ignored
     assert c["cum_bytes"].tolist() == [40.0, 50.0]  # cumulative up + down
+
+
+def test_each_accuracy_measure_of_a_run_is_its_own_named_curve(tmp_path):
+    """FedMask scores a client on its local mask and on the mask the server returns (issue #26): the report draws
+    both, named, from the history's ``accuracy`` and ``accuracy_returned_mask`` rows."""
+    from profiling.report import _run_curves
+
+    run = tmp_path / "runs" / "run-m"
+    run.mkdir(parents=True)
+    pd.DataFrame([(0, "client-000", "accuracy", 0.9), (0, "client-001", "accuracy", 0.7),
+                  (0, "client-000", "accuracy_returned_mask", 0.5), (0, "client-001", "accuracy_returned_mask", 0.2),
+                  (0, "client-000", "bytes_up", 8.0)],
+                 columns=["round", "client", "metric", "value"]).to_parquet(run / "history.parquet")
+    curves, notes = _run_curves(tmp_path, pd.DataFrame({"run_id": ["run-m"], "algorithm": ["fedmask"]}))
+    assert notes == []
+    assert sorted(curves) == ["fedmask (run-m), local mask", "fedmask (run-m), returned mask"]
+    assert curves["fedmask (run-m), local mask"]["accuracy"].tolist() == pytest.approx([0.8])
+    assert curves["fedmask (run-m), returned mask"]["accuracy"].tolist() == pytest.approx([0.35])
 
 
 def test_public_names_resolve():
