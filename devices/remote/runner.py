@@ -1590,6 +1590,8 @@ def benchmark(args):
 # The distributions behind each runtime (the first installed one counts), for the installed size in --probe
 RUNTIME_DISTS = (("onnxruntime", ("onnxruntime", "onnxruntime-gpu")), ("tflite", ("tflite-runtime", "ai-edge-litert")),
                  ("executorch", ("executorch",)))
+# What a runtime imports without declaring it: executorch 1.5.1's Python runtime imports torch (1.4.1 declared it)
+RUNTIME_IMPORTS = {"executorch": ("torch",)}
 
 
 def _dist_key(name):
@@ -1644,6 +1646,8 @@ def installed_sizes_mb():
         if root is None:
             continue
         keys = closure(root)
+        for extra in RUNTIME_IMPORTS.get(rt, ()):
+            keys |= closure(_dist_key(extra))
         union |= keys
         out[rt] = {"mb": round(sum(size(k) for k in keys) / 1e6, 1), "dists": sorted(keys)}
     if out:
