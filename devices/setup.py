@@ -85,14 +85,14 @@ def packages_for(spec: DeviceSpec) -> list[Package]:
 
 
 # The runtime the host exports .pte files with (pyproject.toml), and what importing it needs (see the docstring)
-EXECUTORCH = Package("executorch", "executorch==1.4.1", "executorch.runtime",
+EXECUTORCH = Package("executorch", "executorch==1.5.1", "executorch.runtime",
                      deps=("torch==2.13.0", "flatbuffers", "ruamel.yaml", "tabulate"))
 
 
 def pip_installs(packages: list[Package]) -> list[list[str]]:
     """The pip install arguments that install ``packages``, in order: one list of requirements installed with
     their dependencies (the packages without ``deps``, then the ``deps`` of the others), then, if any, one
-    ``["--no-deps", ...]`` list. E.g. [["numpy", "torch==2.13.0", ...], ["--no-deps", "executorch==1.4.1"]]."""
+    ``["--no-deps", ...]`` list. E.g. [["numpy", "torch==2.13.0", ...], ["--no-deps", "executorch==1.5.1"]]."""
     with_deps = [p.requirement for p in packages if not p.deps]
     with_deps += [r for p in packages for r in p.deps]
     no_deps = [p.requirement for p in packages if p.deps]
@@ -103,7 +103,7 @@ def install_commands(spec: DeviceSpec, packages: list[Package], from_wheels: boo
     """The pip install arguments setup runs, in order: :func:`pip_installs`, except that on a Pi torch comes first
     and alone from ``spec.torch_index`` (PyTorch's CPU-only wheels; PyPI's aarch64 torch is the CUDA build).
     E.g. [["--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"], ["numpy", ...],
-    ["--no-deps", "executorch==1.4.1"]]. From uploaded wheels (``from_wheels``) the folder decides."""
+    ["--no-deps", "executorch==1.5.1"]]. From uploaded wheels (``from_wheels``) the folder decides."""
     steps = pip_installs(packages)
     if spec.kind != "rpi4" or from_wheels:
         return steps

@@ -120,7 +120,7 @@ BOARDS: dict[str, BoardProfile] = {  # kind -> profile; the kinds an inventory m
         runtimes=("onnxruntime", "tflite", "executorch"),
         max_onnx_opset=None,
         power_sensors=("hwmon",),
-        notes="onnxruntime 1.31.1; tflite-runtime 2.14 (numpy<2) or ai-edge-litert 2.3; executorch 1.4.1 needs "
+        notes="onnxruntime 1.31.1; tflite-runtime 2.14 (numpy<2) or ai-edge-litert 2.3; executorch 1.5.1 needs "
         "torch on the board; power only with an INA219/INA226 hwmon board; vcgencmd for throttling",
     ),
 }

@@ -207,7 +207,7 @@ def test_executorch_pte_runs_through_the_runner(local, tmp_path):
     m = run_benchmark(LocalConnection(local), local, art, "pte", settings=replace(FAST, threads=2), timeout=300)
     assert m.ok, m.error
     assert m.accuracy == 1.0 and m.output_max_abs_diff <= 1e-5 and m.threads == 2
-    assert m.runtime_version.startswith("executorch 1.4.1") and m.runs >= 30
+    assert m.runtime_version.startswith("executorch 1.5.1") and m.runs >= 30
 
 
 TFLITE = pytest.mark.skipif(__import__("importlib").util.find_spec("litert_torch") is None,

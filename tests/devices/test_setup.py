@@ -35,7 +35,7 @@ def test_a_pi_with_tflite_gets_tflite_runtime_and_numpy_below_2():
 
 def test_a_pi_with_executorch_gets_ai_edge_litert_for_tflite_and_numpy_2():
     pkgs = packages_for(board("rpi4", ("onnxruntime", "tflite", "executorch")))
-    assert [p.requirement for p in pkgs] == ["numpy", "onnxruntime", "ai-edge-litert", "executorch==1.4.1"]
+    assert [p.requirement for p in pkgs] == ["numpy", "onnxruntime", "ai-edge-litert", "executorch==1.5.1"]
     assert [p.module for p in pkgs] == ["numpy", "onnxruntime", "ai_edge_litert", "executorch.runtime"]
 
 
@@ -46,7 +46,7 @@ def test_executorch_is_installed_without_its_export_time_dependencies():
     pkgs = packages_for(board("rpi4", ("onnxruntime", "tflite", "executorch")))
     assert pip_installs(pkgs) == [
         ["numpy", "onnxruntime", "ai-edge-litert", "torch==2.13.0", "flatbuffers", "ruamel.yaml", "tabulate"],
-        ["--no-deps", "executorch==1.4.1"],
+        ["--no-deps", "executorch==1.5.1"],
     ]
     assert pip_installs(packages_for(board("rpi4", ("onnxruntime", "tflite")))) == [
         ["numpy<2", "onnxruntime", "tflite-runtime"]]  # nothing without its dependencies: one pip call
@@ -70,7 +70,7 @@ def test_the_fleet_pi_gets_the_wheels_setup_installs_on_a_pi():
 
     assert [names(r) for r in fleet] == [names(r) for r in setup]
     pinned = {r for reqs in setup for r in reqs if "==" in r}  # setup's own pins are the fleet's versions
-    assert pinned == {"torch==2.13.0", "executorch==1.4.1"} and pinned <= {r for reqs in fleet for r in reqs}
+    assert pinned == {"torch==2.13.0", "executorch==1.5.1"} and pinned <= {r for reqs in fleet for r in reqs}
 
 
 def test_a_tx2_gets_the_last_python_36_builds_and_nothing_it_cannot_run():
@@ -132,7 +132,7 @@ def test_a_pi_gets_torch_from_pytorchs_cpu_index_first():
     assert install_commands(spec, packages_for(spec)) == [
         ["--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"],
         ["numpy", "onnxruntime", "ai-edge-litert", "flatbuffers", "ruamel.yaml", "tabulate"],
-        ["--no-deps", "executorch==1.4.1"],
+        ["--no-deps", "executorch==1.5.1"],
     ]
     mirror = replace(spec, torch_index="http://mirror.lan/whl/cpu")  # the inventory's torch_index / --torch-index
     assert install_commands(mirror, packages_for(mirror))[0][:2] == ["--index-url", "http://mirror.lan/whl/cpu"]

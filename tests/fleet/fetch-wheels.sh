@@ -21,7 +21,7 @@ torch==2.13.0
 flatbuffers==25.12.19
 ruamel.yaml==0.19.1
 tabulate==0.10.0"
-NODEPS="executorch==1.4.1"
+NODEPS="executorch==1.5.1"
 STAMP="$REQS
 --no-deps
 $NODEPS"

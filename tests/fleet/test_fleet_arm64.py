@@ -51,7 +51,7 @@ def test_devices_check_shows_an_aarch64_board(arm64_device, tmp_path, capsys):
     assert report["reachable"] is True and report["arch"] == "aarch64"
     assert report["python"].startswith("3.11.") and "aarch64-with-glibc2.36" in report["os"]  # bookworm
     assert report["runtimes"] == {"onnxruntime": "onnxruntime 1.31.1", "tflite": "ai_edge_litert 2.3.0",
-                                  "executorch": "executorch 1.4.1+cpu"}  # its version.py says +cpu
+                                  "executorch": "executorch 1.5.1+cpu"}  # its version.py says +cpu
     assert report["power_sensors"]["hwmon"] == "hwmon:ina226:hwmon0"
     assert report["missing"] == []  # a provisioned Pi
     # without ExecuTorch a Pi's plan is tflite-runtime with numpy<2: the board's numpy 2 is named, with the fix
@@ -149,7 +149,7 @@ def every_format(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("fmt, version", [("onnx", "onnxruntime 1.31.1"), ("tflite", "ai_edge_litert 2.3.0"),
-                                          ("pte", "executorch 1.4.1")])
+                                          ("pte", "executorch 1.5.1")])
 def test_every_format_runs_on_the_emulated_pi(arm64_device, every_format, fmt, version):
     art = every_format
     spec = arm64_device.spec(workdir="/root/formats", runtimes=PI_RUNTIMES)
