@@ -6,12 +6,17 @@ On real samples, the max abs difference of the outputs must be within ``limit`` 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from edgemask.errors import EdgemaskError
 from export.compact.compact import CompactionResult
 from trainer.models.masking import MaskedModel
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TOLERANCE = 1e-5
 
@@ -42,7 +47,7 @@ def _record(model: nn.Module, names: list[str], inputs: tuple[torch.Tensor, ...]
     return y, outs, order
 
 
-def max_abs_diff(a: torch.Tensor | "np.ndarray", b: torch.Tensor | "np.ndarray") -> float:
+def max_abs_diff(a: "torch.Tensor | np.ndarray", b: "torch.Tensor | np.ndarray") -> float:
     a, b = torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)
     if a.shape != b.shape:
         return float("inf")

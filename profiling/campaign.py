@@ -45,7 +45,6 @@ import dataclasses
 import random
 import re
 import threading
-import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from typing import Any
 from devices.errors import BoardBusy
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError, EdgemaskError
-from edgemask.manifest import MANIFEST, load_artifact
+from edgemask.manifest import MANIFEST, load_artifact, load_manifest
 from edgemask.registry import Registry
 from edgemask.schema import Field, Table
 from edgemask.targets import FORMAT_RUNTIME, artifact_format
@@ -768,7 +767,6 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
                 retry_on: tuple[type[BaseException], ...] | None, fatal_on: tuple[type[BaseException], ...] | None,
                 on_recorded: Callable[[Job], None] | None, board: BoardHooks | None, board_wait_s: float = 0.0,
                 on_wait: Callable[[str], None] | None = None) -> CampaignResult:
-    from tqdm.auto import tqdm
 
     from profiling.store import ResultsStore
 

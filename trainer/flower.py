@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
 
-__all__ = ["ClientSide", "FlowerTrainer", "TaskMessage", "client_app", "make_client_app", "make_server_app",
-           "server_app", "simulate_flower", "train_flower"]
+__all__ = ["ClientSide", "FlowerTrainer", "TaskMessage", "client_app",  # noqa: F822 (module __getattr__)
+           "make_client_app", "make_server_app", "server_app", "simulate_flower", "train_flower"]  # noqa: F822
 
 Tensors = dict[str, torch.Tensor]
 FLWR_VERSION = "1.41.0"

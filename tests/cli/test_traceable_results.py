@@ -144,7 +144,7 @@ def test_training_a_run_being_exported_is_refused_and_artifacts_match_the_run(ex
         cfg.write_text(cfg.read_text().replace("[run]", "[run]\nseed = 7"))
         p = edgemask("train", "--workspace", str(ws), "--config", str(cfg))
         exporting = exporter.poll() is None
-        rc, out, err = exporter.wait(600), *exporter.communicate()
+        rc, _, err = exporter.wait(600), *exporter.communicate()
     finally:
         if exporter.poll() is None:
             exporter.kill()

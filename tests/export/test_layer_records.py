@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from export.compact import compact
 from export.formats import FORMATS, ExportSettings, FormatContext

@@ -16,7 +16,7 @@ from export.formats import FORMATS, ExportSettings
 from export_helpers import random_masks
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
 from trainer.data import DataConfig
-from trainer.models import build_model, model_sites
+from trainer.models import build_model
 from trainer.run_dir import ClientState, load_run, write_digests, write_run
 
 

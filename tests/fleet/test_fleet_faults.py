@@ -7,7 +7,6 @@ import hashlib
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from artifacts import make_artifact

@@ -3,7 +3,6 @@
 import json
 import math
 import sqlite3
-from pathlib import Path
 
 import pandas as pd
 import pytest
