@@ -1,7 +1,7 @@
 """Provisioning (`edgemask devices setup NAME`): a virtual environment in the device's work directory with numpy
 and the runtimes its kind supports, installed from the board's own package index or from wheels the host uploads.
 
-What a kind gets (see DESIGN.md, "What the boards can run"):
+What a kind gets (see docs/architecture.md, "What the boards can run"):
 
 - jetson-tx2 (Python 3.6): numpy==1.19.5, onnxruntime==1.10.0 (pinned in ``edgemask.targets``); no TFLite for
   Python 3.6, no ExecuTorch (it needs Python >= 3.10).

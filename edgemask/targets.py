@@ -8,7 +8,7 @@ names), ``profiling`` (a campaign's valid formats) and ``cli`` (help texts). The
 (``devices/remote/runner.py``) is one standard-library file copied to the board and cannot import this module;
 its own format -> runtime table is checked against :data:`FORMAT_RUNTIME` by ``tests/edgemask/test_targets.py``.
 
-Where the facts come from: DESIGN.md, "What the boards can run" (wheels on PyPI, checked): onnxruntime 1.10.0 is
+Where the facts come from: docs/architecture.md, "What the boards can run" (wheels on PyPI, checked): onnxruntime 1.10.0 is
 the last cp36 aarch64 wheel, the newest a Jetson TX2 on JetPack 4.6 (Python 3.6) can install, and it reads
 ONNX opset <= 15; a Raspberry Pi 4 on bookworm (Python 3.11) gets onnxruntime 1.31.1 and has no opset cap.
 """

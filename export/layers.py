@@ -1,5 +1,5 @@
 """Per-layer attribution records for the manifest: what the host needs to map a device's operator times back to
-the pruned layer and to the FLOPs its mask removed (DESIGN.md, "Per-layer profiling").
+the pruned layer and to the FLOPs its mask removed (docs/architecture.md, "Per-layer profiling").
 
 Per layer (conv, linear, LSTM module path of the compacted model, which is the dense model's path too):
 

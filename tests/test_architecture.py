@@ -1,4 +1,4 @@
-"""The project's imports go one way (DESIGN.md, "The four stages"): ``cli`` on top drives the stages; the stages
+"""The project's imports go one way (docs/architecture.md, "The four stages and the ground"): ``cli`` on top drives the stages; the stages
 stand on ``edgemask``, the ground, which imports none of them; ``export`` reads ``trainer``'s runs, ``profiling``
 uses ``devices``, ``devices`` knows no other stage. No module cycle anywhere (imports inside functions count: they
 run all the same; those under ``if TYPE_CHECKING:`` never run and do not), and the board-side runner imports
@@ -64,7 +64,7 @@ def test_no_import_cycle_in_the_project():
 
 
 def test_packages_import_one_way():
-    """The ground imports no stage, no stage imports the top, and each stage only what DESIGN.md lets it."""
+    """The ground imports no stage, no stage imports the top, and each stage only what docs/architecture.md lets it."""
     offenders = sorted(f"{m} imports {d}" for m, deps in graph(MODULES).items() for d in deps
                        if d.split(".")[0] != m.split(".")[0]
                        and d.split(".")[0] not in ALLOWED[m.split(".")[0]])

@@ -1,4 +1,4 @@
-"""`edgemask demo` end to end: the files DESIGN.md names, and artifacts that reproduce the masked model."""
+"""`edgemask demo` end to end: the files docs/architecture.md names, and artifacts that reproduce the masked model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Names that become paths, and the one-writer lock (DESIGN.md, 'Trust: rules every stage keeps')."""
+"""Names that become paths, and the one-writer lock (docs/architecture.md, 'Rules every stage keeps')."""
 
 from __future__ import annotations
 
