@@ -261,16 +261,6 @@ def _pip_install(conn: Connection, spec: DeviceSpec, argv: list[str], reqs: list
     raise DeviceError(f"{spec.name}: pip could not install {', '.join(names)} from {where}: {res.tail()}")
 
 
-def plan_setup(conn: Connection, spec: DeviceSpec) -> dict[str, Any]:
-    """What setup would install into the venv: {"python", "venv_exists", "missing": [requirements], ...}."""
-    packages = packages_for(spec)
-    py = venv_python(spec)
-    exists = conn.run([py, "-c", "pass"], timeout=120).rc == 0
-    versions, errors = installed_versions(conn, spec, py, packages) if exists else ({}, {})
-    missing = [p.requirement for p in packages if not satisfies(versions.get(p.dist), p.requirement)]
-    return {"python": py, "venv_exists": exists, "versions": versions, "errors": errors, "missing": missing}
-
-
 def setup_device(spec: DeviceSpec, wheels_dir: Path | None = None, conn: Connection | None = None
                  ) -> dict[str, Any]:
     """Prepare ``spec`` over its connection; idempotent. Returns what was done:

@@ -52,7 +52,6 @@ import pandas as pd
 
 from devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError, EdgemaskError
-from edgemask.fileio import atomic_path
 from profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
 
 SCHEMA_VERSION = 3
@@ -459,22 +458,6 @@ class ResultsStore:
         for col in ("params_dense", "params_compacted", "flops_dense", "flops_compacted", "model_bytes"):
             df[col] = df[col].astype("Int64")
         return df
-
-    def export_parquet(self, path: str | Path) -> Path:
-        path = Path(path)
-        with atomic_path(path) as tmp:
-            self.to_dataframe().to_parquet(tmp, index=False)
-        return path
-
-    def export_csv(self, path: str | Path) -> Path:
-        """CSV has no lists: the raw samples go in as JSON arrays."""
-        path = Path(path)
-        df = self.to_dataframe()
-        for col in ("latency_ms", "power_w"):
-            df[col] = df[col].map(json.dumps)
-        with atomic_path(path) as tmp:
-            df.to_csv(tmp, index=False)
-        return path
 
 
 def _setting_text(job: Job) -> str:

@@ -44,10 +44,6 @@ class MaskSite:
             return (3 * self.hidden, *weight.shape[1:])
         return tuple(weight.shape)
 
-    @property
-    def num_units(self) -> int:
-        return self.hidden
-
 
 def find_sites(model: nn.Module, norm_after: dict[str, str] | None = None,
                exclude: tuple[str, ...] = ()) -> tuple[MaskSite, ...]:
