@@ -11,7 +11,7 @@ from export_helpers import random_masks
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
 from trainer.data import DataConfig
 from trainer.models import build_model
-from trainer.run_dir import ClientState, write_run
+from trainer.run_dir import ClientState, write_digests, write_run
 
 
 @pytest.fixture
@@ -55,6 +55,7 @@ def test_parallel_export_skips_unchanged_clients(run_dir, tmp_path):
     stamp = {d.name: (d / "manifest.json").stat().st_mtime_ns for d in out}
     (run_dir / "clients" / "client-001.safetensors").write_bytes(
         (run_dir / "clients" / "client-002.safetensors").read_bytes())
+    write_digests(run_dir)  # as a new training of the run records them
     again = export_run(run_dir, tmp_path / "a", formats=("onnx",), progress=False, workers=2)
     now = {d.name: (d / "manifest.json").stat().st_mtime_ns for d in again}
     assert [k for k in now if now[k] != stamp[k]] == ["client-001"]
