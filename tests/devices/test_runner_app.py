@@ -118,3 +118,17 @@ def test_profiling_off_sends_no_profiling_option():
     args = RunnerSettings(profile_runs=9, profile_warmup=2).to_args()
     assert not any(a.startswith("--profile") for a in args)
     assert vars(build_parser().parse_args(args))["profile_layers"] is False
+
+
+def test_a_stray_is_a_zipapp_of_this_workdirs_blobs(tmp_path):
+    """The stray cleanup knows the runner by its deployed name, now ``<sha256>.pyz`` (``.py``: one deployed before)."""
+    from devices.remote.runner.session import is_our_runner
+
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    ours = str(blobs / f"{'a' * 64}.pyz")
+    assert is_our_runner(["python3", ours, "--model", "m.onnx"], str(blobs))
+    assert is_our_runner(["python3", "-u", str(blobs / "old.py"), "--model", "m.onnx"], str(blobs))
+    assert not is_our_runner(["python3", ours, "--probe"], str(blobs))  # not a benchmark run
+    assert not is_our_runner(["python3", str(tmp_path / "x.pyz"), "--model", "m"], str(blobs))  # another folder
+    assert not is_our_runner(["python3", str(blobs / "m.onnx"), "--model", "m"], str(blobs))

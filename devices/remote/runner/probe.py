@@ -14,6 +14,7 @@ from .system import read_text, runner_file
 from .trt import TRTEXEC, find_trtexec, probe_tensorrt
 
 
+# The distributions behind each runtime (the first installed one counts), for the installed size in --probe
 RUNTIME_DISTS = (("onnxruntime", ("onnxruntime", "onnxruntime-gpu")), ("tflite", ("tflite-runtime", "ai-edge-litert")),
                  ("executorch", ("executorch",)))
 # What a runtime imports without declaring it: executorch 1.5.1's Python runtime imports torch (1.4.1 declared it)
