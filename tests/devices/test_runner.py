@@ -271,9 +271,10 @@ def test_samples_are_calibrated_to_last_sample_min_ms(local, tmp_path, monkeypat
     assert m.ok, m.error
     k = m.inferences_per_sample
     assert k > 1 and m.inferences == k * m.runs and m.runs >= 20
-    # each sample lasted about sample_min_ms (k was sized on the warm-up; the timed window holds them all)
+    # the timed window holds every sample's k inferences. How long a sample lasted is a timing, not asserted here:
+    # k is sized on the warm-up's mean latency, and on a loaded host later runs may be several times faster than
+    # the warm-up's (k itself: test_inferences_per_sample_follows_the_warm_up_latency)
     assert sum(m.latency_ms) * k <= m.timed_window_s * 1e3
-    assert 2.0 < min(m.latency_ms) * k and max(m.latency_ms) * k < 1e3
     assert m.energy_per_inference_mj == pytest.approx(2.0 * m.timed_window_s / (k * m.runs) * 1e3)
     one = run_benchmark(LocalConnection(local), local, art, "onnx", settings=FAST)
     assert one.ok and one.inferences_per_sample == 1 and one.inferences == one.runs
