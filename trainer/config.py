@@ -116,5 +116,5 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     DATASETS.get(cfg.data.name)
     MODELS.get(cfg.model.name)
     ALGORITHMS.get(cfg.algorithm.name)
-    parse_args(ALGORITHMS.get(cfg.algorithm.name).Args, cfg.algorithm.args, source)
+    parse_args(ALGORITHMS.get(cfg.algorithm.name).Args, cfg.algorithm.args, cfg.algorithm.name, source)
     check_model_args(cfg.model.name, cfg.model.args, source)

@@ -87,6 +87,11 @@ def test_lstm_dead_hidden_unit_outputs_zero():
     ("training", "batched = 1", "[training] batched: must be true or false, not 1; write true or false"),
     ("data", "test_fraction = 1.0", "[data] test_fraction: 1.0 is out of range; use a value between 0 and 1, both"),
     ("data", "num_clients = 0", "[data] num_clients: 0 is out of range; use a value >= 1"),
+    ("data", "test_fraction = 0", "[data] test_fraction: 0 is out of range; use a value between 0 and 1, both "
+     "excluded"),
+    # the valid partitions are declared once (trainer.data.partition.PARTITIONERS) and checked when the file is read
+    ("data", 'partition = "shards"', "[data] partition: unknown partition 'shards'; valid names: dirichlet, iid, "
+     "natural, pathological"),
 ])
 def test_config_mistakes_read_one_way(tmp_path, section, line, message):
     """The training config is checked by edgemask.schema like the campaign and the inventory: one wording,

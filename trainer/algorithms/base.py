@@ -77,7 +77,7 @@ class Algorithm:
         self.cfg = cfg
         self.dataset = dataset
         self._train = train
-        self.args = parse_args(self.Args, cfg.algorithm.args, f"algorithm {cfg.algorithm.name!r}")
+        self.args = parse_args(self.Args, cfg.algorithm.args, cfg.algorithm.name)
         torch.manual_seed(cfg.run.seed)  # the shared initial (or frozen) weights come from the seed
         self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
                                             **cfg.model.args)
@@ -284,8 +284,9 @@ class Algorithm:
         return sum(v.numel() for v in self.global_params.values())
 
 
-def parse_args(typ: type, raw: dict[str, Any], source: str) -> Any:
-    """``[algorithm.args]`` of ``source`` read into the algorithm's ``Args`` dataclass. Each argument is declared
-    once, on its field: type (the annotation), default, limits (:func:`edgemask.schema.setting`); a mistake reads
-    like any other config mistake, ``<source>: [algorithm.args] key: what is wrong; what to do``."""
-    return read_dataclass(source, "algorithm.args", raw, typ)
+def parse_args(typ: type, raw: dict[str, Any], algo: str, source: str | None = None) -> Any:
+    """``[algorithm.args]`` of algorithm ``algo`` read into its ``Args`` dataclass. Each argument is declared once,
+    on its field: type (the annotation), default, limits (:func:`edgemask.schema.setting`); a mistake reads like
+    any other config mistake, ``<source>: [algorithm.args] key: what is wrong; what to do`` (``source``: the
+    config file; a config built in code is named ``algorithm '<algo>'``)."""
+    return read_dataclass(source or f"algorithm {algo!r}", "algorithm.args", raw, typ)

@@ -16,6 +16,7 @@ import torch
 from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
 from edgemask.schema import setting
+from trainer.data.partition import PARTITIONERS
 
 
 class DatasetMissingError(EdgemaskError):
@@ -29,7 +30,8 @@ class DataConfig:
 
     name: str = "digits"
     num_clients: int = setting(10, minimum=1)
-    partition: str = "pathological"  # pathological | dirichlet | natural | iid
+    # how the samples are split (trainer/data/partition.py); natural: by user, for datasets that have users
+    partition: str = setting("pathological", choices=PARTITIONERS, what="partition")
     classes_per_client: int = setting(2, minimum=1)  # pathological shards
     # pathological: size of the smaller class / the larger one (FedMask Fig. 13)
     balance_rate: float = setting(1.0, above=0, maximum=1)
