@@ -7,12 +7,20 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def clients_per_round(num_clients: int, participation: float) -> int:
+    """How many of ``num_clients`` clients a round samples at ``training.participation`` K: max(⌊N·K⌋, 1)
+    (FedMask Alg. 1, line 8: "k ← max(N × K, 1)", which leaves the rounding of N × K open: down, as a count of
+    devices that fit in the rate). The one rule: the sampler and the run's disk-room estimate both read it (7
+    clients at 0.5: 3, where round() would say 4)."""
+    return max(int(num_clients * participation), 1)
+
+
 def sampling_schedule(client_ids: list[str], rounds: int, participation: float, seed: int) -> list[list[str]]:
-    """For each round, the sampled clients: max(⌊N·K⌋, 1) of N without replacement (FedMask Alg. 1, line 8),
-    in a fixed order. Depends only on (client_ids, rounds, participation, seed)."""
+    """For each round, the sampled clients: :func:`clients_per_round` of N without replacement (FedMask Alg. 1,
+    line 8), in a fixed order. Depends only on (client_ids, rounds, participation, seed)."""
     rng = np.random.default_rng([seed, 0x5A3])
     n = len(client_ids)
-    k = max(int(n * participation), 1)
+    k = clients_per_round(n, participation)
     return [[client_ids[i] for i in sorted(rng.choice(n, size=k, replace=False))] for _ in range(rounds)]
 
 

@@ -21,7 +21,7 @@ from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
 from trainer.records import LocalResult, LocalTask, LocalTrainer
 from trainer.run_dir import check_room, run_lock, write_run
-from trainer.sampling import batch_orders, client_seeds, sampling_schedule
+from trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -356,7 +356,7 @@ def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
 
     def fits(algo: Algorithm) -> None:
         cids = list(algo.client_ids)
-        per_round = max(1, round(cfg.training.participation * len(cids)))
+        per_round = clients_per_round(len(cids), cfg.training.participation)
         rows = cfg.training.rounds * (per_round * 12 + 2 * len(cids) + 4)  # ~12 metrics a trained client
         check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), rows)
 

@@ -91,6 +91,17 @@ def _zero_rounds(ws: Path, tmp: Path) -> list[str]:
     return ["train", "--workspace", str(ws), "--config", str(cfg)]
 
 
+def _model_arg_typo(ws: Path, tmp: Path) -> list[str]:
+    cfg = train_toml(tmp / "t.toml", "r1")
+    cfg.write_text(cfg.read_text().replace("args = {hidden = [8]}", "args = {hiden = [8]}"))
+    return ["train", "--workspace", str(ws), "--config", str(cfg)]
+
+
+def _algorithm_arg_type(ws: Path, tmp: Path) -> list[str]:
+    return ["train", "--workspace", str(ws), "--config",
+            str(train_toml(tmp / "t.toml", "r1", algorithm="fedprox", args='[algorithm.args]\nmu = "0.1"'))]
+
+
 def _profile(**kw) -> Callable[[Path, Path], list[str]]:
     return lambda ws, tmp: ["profile", "--workspace", str(ws), "--campaign", str(campaign(tmp / "c.toml", **kw))]
 
@@ -162,6 +173,12 @@ CASES: dict[str, Case] = {
     "train --rounds -1": Case(_train("r1", "--rounds", "-1"), ("--rounds -1: must be 1 or more",)),
     "train --rounds 0": Case(_train("r1", "--rounds", "0"), ("--rounds 0: must be 1 or more",)),
     "rounds = 0 in the config": Case(_zero_rounds, ("[training] rounds", "0 is out of range")),
+    # issue #31: [model.args] was never checked (a TypeError traceback from the model builder); [algorithm.args] had
+    # a wording of its own. Both now read like [training].
+    "[model.args] hiden = …": Case(_model_arg_typo, ("t.toml: [model.args] hiden: unknown field; did you mean "
+                                                     "'hidden'? valid fields: hidden",)),
+    "[algorithm.args] mu = \"0.1\"": Case(_algorithm_arg_type, ("t.toml: [algorithm.args] mu: must be a number, not "
+                                                                "'0.1'; write a number, without quotes",)),
     "export --formats onnx,onnx": Case(
         lambda ws, tmp: ["export", "--workspace", str(ws), "--run", "fm", "--formats", "onnx,onnx"],
         ("--formats onnx,onnx", "'onnx' is given twice")),

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
 import pytest
 
 from edgemask.errors import ConfigError
 from edgemask.registry import Registry
-from edgemask.schema import Field, Table, did_you_mean
+from edgemask.schema import (ANY, Field, Table, check_call, did_you_mean, kind_of, read_dataclass,
+                             schema_of, setting, signature_schema)
 
 FORMATS: Registry[str] = Registry("format")
 for _name in ("onnx", "pte", "tflite"):
@@ -86,3 +91,124 @@ def test_a_table_that_is_not_one_and_a_check_of_its_own():
     assert str(e.value) == "c.toml: [runner] is 3, not a table; write it as [runner]"
     err = table(name="x").error("name", "'x' is taken", "pick another name")
     assert str(err) == "c.toml: [campaign] name: 'x' is taken; pick another name"
+
+
+def test_an_exclusive_upper_bound():
+    f = {"share": Field(float, above=0, below=1), "rate": Field(float, minimum=0, below=1)}
+    t = Table("c.toml", "t", {"share": 1.0, "rate": 1}, f)
+    for key, text in (("share", "1.0 is out of range; use a value between 0 and 1, both excluded"),
+                      ("rate", "1 is out of range; use a value >= 0 and < 1")):
+        with pytest.raises(ConfigError) as e:
+            t[key]
+        assert str(e.value) == f"c.toml: [t] {key}: {text}"
+    assert Table("c.toml", "t", {"share": 0.999, "rate": 0}, f).values() == {"share": 0.999, "rate": 0.0}
+
+
+def test_a_table_without_fields_says_so():
+    with pytest.raises(ConfigError) as e:
+        Table("c.toml", "algorithm.args", {"mu": 0.1}, {})
+    assert str(e.value) == "c.toml: [algorithm.args] mu: unknown field; [algorithm.args] takes no fields; remove it"
+
+
+# -- one declaration: the dataclass (or the signature) is the schema ---------------------------------------------
+@dataclass(frozen=True)
+class Knobs:
+    rounds: int = setting(20, minimum=1)
+    lr: float = setting(0.05, above=0)
+    share: float = setting(0.25, above=0, below=1)
+    mode: str = setting("keep", choices=("keep", "drop"), what="mode")
+    quiet: bool = True
+    cap: int | None = setting(None, minimum=1)
+    widths: tuple[int, ...] = (16, 32)
+    rates: list[float] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    anything: Any = None
+
+
+def test_schema_of_reads_type_default_and_limits_off_the_dataclass():
+    s = schema_of(Knobs)
+    assert list(s) == ["rounds", "lr", "share", "mode", "quiet", "cap", "widths", "rates", "options", "anything"]
+    assert s["rounds"] == Field(int, 20, minimum=1)
+    assert s["lr"] == Field(float, 0.05, above=0)
+    assert s["share"] == Field(float, 0.25, above=0, below=1)
+    assert s["mode"] == Field(str, "keep", choices=("keep", "drop"), what="mode")
+    assert s["quiet"] == Field(bool, True)
+    assert s["cap"] == Field(int, None, minimum=1)  # "int | None": an int where given, None is "not set"
+    assert s["widths"] == Field(list, (16, 32), items=int)
+    assert s["rates"] == Field(list, None, items=float)
+    assert s["options"] == Field(dict, {})
+    assert s["anything"] == Field(ANY, None)
+
+
+def test_a_dataclass_table_is_read_and_refused_in_the_one_wording():
+    k = read_dataclass("c.toml", "knobs", {"rounds": 3, "lr": 1, "widths": [8], "cap": None}, Knobs)
+    assert k == Knobs(rounds=3, lr=1.0, widths=[8])  # lr made a float; cap None: not set, the default
+    assert isinstance(k.lr, float)
+    for data, text in (({"rounds": 0}, "rounds: 0 is out of range; use a value >= 1"),
+                       ({"rounds": True}, "rounds: must be an integer, not True; write a whole number, without "
+                                          "quotes"),
+                       ({"mode": "toss"}, "mode: unknown mode 'toss'; valid names: drop, keep"),
+                       ({"share": 1}, "share: 1 is out of range; use a value between 0 and 1, both excluded"),
+                       ({"rates": [1.0, "x"]}, "rates: must be a list of numbers, not [1.0, 'x']; write a number, "
+                                               "without quotes, for each item"),
+                       ({"cap": 0}, "cap: 0 is out of range; use a value >= 1"),
+                       ({"rouds": 3}, "rouds: unknown field; did you mean 'rounds'? valid fields: anything, cap, "
+                                      "lr, mode, options, quiet, rates, rounds, share, widths")):
+        with pytest.raises(ConfigError) as e:
+            read_dataclass("c.toml", "knobs", data, Knobs)
+        assert str(e.value) == f"c.toml: [knobs] {text}"
+
+
+def test_setting_refuses_a_check_that_does_not_exist():
+    with pytest.raises(TypeError, match="unknown check.*minumum"):
+        setting(1, minumum=0)
+
+
+@pytest.mark.parametrize("annotation, kind, items", [
+    (int, int, None), (float, float, None), (bool, bool, None), (str, str, None),
+    (int | None, int, None), (tuple[int, ...], list, int), (tuple[int, int], list, int),
+    (list[float], list, float), (Sequence[str], list, str), (list, list, None), (tuple[int, str], list, None),
+    (dict[str, Any], dict, None), (int | str, (int, str), None), (Any, ANY, None), (None, ANY, None),
+])
+def test_kind_of_annotations(annotation, kind, items):
+    assert kind_of(annotation) == (kind, items)
+
+
+def _builder(input_shape, num_classes, hidden: tuple[int, ...] = (128, 64), width: float = 1.0, tag="x"):
+    return input_shape, num_classes, hidden, width, tag
+
+
+def _needs_width(input_shape, num_classes, width: float):
+    return width
+
+
+def _open_builder(input_shape, num_classes, depth: int = 2, **kwargs):
+    return depth, kwargs
+
+
+def test_a_signature_is_a_schema_too():
+    schema, open_ = signature_schema(_builder, skip=2)
+    assert not open_ and schema == {"hidden": Field(list, (128, 64), items=int), "width": Field(float, 1.0),
+                                    "tag": Field(ANY, "x")}
+    check_call("c.toml", "model.args", {"hidden": [8, 4], "width": 2, "tag": [1]}, _builder, skip=2)
+    for data, text in (({"hiden": [8]}, "hiden: unknown field; did you mean 'hidden'? valid fields: hidden, tag, "
+                                         "width"),
+                       ({"hidden": 8}, "hidden: must be a list, not 8; write a list in [ ]"),
+                       ({"width": "wide"}, "width: must be a number, not 'wide'; write a number, without quotes")):
+        with pytest.raises(ConfigError) as e:
+            check_call("c.toml", "model.args", data, _builder, skip=2)
+        assert str(e.value) == f"c.toml: [model.args] {text}"
+    # **kwargs: any other name may be the builder's; the declared ones are still checked
+    assert signature_schema(_open_builder, skip=2) == ({"depth": Field(int, 2)}, True)
+    check_call("c.toml", "model.args", {"depth": 3, "other": 1}, _open_builder, skip=2)
+    with pytest.raises(ConfigError, match=r"\[model.args\] depth: must be an integer, not 'deep'"):
+        check_call("c.toml", "model.args", {"depth": "deep"}, _open_builder, skip=2)
+    # a parameter without a default must be given
+    with pytest.raises(ConfigError, match=r"\[model.args\] width: missing field; add width = … \(a number\)"):
+        check_call("c.toml", "model.args", {}, _needs_width, skip=2)
+    with pytest.raises(ConfigError, match=r"\[model.args\] width: missing field; add width = … \(a value\)$"):
+        check_call("c.toml", "model.args", {}, lambda shape, n, width: None, skip=2)
+
+
+def test_a_list_built_in_code_may_be_a_tuple():
+    assert Table("c.toml", "t", {"widths": (8, 4)}, {"widths": Field(list, items=int)})["widths"] == (8, 4)

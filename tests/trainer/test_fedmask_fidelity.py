@@ -76,9 +76,11 @@ def test_default_forward_is_binary_and_its_gradient_is_sigmoid_prime_at_the_bina
 
 
 def test_unknown_forward_or_restart_is_a_config_error_naming_the_valid_values():
-    with pytest.raises(ConfigError, match="forward = 'hard'.*binary, soft"):
+    with pytest.raises(ConfigError, match=r"\[algorithm.args\] forward: unknown value 'hard'; valid names: binary, "
+                                          r"soft"):
         built(cfg(forward="hard"))
-    with pytest.raises(ConfigError, match="restart = 'x'.*reset, keep_agreeing"):
+    with pytest.raises(ConfigError, match=r"\[algorithm.args\] restart: unknown value 'x'; valid names: keep_agreeing, "
+                                          r"reset"):
         built(cfg(restart="x"))
 
 

@@ -87,6 +87,11 @@ def test_lstm_dead_hidden_unit_outputs_zero():
     ("training", "batched = 1", "[training] batched: must be true or false, not 1; write true or false"),
     ("data", "test_fraction = 1.0", "[data] test_fraction: 1.0 is out of range; use a value between 0 and 1, both"),
     ("data", "num_clients = 0", "[data] num_clients: 0 is out of range; use a value >= 1"),
+    ("data", "test_fraction = 0", "[data] test_fraction: 0 is out of range; use a value between 0 and 1, both "
+     "excluded"),
+    # the valid partitions are declared once (trainer.data.partition.PARTITIONERS) and checked when the file is read
+    ("data", 'partition = "shards"', "[data] partition: unknown partition 'shards'; valid names: dirichlet, iid, "
+     "natural, pathological"),
 ])
 def test_config_mistakes_read_one_way(tmp_path, section, line, message):
     """The training config is checked by edgemask.schema like the campaign and the inventory: one wording,
@@ -125,6 +130,80 @@ def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
     broken["training"]["rounds"] = None
     with pytest.raises(ConfigError, match=r"\[training\] rounds: must be an integer, not None"):
         TrainConfig.from_dict(broken)
+
+
+@pytest.mark.parametrize("section, lines, message", [
+    # the same mistake in [training] and in [algorithm.args]: the same words
+    ("training", "lr = 'fast'", "[training] lr: must be a number, not 'fast'; write a number, without quotes"),
+    ("algorithm.args", "mu = 'fast'", "[algorithm.args] mu: must be a number, not 'fast'; write a number, without "
+                                      "quotes"),
+    ("algorithm.args", "muu = 0.1", "[algorithm.args] muu: unknown field; did you mean 'mu'? valid fields: mu"),
+    # a bool is no count: the old check let `true` through as 1 epoch (bool is an int in Python)
+    ("algorithm.args", "head_epochs = true", "[algorithm.args] head_epochs: must be an integer, not True; write a "
+                                             "whole number, without quotes"),
+    # limits declared on the Args field (they were if-statements in each algorithm's setup, each worded its own way)
+    ("algorithm.args", "p = 1.0", "[algorithm.args] p: 1.0 is out of range; use a value between 0 and 1, both "
+                                  "excluded"),
+    ("algorithm.args", "L = 0", "[algorithm.args] L: 0 is out of range; use a value >= 1"),
+    ("algorithm.args", "warmup_fraction = 1.5", "[algorithm.args] warmup_fraction: 1.5 is out of range; use a value "
+                                                "between 0 and 1"),
+    ("algorithm.args", "objective = 'tight'", "[algorithm.args] objective: unknown value 'tight'; valid names: bound, "
+                                              "printed"),
+    ("algorithm.args", "base = 'scaffold'", "[algorithm.args] base: unknown value 'scaffold'; valid names: fedavg, "
+                                            "fedprox"),
+    # a list's items are typed too (HeteroFL's float(r) once raised a ValueError traceback in setup)
+    ("algorithm.args", "rates = [1.0, 'half']", "[algorithm.args] rates: must be a list of numbers, not [1.0, 'half']; "
+                                                "write a number, without quotes, for each item"),
+    ("algorithm.args", "mu = 0.1", "[algorithm.args] mu: unknown field; [algorithm.args] takes no fields; remove it"),
+    # [model.args] against the builder's signature: a typo was a TypeError traceback from build_model
+    ("model.args", "hiden = [8]", "[model.args] hiden: unknown field; did you mean 'hidden'? valid fields: hidden"),
+    ("model.args", "hidden = 8", "[model.args] hidden: must be a list, not 8; write a list in [ ]"),
+])
+def test_algorithm_and_model_args_read_like_training(tmp_path, section, lines, message):
+    algorithm = {"mu = 'fast'": "fedprox", "muu = 0.1": "fedprox", "head_epochs = true": "fedrep", "p = 1.0":
+                 "fedselect", "L = 0": "fedselect", "warmup_fraction = 1.5": "lg_fedavg",
+                 "objective = 'tight'": "perfedmask", "base = 'scaffold'": "fedpews",
+                 "rates = [1.0, 'half']": "heterofl"}.get(lines, "fedavg")
+    bad = tmp_path / "c.toml"
+    bad.write_text(f'[model]\nname = "mlp"\n[algorithm]\nname = "{algorithm}"\n[{section}]\n{lines}\n')
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.load(bad)
+    assert str(e.value) == f"{bad}: {message}"
+
+
+def test_a_config_built_in_code_is_checked_when_its_algorithm_is_built():
+    """``TrainConfig(...)`` is not read from a file: the algorithm's ``Args`` and the model builder check it, in the
+    same words, naming the algorithm or the model where a file would be named."""
+    from trainer.config import AlgorithmConfig, DataConfig, ModelConfig
+    from trainer.simulation import build_algorithm
+
+    data = DataConfig(num_clients=2, samples_per_client=20)
+    with pytest.raises(ConfigError) as e:
+        build_algorithm(TrainConfig(data=data, algorithm=AlgorithmConfig("fedprox", {"mu": "0.1"})))
+    assert str(e.value) == ("algorithm 'fedprox': [algorithm.args] mu: must be a number, not '0.1'; write a number, "
+                            "without quotes")
+    with pytest.raises(ConfigError) as e:
+        build_algorithm(TrainConfig(data=data, model=ModelConfig("cnn", {"width": [8, 16]})))
+    assert str(e.value) == ("model 'cnn': [model.args] width: unknown field; did you mean 'widths'? valid fields: "
+                            "widths")
+    # tuples, as code writes them, stand for TOML's lists
+    algo = build_algorithm(TrainConfig(data=data, model=ModelConfig("mlp", {"hidden": (8,)}),
+                                       algorithm=AlgorithmConfig("heterofl", {"rates": (1.0, 0.5)})))
+    assert algo.args.rates == (1.0, 0.5) and algo.model.fc1.out_features == 8
+
+
+def test_every_algorithm_argument_has_a_type_toml_can_check():
+    """Each ``Args`` field is annotated with a type the schema checks (not ``Any``): its one declaration."""
+    from dataclasses import fields
+
+    from edgemask.schema import ANY, schema_of
+    from trainer.algorithms import ALGORITHMS
+
+    for name in ALGORITHMS.names():
+        args = ALGORITHMS.get(name).Args
+        schema = schema_of(args)
+        assert set(schema) == {f.name for f in fields(args)}, name
+        assert all(f.kind != ANY for f in schema.values()), (name, schema)
 
 
 def test_build_model_unknown_name_lists_models():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer.aggregation import weighted_average
-from trainer.sampling import _mix, _mix_array, batch_order, batch_orders, sampling_schedule
+from trainer.sampling import _mix, _mix_array, batch_order, batch_orders, clients_per_round, sampling_schedule
 
 
 def test_splitmix64_matches_the_published_first_outputs():
@@ -53,6 +53,34 @@ def test_sampling_schedule_draws_k_distinct_clients_per_round():
     sched = sampling_schedule(ids, rounds=5, participation=0.3, seed=0)
     assert all(len(r) == 3 == len(set(r)) for r in sched)
     assert sched == sampling_schedule(ids, 5, 0.3, 0)
+
+
+@pytest.mark.parametrize("n, k, per_round", [
+    (4, 0.7, 2),  # N·K = 2.8: rounded down (round() says 3)
+    (7, 0.5, 3),  # 3.5: down (round() says 4)
+    (10, 0.25, 2), (10, 0.3, 3), (10, 1.0, 10),
+    (10, 0.05, 1), (3, 0.1, 1),  # below one client: at least one (FedMask Alg. 1 line 8, max(N × K, 1))
+])
+def test_clients_per_round_rounds_down_and_takes_at_least_one(n, k, per_round):
+    assert clients_per_round(n, k) == per_round
+    assert all(len(r) == per_round for r in sampling_schedule([f"c{i}" for i in range(n)], 3, k, seed=1))
+
+
+def test_the_disk_room_check_counts_the_clients_the_sampler_draws(tmp_path, monkeypatch):
+    """The room check's history estimate takes the sampler's count: 4 clients at participation 0.7 train 2 a
+    round, so 3 rounds are 3 × (2·12 + 2·4 + 4) = 108 rows (with round(): 3 clients a round, 144 rows)."""
+    import trainer.simulation as simulation
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"data": {"name": "digits", "num_clients": 4, "samples_per_client": 20},
+                                 "model": {"name": "mlp", "args": {"hidden": [8]}},
+                                 "training": {"rounds": 3, "participation": 0.7}})
+    seen = []
+    monkeypatch.setattr(simulation, "check_room", lambda path, shared, one, n, rows: seen.append((n, rows)))
+    simulation.room_check(cfg, tmp_path / "run")(simulation.build_algorithm(cfg))
+    assert seen == [(4, 108)]
+    sched = sampling_schedule([f"c{i}" for i in range(4)], 3, 0.7, cfg.run.seed)
+    assert [len(r) for r in sched] == [2, 2, 2]
 
 
 @pytest.mark.parametrize("n", [3, 40])

@@ -34,7 +34,6 @@ what an algorithm builds its hooks from. docs/adding-an-algorithm.md walks throu
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -42,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 from torch import nn
 
-from edgemask.errors import ConfigError
 from edgemask.registry import Registry
+from edgemask.schema import read_dataclass
 from trainer.accounting import tensor_bytes
 from trainer.data.base import FederatedDataset
 from trainer.models import build_model, model_sites
@@ -61,7 +60,7 @@ MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (Alg
 
 @dataclass(frozen=True)
 class NoArgs:
-    pass
+    """An algorithm without arguments of its own: ``[algorithm.args]`` must be empty."""
 
 
 ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
@@ -285,19 +284,9 @@ class Algorithm:
         return sum(v.numel() for v in self.global_params.values())
 
 
-def parse_args(typ: type, raw: dict[str, Any], algo: str) -> Any:
-    """Validate ``[algorithm.args]`` against the algorithm's dataclass; unknown keys list the valid ones."""
-    fields = {f.name: f for f in dataclasses.fields(typ)}
-    for k in raw:
-        if k not in fields:
-            valid = ", ".join(fields) or "(none)"
-            raise ConfigError(f"algorithm {algo!r}: unknown argument {k!r} in [algorithm.args]; valid: {valid}")
-    kw = {}
-    for k, v in raw.items():
-        d = fields[k].default
-        if isinstance(d, float) and isinstance(v, int) and not isinstance(v, bool):
-            v = float(v)
-        if d is not dataclasses.MISSING and d is not None and not isinstance(v, type(d)):
-            raise ConfigError(f"algorithm {algo!r}: argument {k!r} must be {type(d).__name__}, got {v!r}")
-        kw[k] = v
-    return typ(**kw)
+def parse_args(typ: type, raw: dict[str, Any], algo: str, source: str | None = None) -> Any:
+    """``[algorithm.args]`` of algorithm ``algo`` read into its ``Args`` dataclass. Each argument is declared once,
+    on its field: type (the annotation), default, limits (:func:`edgemask.schema.setting`); a mistake reads like
+    any other config mistake, ``<source>: [algorithm.args] key: what is wrong; what to do`` (``source``: the
+    config file; a config built in code is named ``algorithm '<algo>'``)."""
+    return read_dataclass(source or f"algorithm {algo!r}", "algorithm.args", raw, typ)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from edgemask.schema import setting
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, personalization_preserving, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
@@ -73,34 +74,23 @@ class FedMaskArgs:
     # the feedforward operation, the result from Eq. 6 will be binarized"): W ⊙ 1[σ(m^r) ≥ 0.5], the gradient
     # σ′(m^r) ⊙ ∂L/∂m at the binary mask (Eq. 7-8, straight through). "soft" (a deviation, kept to measure it):
     # W ⊙ σ(m^r), the gradient of that soft forward.
-    forward: str = "binary"
+    forward: str = setting("binary", choices=FORWARDS, what="value")
     # How a round's real-valued mask restarts from the binary start mask b = m^T ⊙ m_k (Alg. 1 line 14 leaves
     # m^r's magnitude open). "reset": m^r = s·(2b − 1) every round. "keep_agreeing": the device keeps its own last
     # trained scores where their sign agrees with b (1[m^r ≥ 0] = b), ±s elsewhere and in its first round.
-    restart: str = "reset"
+    restart: str = setting("reset", choices=RESTARTS, what="value")
     # ClientPruning's score (§3.4 / Alg. 1 line 26). "delta": |Δ(W ⊙ m^r)| over the pruning epoch (§3.4's text:
     # the change the epoch made). "magnitude": |W ⊙ m^r| after it (Alg. 1 line 26: "preserving the largest p_r
     # portion of elements in |W_ij · m^r_ij|").
-    prune_by: str = "delta"
+    prune_by: str = setting("delta", choices=PRUNE_BY, what="value")
     # The role of m_k in a round's start m^T ⊙ m_k (Alg. 1 line 11). "structure": m_k's pruning structure selects
     # the elements; on them the start is m^T's value (m_k itself where no upload has kept the element yet).
     # "product": the literal elementwise product of the binary masks, so an element ClientPruning turned off
     # never comes back.
-    start_mask: str = "structure"
+    start_mask: str = setting("structure", choices=START_MASKS, what="value")
     # The server's vote (§3.6, Eq. 3 with τ = 0.5) on an exact tie (half of the uploads keeping an element set
     # it). "keep": 1 (Eq. 3's σ ≥ τ). "drop": 0.
-    vote_tie: str = "keep"
-
-
-def check_args(args: FedMaskArgs) -> None:
-    """Refuse an unknown ``forward`` / ``restart`` with the valid values (a config mistake, not a traceback)."""
-    from edgemask.errors import ConfigError
-
-    for name, valid in (("forward", FORWARDS), ("restart", RESTARTS), ("prune_by", PRUNE_BY),
-                        ("start_mask", START_MASKS), ("vote_tie", VOTE_TIES)):
-        if getattr(args, name) not in valid:
-            raise ConfigError(f"algorithm 'fedmask': [algorithm.args] {name} = {getattr(args, name)!r}; valid: "
-                              f"{', '.join(valid)}")
+    vote_tie: str = setting("keep", choices=VOTE_TIES, what="value")
 
 
 def binary_ste(soft: torch.Tensor) -> torch.Tensor:
@@ -191,7 +181,6 @@ class FedMask(Algorithm):
     Args = FedMaskArgs
 
     def setup(self) -> None:
-        check_args(self.args)
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
         self.mask_names = tuple(masked)  # every mask, in the sites' order

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
+from edgemask.schema import setting
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.losses import cross_entropy, with_proximal
@@ -54,7 +55,8 @@ class FedPeWSArgs:
     mask_lr: float = 0.1  # η_s (§5.2)
     server_lr: float = 1.0  # η_g (Table 2, Synthetic-32K: 1.0)
     init_score: float = 0.0  # s_g^0
-    base: str = "fedavg"  # the optimizer after (and under) the warmup: fedavg | fedprox
+    # the optimizer after (and under) the warmup: fedavg | fedprox
+    base: str = setting("fedavg", choices=("fedavg", "fedprox"), what="value")
     mu: float = 0.01  # FedProx's μ when base = "fedprox" (App. C.1: 0.01)
 
 
@@ -183,8 +185,6 @@ class FedPeWS(Algorithm):
     fixed = False
 
     def setup(self) -> None:
-        if self.args.base not in ("fedavg", "fedprox"):
-            raise ConfigError(f"{self.name}: algorithm.args.base must be 'fedavg' or 'fedprox', got {self.args.base!r}")
         head = set(head_names(self.model))
         self.hidden: list[MaskSite] = [s for s in self.sites if s.weights[0] not in head]
         if not self.hidden or any(s.kind == "lstm" for s in self.sites):

@@ -36,6 +36,7 @@ import torch
 from safetensors import SafetensorError
 
 from edgemask.errors import ConfigError
+from edgemask.schema import setting
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
@@ -46,8 +47,9 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class FedSelectArgs:
-    p: float = 0.5  # personalization rate: GradLTN keeps a fraction p of the candidates each iteration (r = 1 − p)
-    L: int = 5  # GradLTN iterations
+    # personalization rate: GradLTN keeps a fraction p of the candidates each iteration (r = 1 − p)
+    p: float = setting(0.5, above=0, below=1)
+    L: int = setting(5, minimum=1)  # GradLTN iterations
     E: int = 5  # epochs per GradLTN iteration
     localalt_epochs: int = 5  # epochs of each LocalAlt pass (v_k, then u)
     init_weights: str = ""  # a local weights file (pretrained backbone); empty: from scratch
@@ -143,8 +145,6 @@ class FedSelect(Algorithm):
     Args = FedSelectArgs
 
     def setup(self) -> None:
-        if self.args.L < 1 or not 0 < self.args.p < 1:
-            raise ConfigError("fedselect: algorithm.args needs L ≥ 1 and 0 < p < 1")
         self.init_report = {}
         if self.args.init_weights:
             n, skipped = load_init_weights(self.args.init_weights, self.global_params, self.global_buffers)

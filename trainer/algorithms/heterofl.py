@@ -27,7 +27,7 @@ from trainer.task_functions import Fn, ModelContext, task_function
 
 @dataclass(frozen=True)
 class HeteroFLArgs:
-    rates: list | None = None  # capability r per level; default [1.0, 0.5, 0.25]
+    rates: list[float] | None = None  # capability r per level; default [1.0, 0.5, 0.25]
 
 
 def width_masks(params: dict[str, torch.Tensor], sites: tuple[MaskSite, ...], head: set[str], rate: float

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.errors import ConfigError
+from edgemask.schema import setting
 from trainer.accounting import tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.aggregation import average_state
@@ -40,8 +40,10 @@ from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, L
 
 @dataclass(frozen=True)
 class LGFedAvgArgs:
-    warmup_rounds: int = -1  # W rounds of plain FedAvg on the whole model first; -1: ⌊warmup_fraction·T⌋
-    warmup_fraction: float = 0.8  # Liang et al.'s MNIST reproduction: 400 FedAvg rounds, then 100 LG-FedAvg
+    # W rounds of plain FedAvg on the whole model first; -1: ⌊warmup_fraction·T⌋
+    warmup_rounds: int = setting(-1, minimum=-1)
+    # Liang et al.'s MNIST reproduction: 400 FedAvg rounds, then 100 LG-FedAvg
+    warmup_fraction: float = setting(0.8, minimum=0, maximum=1)
 
 
 @ALGORITHMS.register("lg_fedavg")
@@ -54,9 +56,6 @@ class LGFedAvg(Algorithm):
         if not self.head:
             raise ValueError(f"lg_fedavg: model {self.cfg.model.name!r} declares no head")
         a, T = self.args, self.cfg.training.rounds
-        if a.warmup_rounds < -1 or not 0.0 <= a.warmup_fraction <= 1.0:
-            raise ConfigError(f"lg_fedavg: warmup_rounds must be ≥ 0 (or -1: warmup_fraction·rounds) and "
-                              f"warmup_fraction in [0, 1]; got {a.warmup_rounds}, {a.warmup_fraction}")
         self.warmup = a.warmup_rounds if a.warmup_rounds >= 0 else int(a.warmup_fraction * T)
         # a device's personal representation once it has trained in the local stage; before, the global model's
         # (the seeded init, or the FedAvg stage's: the local stage never changes the global representation)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
+from edgemask.schema import setting
 from trainer.accounting import forward_flops, layer_positions, tensor_bytes
 from trainer.aggregation import mask_weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
@@ -50,14 +51,14 @@ FROZEN = "frozen:"  # the fine-tuning task's constants: the body, by parameter n
 class PerFedMaskArgs:
     nu: float = 0.5  # ν: fraction of devices that can train the whole body
     budget: float = 0.5  # ψ_n / d_w for the other devices
-    budgets: list | None = None  # per-device ψ_n / d_w, in client order (overrides nu and budget)
+    budgets: list[float] | None = None  # per-device ψ_n / d_w, in client order (overrides nu and budget)
     finetune_epochs: int = 5  # head fine-tuning after training
     finetune_lr: float = -1.0  # -1: training.lr
     milp_time_limit: float = 60.0  # seconds for P^mask's MILP; past it, HiGHS's best choice so far (warned)
     # P^mask's second term. "bound": Σ_j |π_j| k̃_nj, the convergence bound's Σ_l (k_n)_l written per layer (each
     # layer weighs by its parameter count). "printed": Σ_j k̃_nj, as the poster prints P^mask (every layer weighs
     # 1). docs/fedmask.md measures the choice.
-    objective: str = "bound"
+    objective: str = setting("bound", choices=("bound", "printed"), what="value")
 
 
 def layer_groups(names: list[str]) -> dict[str, list[str]]:
@@ -182,9 +183,6 @@ class PerFedMask(Algorithm):
             full = set(rng.permutation(N)[: int(round(self.args.nu * N))].tolist())
             frac = [1.0 if i in full else self.args.budget for i in range(N)]
         self.psi = [f * d_w for f in frac]
-        if self.args.objective not in ("bound", "printed"):
-            raise ConfigError(f"perfedmask: [algorithm.args] objective = {self.args.objective!r}; valid: bound, "
-                              f"printed")
         m, self.objective = solve_pmask(sizes, self.psi, self.args.milp_time_limit,
                                         printed=self.args.objective == "printed")
         names = list(self.layers)

@@ -15,6 +15,8 @@ import torch
 
 from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
+from edgemask.schema import setting
+from trainer.data.partition import PARTITIONERS
 
 
 class DatasetMissingError(EdgemaskError):
@@ -23,16 +25,20 @@ class DatasetMissingError(EdgemaskError):
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which dataset, how it is split across clients, and where its files are."""
+    """Which dataset, how it is split across clients, and where its files are. Each field's type, default and
+    limits are its whole declaration: ``[data]`` is checked against them (:func:`edgemask.schema.schema_of`)."""
 
     name: str = "digits"
-    num_clients: int = 10
-    partition: str = "pathological"  # pathological | dirichlet | natural | iid
-    classes_per_client: int = 2  # pathological shards
-    balance_rate: float = 1.0  # pathological: size of the smaller class / the larger one (FedMask Fig. 13)
-    alpha: float = 0.5  # dirichlet concentration
-    test_fraction: float = 0.25  # per client, stratified so the test split follows the train distribution
-    samples_per_client: int | None = None  # cap per client (None: use all it gets)
+    num_clients: int = setting(10, minimum=1)
+    # how the samples are split (trainer/data/partition.py); natural: by user, for datasets that have users
+    partition: str = setting("pathological", choices=PARTITIONERS, what="partition")
+    classes_per_client: int = setting(2, minimum=1)  # pathological shards
+    # pathological: size of the smaller class / the larger one (FedMask Fig. 13)
+    balance_rate: float = setting(1.0, above=0, maximum=1)
+    alpha: float = setting(0.5, above=0)  # dirichlet concentration
+    # per client, stratified so the test split follows the train distribution
+    test_fraction: float = setting(0.25, above=0, below=1)
+    samples_per_client: int | None = setting(None, minimum=1)  # cap per client (None: use all it gets)
     root: str | None = None  # local directory of a real dataset
     options: dict[str, Any] = field(default_factory=dict)  # builder-specific (e.g. synthetic size)
 

@@ -107,7 +107,7 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return [np.sort(chunk) for chunk in np.array_split(idx, num_clients)]
 
 
-PARTITIONERS = ("pathological", "dirichlet", "iid", "natural")
+PARTITIONERS = ("pathological", "dirichlet", "iid", "natural")  # DataConfig.partition's valid names
 
 
 def partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:

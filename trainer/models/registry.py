@@ -16,7 +16,9 @@ A dead unit (mask row all zero) must output exactly zero, so the batch norm that
     def my_net(input_shape, num_classes, **args) -> nn.Module:
         return MyNet(input_shape[0], num_classes, **args)
 
-Its layers are found by type (``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d``, ``nn.LSTM``), their batch norms by
+Its keyword parameters are what ``[model.args]`` may hold: a config is checked against the builder's signature
+(names, and types where annotated; :func:`check_model_args`), so give them annotations and defaults. Its layers
+are found by type (``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d``, ``nn.LSTM``), their batch norms by
 tracing; where ``torch.fx`` cannot trace the forward (data-dependent control flow), declare ``norm_after`` and
 export names the layers whose norms it could not find.
 """
@@ -30,17 +32,27 @@ from torch import nn
 
 from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
+from edgemask.schema import check_call
 from trainer.models.masking import MaskSite, find_sites
 
 ModelBuilder = Callable[..., nn.Module]
 MODELS: Registry[ModelBuilder] = Registry("model")
 
 
+def check_model_args(name: str, args: dict[str, Any], source: str) -> None:
+    """``[model.args]`` of ``source`` checked against model ``name``'s builder: its keyword parameters after
+    ``(input_shape, num_classes)`` are the valid names (a builder taking ``**kwargs`` accepts any other), their
+    annotations the types; a mistake is one line, ``<source>: [model.args] key: what is wrong; what to do``."""
+    check_call(source, "model.args", args, MODELS.get(name), skip=2)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **args: Any) -> nn.Module:
-    """Build and initialize: Kaiming-normal (fan-in, ReLU gain) conv and linear weights, zero biases.
+    """Build and initialize: Kaiming-normal (fan-in, ReLU gain) conv and linear weights, zero biases. ``args``
+    are checked first (:func:`check_model_args`): a wrong name is a config error, not a ``TypeError``.
 
     The scale matters for mask learning (FedMask, FedPeWS): with PyTorch's default uniform init a masked
     network's logits start near zero and mask gradients, which are scaled by W (FedMask Eq. 4), vanish."""
+    check_model_args(name, args, f"model {name!r}")
     model = MODELS.get(name)(tuple(input_shape), num_classes, **args)
     for mod in model.modules():
         if isinstance(mod, (nn.Linear, nn.Conv1d, nn.Conv2d)):

@@ -319,5 +319,6 @@ def test_end_to_end_on_digits_and_run_directory_reloads(algo, up_ratio, tmp_path
 def test_unknown_argument_names_the_valid_ones():
     from edgemask.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="valid: mu, tau"):
+    with pytest.raises(ConfigError, match=r"^config: \[algorithm.args\] temperature: unknown field; "
+                                          r"valid fields: mu, tau$"):
         make("moon", args={"temperature": 0.5})
