@@ -84,8 +84,8 @@ def holder_identity(campaign: str) -> dict[str, Any]:
 
 
 def take_boards(config: CampaignConfig, inventory: Mapping[str, Any], board: BoardHooks, connect: Connect,
-                 retry_on: tuple[type[BaseException], ...], wait_s: float,
-                 on_wait: Callable[[str], None] | None) -> dict[str, BoardLock]:
+                retry_on: tuple[type[BaseException], ...], wait_s: float,
+                on_wait: Callable[[str], None] | None) -> dict[str, BoardLock]:
     """Hold every board of the campaign before any job starts, one after another (each waits up to ``wait_s``).
 
     A board another campaign holds: everything taken so far is let go and BoardBusy (one line, naming the holder)

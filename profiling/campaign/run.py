@@ -174,7 +174,7 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
 
         devices = sorted({j.device for j in todo})
         locks = take_boards(dataclasses.replace(config, devices=tuple(d for d in config.devices if d in devices)),
-                             inventory, board, connect, retry_on, board_wait_s, on_wait)
+                            inventory, board, connect, retry_on, board_wait_s, on_wait)
         try:
             return _run_workers(config, workspace, plan, todo, given_up, already_done, store, store_path,
                                 inventory=inventory, benchmark=benchmark, connect=connect, retry_on=retry_on,
@@ -204,9 +204,9 @@ def _run_workers(config: CampaignConfig, workspace: Path, plan: CampaignPlan, to
                    unit="job", dynamic_ncols=True)
         bars.append(bar)
         workers.append(DeviceWorker(device, inventory[device], jobs, config=config, workspace=workspace,
-                                     store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
-                                     fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
-                                     board=board, lock=locks.get(device)))
+                                    store=store, benchmark=benchmark, connect=connect, retry_on=retry_on,
+                                    fatal_on=fatal_on, stop=stop, bar=bar, on_recorded=on_recorded,
+                                    board=board, lock=locks.get(device)))
     with ThreadPoolExecutor(max_workers=max(1, len(workers)), thread_name_prefix="device") as pool:
         futures = [pool.submit(w.run) for w in workers]
         try:
