@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
 from bench_export import fedmask_masks  # noqa: E402
-from devices.remote.runner import profile_runs  # noqa: E402
+from devices.remote.runner.benchmark import profile_runs  # noqa: E402
 from export.compact import compact  # noqa: E402
 from export.formats import FORMATS, ExportSettings, FormatContext  # noqa: E402
 from export.layers import layer_records  # noqa: E402

@@ -1,4 +1,4 @@
-"""One benchmark job: deploy an artifact's model, its sample_io.npz and the runner; run; parse the JSON.
+"""One benchmark job: deploy an artifact's model, its sample_io.npz and the runner (a zipapp); run; parse JSON.
 
 The artifact's manifest.json is read with ``edgemask.manifest`` (the contract's one reader, torch-free); this module
 adds what only a device needs: the files' sha256 checked before they are sent."""
@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from devices.connection import Connection
-from devices.deploy import RUNNER_PATH, deploy_many
+from devices.deploy import deploy_many
 from devices.errors import DeviceError
 from devices.inventory import FORMAT_RUNTIME, DeviceSpec
 from devices.records import Measurement, RunnerSettings
+from devices.runner_app import runner_zipapp
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import ArtifactFile, load_manifest
@@ -105,8 +106,9 @@ def run_benchmark(conn: Connection, spec: DeviceSpec, artifact_dir: Path, fmt: s
         settings = replace(settings, tolerance=max(settings.tolerance, INT8_MARGIN * entry.max_abs_diff))
     model, model_sha = _checked_file(artifact_dir, entry.file, entry.sha256)
     sample_io, sample_sha = _checked_file(artifact_dir, manifest.sample_io["file"], manifest.sample_io["sha256"])
+    runner, runner_sha = runner_zipapp()
     remote_runner, remote_model, remote_sample = deploy_many(
-        conn, spec, [RUNNER_PATH, model, sample_io], [None, model_sha, sample_sha])
+        conn, spec, [runner, model, sample_io], [runner_sha, model_sha, sample_sha])
     # deploy put exactly these bytes under their content address (verified on the board): the runner loads the
     # file this digest names, whatever happens to the local file from now on
     ids["artifact_sha256"] = model_sha

@@ -15,9 +15,8 @@ from pathlib import Path
 from devices.connection import Connection
 from devices.errors import DeviceError
 from devices.inventory import DeviceSpec
+from devices.runner_app import runner_zipapp
 from edgemask.fileio import sha256_file
-
-RUNNER_PATH = Path(__file__).parent / "remote" / "runner.py"
 
 # Run on the device as `python -c SNIPPET ARGS`; Python 3.6 compatible, stdlib only.
 _HASH = r"""
@@ -113,5 +112,7 @@ def deploy(conn: Connection, spec: DeviceSpec, local_file: Path, sha256: str | N
 
 
 def deploy_runner(conn: Connection, spec: DeviceSpec) -> str:
-    """The runner script, deployed like any other file (a changed runner gets a new name)."""
-    return deploy(conn, spec, RUNNER_PATH)
+    """The runner (one zipapp file, ``devices.runner_app``), deployed like any other file: a changed runner gets a
+    new name, <workdir>/blobs/<sha256>.pyz."""
+    path, sha256 = runner_zipapp()
+    return deploy(conn, spec, path, sha256)

@@ -6,41 +6,48 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from devices.remote.runner import options as runner_options
+
+
+# The runner's measurement settings: each default is declared once, in the runner's own table (it runs on the
+# board and cannot import this module); the fields below take theirs from it.
+_DEFAULT = runner_options.DEFAULTS
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    """How the remote runner measures. Defaults follow TFLite's benchmark_model."""
+    """How the remote runner measures: one field per option of the runner's table
+    (``devices/remote/runner/options.py``, which says what each means). Defaults follow TFLite's benchmark_model."""
 
-    warmup_runs: int = 1
-    warmup_seconds: float = 0.5
-    min_runs: int = 50
-    min_seconds: float = 1.0
+    warmup_runs: int = _DEFAULT["warmup_runs"]
+    warmup_seconds: float = _DEFAULT["warmup_seconds"]
+    min_runs: int = _DEFAULT["min_runs"]
+    min_seconds: float = _DEFAULT["min_seconds"]
     # each latency sample times back-to-back inferences until it lasts this long, and records their mean
     # (pyperf's loops calibrated to min_time); 0: one inference per sample, as benchmark_model does
-    sample_min_ms: float = 0.0
-    threads: int = 1
-    tolerance: float = 1e-5
-    power_rate_hz: float = 50.0
-    idle_seconds: float = 0.5
+    sample_min_ms: float = _DEFAULT["sample_min_ms"]
+    threads: int = _DEFAULT["threads"]
+    tolerance: float = _DEFAULT["tolerance"]
+    power_rate_hz: float = _DEFAULT["power_rate_hz"]
+    idle_seconds: float = _DEFAULT["idle_seconds"]
     # per-operator profiled runs after the timed ones (never mixed into the latency samples)
-    profile_layers: bool = False
-    profile_warmup: int = 5
-    profile_runs: int = 20
+    profile_layers: bool = _DEFAULT["profile_layers"]
+    profile_warmup: int = _DEFAULT["profile_warmup"]
+    profile_runs: int = _DEFAULT["profile_runs"]
 
     def to_args(self) -> list[str]:
-        """Command-line arguments for the runner script."""
-        return [
-            "--warmup-runs", str(self.warmup_runs),
-            "--warmup-seconds", str(self.warmup_seconds),
-            "--min-runs", str(self.min_runs),
-            "--min-seconds", str(self.min_seconds),
-            "--sample-min-ms", str(self.sample_min_ms),
-            "--threads", str(self.threads),
-            "--tolerance", repr(self.tolerance),
-            "--power-rate-hz", str(self.power_rate_hz),
-            "--idle-seconds", str(self.idle_seconds),
-        ] + (["--profile-runs", str(self.profile_runs), "--profile-warmup", str(self.profile_warmup)]
-             if self.profile_layers and self.profile_runs > 0 else [])
+        """Command-line arguments for the runner: every setting, the profiling ones only when profiling is on."""
+        profiling = self.profile_layers and self.profile_runs > 0
+        args: list[str] = []
+        for name, kind, _, _ in runner_options.MEASUREMENT:
+            if name in runner_options.PROFILE_OPTIONS and not profiling:
+                continue
+            value = getattr(self, name)
+            if kind is bool:
+                args += [runner_options.flag(name)] if value else []
+            else:
+                args += [runner_options.flag(name), repr(value) if kind is float else str(value)]
+        return args
 
 
 @dataclass(frozen=True)

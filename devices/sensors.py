@@ -1,29 +1,28 @@
 """Power sensors and board-status parsers, shared with the remote runner.
 
-The runner (``devices/remote/runner.py``) is one self-contained script so it can be copied to a board; this
-module re-exports its sensor registry and pure parsers so the host side (and the tests) use the same code.
+The runner (``devices/remote/runner/``) is a stdlib-only package shipped to a board as one zipapp; this module
+re-exports its sensor registry and pure parsers from the rooms that hold them (``sensors``, ``parsers``,
+``state``), so the host side (and the tests) use the same code.
 """
 
 from __future__ import annotations
 
-from devices.remote.runner import (
+from devices.remote.runner.parsers import decode_throttled, parse_nvpmodel, parse_tegrastats
+from devices.remote.runner.sensors import (
     INPUT_RAIL_NAMES,
     SENSOR_ORDER,
     SENSORS,
-    SYSFS_ROOT_ENV,
     HwmonSensor,
     Ina3221Sensor,
     PowerSampler,
     RaplSensor,
     SensorMissing,
-    decode_throttled,
-    device_state,
     find_sensor,
     ina3221_rails,
-    parse_nvpmodel,
-    parse_tegrastats,
     rapl_delta_uj,
 )
+from devices.remote.runner.state import device_state
+from devices.remote.runner.system import SYSFS_ROOT_ENV
 
 __all__ = [
     "INPUT_RAIL_NAMES", "SENSOR_ORDER", "SENSORS", "SYSFS_ROOT_ENV", "HwmonSensor", "Ina3221Sensor", "PowerSampler",

@@ -5,8 +5,8 @@ opset its onnxruntime reads, its power sensors, the versions pinned for it).
 Torch-free and stage-free, so every stage reads the same facts: ``devices`` (the inventory's kind profiles, what
 a board can run, what setup installs), ``export`` (``--target``'s opset cap, the formats' runtimes and file
 names), ``profiling`` (a campaign's valid formats) and ``cli`` (help texts). The board-side runner
-(``devices/remote/runner.py``) is one standard-library file copied to the board and cannot import this module;
-its own format -> runtime table is checked against :data:`FORMAT_RUNTIME` by ``tests/edgemask/test_targets.py``.
+(``devices/remote/runner/``) is standard-library only, shipped to the board as one zipapp, and cannot import this
+module; its own format -> runtime table is checked against :data:`FORMAT_RUNTIME` by ``tests/edgemask/test_targets.py``.
 
 Where the facts come from: docs/architecture.md, "What the boards can run" (wheels on PyPI, checked): onnxruntime 1.10.0 is
 the last cp36 aarch64 wheel, the newest a Jetson TX2 on JetPack 4.6 (Python 3.6) can install, and it reads

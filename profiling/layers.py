@@ -1,6 +1,6 @@
 """Attribution on the host: each profiled operator to the layer it computes, each layer to its mask.
 
-Inputs: the runner's profiled runs (``devices.remote.runner.profile_runs``: per run, ``[name, op type, us,
+Inputs: the runner's profiled runs (``devices.remote.runner.benchmark.profile_runs``: per run, ``[name, op type, us,
 provider]`` per operator and the run's end-to-end ms) and the manifests' per-layer records (``export.layers``:
 units kept/total, FLOPs dense and compacted, the names each ONNX file carries for the layer).
 

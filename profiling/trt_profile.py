@@ -1,7 +1,7 @@
 """TensorRT's layer names back to the ONNX nodes they fuse, and so to the mask's layers.
 
 TensorRT builds an engine whose layers are fusions of ONNX nodes; trtexec's ``--exportProfile`` times the engine's
-layers (devices/remote/runner.py reads the file on the board). Names, as TensorRT 8.0/8.2 write them:
+layers (devices/remote/runner/trt_files.py reads the file on the board). Names, as TensorRT 8.0/8.2 write them:
 
 - ``"Conv_0 + BatchNormalization_1 + Relu_2"``: a fusion; its nodes joined by ``" + "``;
 - ``"PWN(Relu_3, Add_4)"`` / ``"PWN(PWN(Sigmoid_5), Mul_6)"``: a pointwise fusion of the nodes named inside;

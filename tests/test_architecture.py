@@ -2,10 +2,12 @@
 stand on ``edgemask``, the ground, which imports none of them; ``export`` reads ``trainer``'s runs, ``profiling``
 uses ``devices``, ``devices`` knows no other stage. No module cycle anywhere (imports inside functions count: they
 run all the same; those under ``if TYPE_CHECKING:`` never run and do not), and the board-side runner imports
-nothing of ours (it is one file copied to the board)."""
+nothing of ours: its rooms import each other, one way, and the standard library at their top (it is shipped to the
+board as one zipapp and run by the board's own Python)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,28 @@ ALLOWED = {
     "cli": {"edgemask", "trainer", "export", "devices", "profiling"},
 }
 RUNNER = "devices.remote.runner"
+# The runner's rooms -> the rooms each may import (docs/architecture.md, "The runner: one file on the board"). Listed
+# in layers: a room imports only rooms listed above it, so there is no cycle among them.
+RUNNER_ROOMS = {
+    "system": set(),
+    "errors": set(),
+    "options": set(),
+    "sensors": {"system"},
+    "parsers": {"sensors"},
+    "state": {"parsers", "system"},
+    "lock": set(),
+    "session": {"system"},
+    "clocks": {"system"},
+    "profilers": {"errors"},
+    "trt_files": set(),
+    "trt": {"errors", "sensors", "system", "trt_files"},
+    "runtimes": {"errors", "profilers", "trt"},
+    "trt_benchmark": {"errors", "sensors", "state", "system", "trt", "trt_files"},
+    "benchmark": {"errors", "runtimes", "sensors", "state", "trt_benchmark"},
+    "probe": {"parsers", "runtimes", "sensors", "state", "system", "trt"},
+    "cli": {"benchmark", "clocks", "errors", "lock", "options", "probe", "runtimes", "session", "trt"},
+    "__main__": {"cli"},
+}
 MODULES = modules(ROOT, PACKAGES)
 # profiling/campaign/'s rooms -> the rooms each may import (docs/architecture.md, "The four stages and the ground"):
 # reading the file knows nothing of planning or running it, planning nothing of running it
@@ -82,7 +106,48 @@ def test_packages_import_one_way():
 
 
 def test_the_board_side_runner_imports_nothing_of_ours():
-    assert graph(MODULES)[RUNNER] == set()
+    """Nothing outside the runner package, from any of its rooms; the package itself imports none of its rooms (the
+    host imports one room without the others)."""
+    g = graph(MODULES)
+    runner = {m for m in MODULES if m == RUNNER or m.startswith(RUNNER + ".")}
+    assert g[RUNNER] == set()
+    assert sorted(f"{m} imports {d}" for m in runner for d in g[m] if d not in runner) == []
+
+
+def test_each_runner_room_imports_only_the_rooms_below_it():
+    g = graph(MODULES)
+    rooms = {m[len(RUNNER) + 1:] for m in MODULES if m.startswith(RUNNER + ".")}
+    assert rooms == set(RUNNER_ROOMS), "a new room needs its place in RUNNER_ROOMS (and docs/architecture.md)"
+    order = list(RUNNER_ROOMS)
+    for room, allowed in RUNNER_ROOMS.items():
+        assert all(order.index(a) < order.index(room) for a in allowed), f"{room} may only import rooms above it"
+        got = {d[len(RUNNER) + 1:] for d in g[f"{RUNNER}.{room}"]}
+        assert got <= allowed, f"{RUNNER}.{room} imports {sorted(got - allowed)}, not in RUNNER_ROOMS[{room!r}]"
+
+
+def _top_imports_outside_stdlib(source: str) -> list[str]:
+    """The packages a module imports at its top (not inside a function) that are not the standard library's."""
+    tops = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            tops += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            tops.append(node.module.split(".")[0])
+    return [t for t in tops if t not in sys.stdlib_module_names]
+
+
+def test_the_runner_rooms_import_only_the_standard_library_at_their_top():
+    """numpy and the runtimes are imported inside the functions that use them: a board without one still probes."""
+    offenders = [f"{name} imports {t}" for name, path in MODULES.items()
+                 if name == RUNNER or name.startswith(RUNNER + ".")
+                 for t in _top_imports_outside_stdlib(path.read_text())]
+    assert offenders == []
+
+
+def test_the_stdlib_check_would_catch_numpy_at_the_top():
+    src = "import os\nimport numpy as np\nfrom . import sensors\nfrom onnxruntime import InferenceSession\n" \
+          "def f():\n    import torch\n"
+    assert _top_imports_outside_stdlib(src) == ["numpy", "onnxruntime"]
 
 
 @pytest.mark.slow
@@ -90,8 +155,8 @@ def test_every_module_outside_the_trainer_imports_alone_in_a_fresh_interpreter()
     """(tests/trainer/test_import_graph.py does this for trainer/.)"""
     failed = []
     for name in MODULES:
-        if name.split(".")[0] == "trainer" or name == "cli.__main__":
-            continue  # cli.__main__ runs the command line when imported
+        if name.split(".")[0] == "trainer" or name.endswith(".__main__"):
+            continue  # a __main__ runs its command line when imported
         r = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT, capture_output=True, text=True,
                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
         if r.returncode:

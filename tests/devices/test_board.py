@@ -97,7 +97,7 @@ def test_a_campaign_kills_our_stray_runner_before_timing_and_nothing_else(sshd, 
     spec = sshd.spec(tmp_path, power_sensor="none")
     with open_connection(spec) as conn:
         runner = deploy_runner(conn, spec)
-    decoy_script = tmp_path / "elsewhere" / "runner.py"  # a runner of another workdir: not ours to kill
+    decoy_script = tmp_path / "elsewhere" / "runner.pyz"  # a runner of another workdir: not ours to kill
     decoy_script.parent.mkdir()
     decoy_script.write_bytes(Path(runner).read_bytes())
     stray = _stray(runner, art / "model.onnx", art / "sample_io.npz")

@@ -15,10 +15,11 @@ from artifacts import make_artifact
 
 from devices.benchmark import run_benchmark
 from devices.connection import LocalConnection, open_connection
-from devices.deploy import RUNNER_PATH, deploy, remote_path
+from devices.deploy import deploy, remote_path
 from devices.errors import DeviceError, RunTimeout
 from devices.inventory import DeviceSpec, local_device
 from devices.records import RunnerSettings
+from devices.runner_app import RUNNER_PACKAGE, runner_path, runner_sources
 from edgemask.errors import CorruptFileError, EdgemaskError, UnknownNameError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, load_manifest, write_manifest, write_sample_io
@@ -42,9 +43,13 @@ def local(tmp_path) -> DeviceSpec:
 
 
 def test_runner_is_valid_python_3_6():
+    """Every room of the runner package (the zipapp holds each of them), checked one by one."""
+    rooms = runner_sources()
+    assert len(rooms) >= 17 and RUNNER_PACKAGE / "benchmark.py" in rooms
     vermin = [str(Path(sys.executable).with_name("vermin")), "-t=3.6-", "--no-tips", "--violations"]
-    res = subprocess.run([*vermin, str(RUNNER_PATH)], capture_output=True, text=True)
+    res = subprocess.run([*vermin, *map(str, rooms)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"Analyzing {len(rooms)} files" in res.stdout  # each room was read, none skipped
 
 
 def test_vermin_would_catch_a_python_3_8_construct(tmp_path):
@@ -145,7 +150,7 @@ def test_wrong_outputs_give_ok_false(local, tmp_path):
 
 def test_runner_prints_one_strict_json_document(tmp_path):
     art = make_artifact(tmp_path / "art")
-    base = [sys.executable, str(RUNNER_PATH), "--format", "onnx", "--sample-io", str(art / "sample_io.npz")]
+    base = [sys.executable, str(runner_path()), "--format", "onnx", "--sample-io", str(art / "sample_io.npz")]
     ok = subprocess.run([*base, "--model", str(art / "model.onnx"), *FAST.to_args(), "--power-sensor", "none"],
                         capture_output=True, text=True)
     doc = strict_json(ok.stdout)
@@ -268,9 +273,10 @@ def test_samples_are_calibrated_to_last_sample_min_ms(local, tmp_path, monkeypat
     assert m.ok, m.error
     k = m.inferences_per_sample
     assert k > 1 and m.inferences == k * m.runs and m.runs >= 20
-    # each sample lasted about sample_min_ms (k was sized on the warm-up; the timed window holds them all)
+    # the timed window holds every sample's k inferences. How long a sample lasted is a timing, not asserted here:
+    # k is sized on the warm-up's mean latency, and on a loaded host later runs may be several times faster than
+    # the warm-up's (k itself: test_inferences_per_sample_follows_the_warm_up_latency)
     assert sum(m.latency_ms) * k <= m.timed_window_s * 1e3
-    assert 2.0 < min(m.latency_ms) * k and max(m.latency_ms) * k < 1e3
     assert stats.energy_per_inference_mj(m.power_w, m.timed_window_s, m.inferences) == pytest.approx(
         2.0 * m.timed_window_s / (k * m.runs) * 1e3)
     one = run_benchmark(LocalConnection(local), local, art, "onnx", settings=FAST)
@@ -278,7 +284,7 @@ def test_samples_are_calibrated_to_last_sample_min_ms(local, tmp_path, monkeypat
 
 
 def test_inferences_per_sample_follows_the_warm_up_latency():
-    from devices.remote.runner import inferences_per_sample
+    from devices.remote.runner.benchmark import inferences_per_sample
 
     assert inferences_per_sample(10.0, 0.55) == 19  # ceil(10 / 0.55): 19 × 0.55 = 10.45 ms >= 10 ms
     assert inferences_per_sample(10.0, 2.5) == 4 and inferences_per_sample(10.0, 12.0) == 1

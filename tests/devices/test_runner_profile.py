@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from artifacts import make_artifact
 
-from devices.deploy import RUNNER_PATH
-from devices.remote.runner import ETDUMP_MISSING, TFLITE_NO_PROFILER, group_onnxruntime_runs, profile_runs
+from devices.remote.runner.benchmark import profile_runs
+from devices.remote.runner.profilers import ETDUMP_MISSING, TFLITE_NO_PROFILER, group_onnxruntime_runs
+from devices.runner_app import runner_path
 
 
 def _node(name, ts, dur, op="Conv"):
@@ -40,10 +41,10 @@ def test_onnxruntime_trace_is_grouped_by_model_run():
 
 def test_runner_profiles_onnx_after_the_timed_runs(tmp_path):
     art = make_artifact(tmp_path / "art", n=4)
-    res = subprocess.run([sys.executable, str(RUNNER_PATH), "--format", "onnx", "--model", str(art / "model.onnx"),
+    res = subprocess.run([sys.executable, str(runner_path()), "--format", "onnx", "--model", str(art / "model.onnx"),
                           "--sample-io", str(art / "sample_io.npz"), "--min-runs", "5", "--min-seconds", "0",
                           "--warmup-seconds", "0", "--idle-seconds", "0", "--power-sensor", "none",
-                          "--profile-runs", "7", "--profile-warmup", "3"], capture_output=True, text=True)
+                          "--profile-layers", "--profile-runs", "7", "--profile-warmup", "3"], capture_output=True, text=True)
     doc = json.loads(res.stdout)
     assert doc["ok"], doc
     prof = doc["profile"]
@@ -56,10 +57,10 @@ def test_runner_profiles_onnx_after_the_timed_runs(tmp_path):
 
 def test_a_failing_profile_keeps_the_timed_result(tmp_path):
     art = make_artifact(tmp_path / "art", n=4)
-    res = subprocess.run([sys.executable, str(RUNNER_PATH), "--format", "onnx", "--model", str(art / "model.onnx"),
+    res = subprocess.run([sys.executable, str(runner_path()), "--format", "onnx", "--model", str(art / "model.onnx"),
                           "--sample-io", str(art / "sample_io.npz"), "--min-runs", "5", "--min-seconds", "0",
                           "--warmup-seconds", "0", "--idle-seconds", "0", "--power-sensor", "none",
-                          "--profile-runs", "3", "--profile-dir", str(tmp_path / "missing")],
+                          "--profile-layers", "--profile-runs", "3", "--profile-dir", str(tmp_path / "missing")],
                          capture_output=True, text=True)
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["ok"] and len(doc["latency_ms"]) >= 5
@@ -76,7 +77,7 @@ def test_runtimes_without_a_profiler_say_why(tmp_path):
 def test_executorch_without_event_tracer_says_so(tmp_path):
     """Unit test of executorch_profile alone, with a stand-in program: a runtime built without the event tracer
     writes an empty ETDump (nothing for the host to read)."""
-    from devices.remote.runner import executorch_profile
+    from devices.remote.runner.profilers import executorch_profile
 
     class NoTracer:  # stand-in for executorch.runtime.Program of a build without EXECUTORCH_ENABLE_EVENT_TRACER
         def write_etdump_result_to_file(self, etdump_path, debug_buffer_path):

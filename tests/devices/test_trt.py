@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from artifacts import make_artifact
 
-from devices.remote import runner
+from devices.remote.runner import trt_files
+from devices.runner_app import runner_path
 from profiling.layers import OTHER, layer_of, run_layer_us
 from profiling.trt_profile import split_fused, trt_layer_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fleet"))
 import trtexec_standin  # noqa: E402
 
-RUNNER = Path(runner.__file__)
+RUNNER = runner_path()  # the zipapp a board runs
 
 # exportJSONTrace's layout (sampleReporting.cpp, 8.0.1 and 8.2.1): one query per line, "key" : value pairs
 TIMES_82 = """[
@@ -54,30 +55,30 @@ OUTPUT_82 = """[
 
 
 def test_trtexec_times_drop_the_warm_up_as_trtexec_does():
-    trace = runner.parse_trtexec_times(TIMES_82)
+    trace = trt_files.parse_trtexec_times(TIMES_82)
     assert len(trace) == 3  # --exportTimes holds the warm-up queries too
-    timed = runner.timed_queries(trace, warmup_ms=2)  # a query is warm-up while startComputeMs < --warmUp
+    timed = trt_files.timed_queries(trace, warmup_ms=2)  # a query is warm-up while startComputeMs < --warmUp
     assert [q["latencyMs"] for q in timed] == [1, 1.4]
-    assert runner.trace_window_s(timed) == pytest.approx((4.6 - 2.1) / 1000)  # first H2D start .. last D2H end
+    assert trt_files.trace_window_s(timed) == pytest.approx((4.6 - 2.1) / 1000)  # first H2D start .. last D2H end
     with pytest.raises(ValueError, match="exportTimes"):
-        runner.parse_trtexec_times('[{"count": 4}]')  # a profile is no trace
+        trt_files.parse_trtexec_times('[{"count": 4}]')  # a profile is no trace
 
 
 def test_trtexec_profile_layers_and_foreign_nodes():
-    count, layers = runner.parse_trtexec_profile(PROFILE_82)
+    count, layers = trt_files.parse_trtexec_profile(PROFILE_82)
     assert count == 4 and [l["averageMs"] for l in layers] == [0.1, 3, 0.4, 1.5]
-    assert runner.foreign_node_blocks([l["name"] for l in layers]) == [
+    assert trt_files.foreign_node_blocks([l["name"] for l in layers]) == [
         "TensorRT Myelin {ForeignNode[Gemm_4...Relu_7]}: its ONNX nodes run as one block"]
     with pytest.raises(ValueError, match="count"):
-        runner.parse_trtexec_profile(TIMES_82)
+        trt_files.parse_trtexec_profile(TIMES_82)
 
 
 def test_trtexec_output_and_layer_info():
-    assert runner.parse_trtexec_output(OUTPUT_82) == {"output": ((1, 3), [0.5, -1.25, 3.0])}
-    names = runner.parse_layer_info('{"Layers": ["Conv_0 + Relu_1", "Gemm_2"], "Bindings": ["input", "output"]}')
+    assert trt_files.parse_trtexec_output(OUTPUT_82) == {"output": ((1, 3), [0.5, -1.25, 3.0])}
+    names = trt_files.parse_layer_info('{"Layers": ["Conv_0 + Relu_1", "Gemm_2"], "Bindings": ["input", "output"]}')
     assert names == ["Conv_0 + Relu_1", "Gemm_2"]
     detailed = '{"Layers": [{"Name": "Conv_0 + Relu_1", "LayerType": "CaskConvolution"}], "Bindings": ["input"]}'
-    assert runner.parse_layer_info(detailed) == ["Conv_0 + Relu_1"]
+    assert trt_files.parse_layer_info(detailed) == ["Conv_0 + Relu_1"]
 
 
 @pytest.mark.parametrize("stdout, version", [
@@ -88,12 +89,12 @@ def test_trtexec_output_and_layer_info():
     ("usage: something else\n", None),
 ])
 def test_trtexec_version_lines(stdout, version):
-    assert runner.parse_trtexec_version(stdout) == version
+    assert trt_files.parse_trtexec_version(stdout) == version
 
 
 def test_engine_build_time_line():
-    assert runner.parse_engine_build_s("[11/25/2026-13:00:00] [I] Engine built in 412.5 sec.\n") == 412.5
-    assert runner.parse_engine_build_s("[I] Engine loaded in 1.2 sec.\n") is None
+    assert trt_files.parse_engine_build_s("[11/25/2026-13:00:00] [I] Engine built in 412.5 sec.\n") == 412.5
+    assert trt_files.parse_engine_build_s("[I] Engine loaded in 1.2 sec.\n") is None
 
 
 def test_fused_names_split_back_to_onnx_nodes():
@@ -108,7 +109,7 @@ def test_fused_names_split_back_to_onnx_nodes():
 def test_trt_profile_times_go_to_the_mask_layers():
     index = {"Conv_0": "features.0", "Relu_1": "features.0", "Sigmoid_2": "gate", "Mul_3": "gate",
              "Gemm_4": "classifier"}
-    _, layers = runner.parse_trtexec_profile(PROFILE_82)
+    _, layers = trt_files.parse_trtexec_profile(PROFILE_82)
     ops = [[l["name"], "TensorRT", l["averageMs"] * 1000.0, "TensorRT"] for l in layers]
     # the reformat and the ForeignNode (whose first node is Gemm_4, but it cannot be split) stay unattributed
     assert run_layer_us(ops, index) == {OTHER: pytest.approx(100.0 + 1500.0), "features.0": 3000.0, "gate": 400.0}
@@ -129,7 +130,7 @@ def _run(art: Path, trtexec: str | None, engines: Path, *extra: str) -> dict:
 def test_runner_builds_caches_and_times_an_engine(tmp_path):
     trtexec = trtexec_standin.install(tmp_path)
     art = make_artifact(tmp_path / "a", n=8, wrong_labels=2)
-    first = _run(art, trtexec, tmp_path / "engines", "--profile-runs", "5")
+    first = _run(art, trtexec, tmp_path / "engines", "--profile-layers", "--profile-runs", "5")
     assert first["ok"], first.get("error")
     assert first["runtime_version"] == "tensorrt 8.2.1" and first["accuracy"] == pytest.approx(6 / 8)
     assert 0 < first["output_max_abs_diff"] <= first["state_after"]["tensorrt"]["output_tolerance"]  # FP16 I/O
@@ -157,7 +158,7 @@ def test_runner_builds_caches_and_times_an_engine(tmp_path):
 def test_runner_on_tensorrt_8_0_has_no_layer_info(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEMASK_TRTEXEC_STANDIN_VERSION", "8.0.1")  # its trtexec refuses --exportLayerInfo
     art = make_artifact(tmp_path / "a", n=4, wrong_labels=0)
-    res = _run(art, trtexec_standin.install(tmp_path), tmp_path / "engines", "--profile-runs", "3")
+    res = _run(art, trtexec_standin.install(tmp_path), tmp_path / "engines", "--profile-layers", "--profile-runs", "3")
     assert res["ok"] and res["runtime_version"] == "tensorrt 8.0.1"
     assert res["profile"]["available"] and "engine_layers" not in res["profile"]
 

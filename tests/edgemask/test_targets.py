@@ -73,7 +73,7 @@ def test_export_formats_and_campaign_formats_follow_the_facts():
 
 
 def test_the_board_side_runner_agrees_with_the_facts():
-    """runner.py is one stdlib-only file copied to the board: it keeps its own format -> runtime table."""
-    from devices.remote import runner
+    """The runner is stdlib-only and shipped to the board as one file: it keeps its own format -> runtime table."""
+    from devices.remote.runner.runtimes import RUNTIMES
 
-    assert {fmt: cls.runtime for fmt, cls in runner.RUNTIMES.items()} == FORMAT_RUNTIME
+    assert {fmt: cls.runtime for fmt, cls in RUNTIMES.items()} == FORMAT_RUNTIME

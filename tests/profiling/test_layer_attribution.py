@@ -63,7 +63,7 @@ def test_real_onnx_profile_attributes_every_kernel(tmp_path, opset):
     """A conv net with conv1 keeping 4 of 64 filters, exported for real, profiled in onnxruntime via the runner."""
     import torch
 
-    from devices.remote.runner import profile_runs
+    from devices.remote.runner.benchmark import profile_runs
     from export.compact import compact
     from export.formats import FORMATS, ExportSettings, FormatContext
     from export.layers import layer_records

@@ -48,7 +48,7 @@ def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(t
     import torch
     from torch import nn
 
-    from devices.remote.runner import profile_runs
+    from devices.remote.runner.benchmark import profile_runs
     from export.compact import compact
     from export.formats import FORMATS, ExportSettings, FormatContext
     from export.layers import layer_records

@@ -54,7 +54,7 @@ def test_real_etdump_of_a_conv_net_maps_every_xnnpack_operator(tmp_path):
     end-to-end time, and the hand-computed FLOP bounds come out."""
     import torch
 
-    from devices.remote.runner import profile_runs
+    from devices.remote.runner.benchmark import profile_runs
     from export.compact import compact
     from export.formats import FORMATS, ExportSettings, FormatContext
     from export.layers import layer_records

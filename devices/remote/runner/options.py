@@ -1,0 +1,31 @@
+"""How the runner measures: the one declaration of each measurement setting and its default.
+
+The runner's command line is built from this table (``--warmup-runs`` for ``warmup_runs``, ...), and the host's
+``devices.records.RunnerSettings`` takes its fields' defaults from it, so a default is written here and nowhere
+else. Defaults follow TFLite's benchmark_model (at least 50 runs and 1 s, after a warm-up)."""
+
+# (name, type, default, help); a bool is a flag, given when true
+MEASUREMENT = (
+    ("warmup_runs", int, 1, "warm-up: at least this many runs"),
+    ("warmup_seconds", float, 0.5, "warm-up: at least this long"),
+    ("min_runs", int, 50, "timed: at least this many latency samples"),
+    ("min_seconds", float, 1.0, "timed: at least this long"),
+    ("sample_min_ms", float, 0.0, "time back-to-back inferences per latency sample until it lasts this long, and "
+                                  "record their mean (pyperf's loops calibrated to min_time); 0: one each"),
+    ("threads", int, 1, "the runtime's intra-op threads"),
+    ("tolerance", float, 1e-5, "largest |output - sample_io output| allowed on any sample"),
+    ("power_rate_hz", float, 50.0, "power samples per second"),
+    ("idle_seconds", float, 0.5, "idle power read this long before the timed runs (0: none)"),
+    ("profile_layers", bool, False, "per-operator profiled runs after the timed ones (never mixed into the "
+                                    "latency samples)"),
+    ("profile_runs", int, 20, "profiled runs: how many"),
+    ("profile_warmup", int, 5, "profiled runs: warm-up runs first"),
+)
+DEFAULTS = dict((name, default) for name, _, default, _ in MEASUREMENT)
+# sent by the host only when profile_layers is on: a runner command without profiling stays as it was
+PROFILE_OPTIONS = ("profile_layers", "profile_warmup", "profile_runs")
+
+
+def flag(name):
+    """``sample_min_ms`` -> ``--sample-min-ms``."""
+    return "--" + name.replace("_", "-")
