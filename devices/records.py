@@ -52,7 +52,8 @@ class RunnerSettings:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One finished benchmark job on one device: raw samples kept, statistics derived."""
+    """One finished benchmark job on one device: the raw samples, as the runner took them. The statistics of them
+    (percentiles, mean power, energy per inference) are ``profiling.stats``'s, one implementation."""
 
     device: str
     artifact: str  # "<run-id>/<client-id>"
@@ -86,7 +87,7 @@ class Measurement:
     # devices.deploy verified on the board (the blob's name); None when no file was deployed
     artifact_sha256: str | None = None
 
-    # -- derived statistics (never stored separately) --------------------------------------------
+    # -- counts (never stored separately) ------------------------------------------------------------
     @property
     def runs(self) -> int:
         """Timed latency samples."""
@@ -96,37 +97,6 @@ class Measurement:
     def inferences(self) -> int:
         """Timed inferences: samples × inferences per sample."""
         return self.runs * self.inferences_per_sample
-
-    def percentile(self, q: float) -> float:
-        """Linear-interpolation percentile (numpy's default) of the latency samples, in ms."""
-        xs = sorted(self.latency_ms)
-        if not xs:
-            return math.nan
-        pos = (len(xs) - 1) * q / 100.0
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-    @property
-    def p50_ms(self) -> float:
-        return self.percentile(50)
-
-    @property
-    def mean_power_w(self) -> float:
-        return sum(self.power_w) / len(self.power_w) if self.power_w else math.nan
-
-    @property
-    def energy_per_inference_mj(self) -> float:
-        """Mean power over the timed window × window length ÷ timed inferences, in millijoules."""
-        if not self.power_w or not self.runs:
-            return math.nan
-        return self.mean_power_w * self.timed_window_s / self.inferences * 1e3
-
-    @property
-    def energy_above_idle_mj(self) -> float:
-        if not self.power_w or not self.runs or math.isnan(self.idle_power_w):
-            return math.nan
-        return (self.mean_power_w - self.idle_power_w) * self.timed_window_s / self.inferences * 1e3
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,7 +1,8 @@
 """Profiling campaigns and their reports.
 
-- ``campaign``: ``campaign.toml`` -> ``CampaignConfig`` -> ``Job``s -> ``run_campaign`` (one worker per device,
-  resumable, retries on connection faults);
+- ``campaign``: ``campaign.toml`` -> ``CampaignConfig`` (``campaign.config``) -> ``Job``s (``campaign.plan``) ->
+  ``run_campaign`` (``campaign.run``: one worker per device, ``campaign.worker``; resumable, retries on connection
+  faults; each board held by one campaign, ``campaign.boards``);
 - ``store``: the campaign's SQLite results store (one transaction per finished job, raw samples kept);
 - ``stats``: percentiles, CV, energy per inference, comparisons against the dense baseline;
 - ``verdict``: VALID / INVALID per setting, each failed rule named (runs, seconds, CV, output check,

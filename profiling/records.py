@@ -28,19 +28,22 @@ class ArtifactSelection:
 
 @dataclass(frozen=True)
 class CampaignConfig:
-    name: str
+    """A campaign: ``campaign.toml``'s ``[campaign]`` table, its ``[[artifacts]]`` and ``[runner]``. The one
+    declaration of each setting's type and default (``profiling.campaign.config`` derives the file's schema)."""
+
+    name: str  # results/<name>/
     artifacts: tuple[ArtifactSelection, ...]
-    formats: tuple[str, ...]
-    variants: tuple[str, ...] = ("fp32",)
-    devices: tuple[str, ...] = ("local",)
-    threads: tuple[int, ...] = (1,)
-    repetitions: int = 1
-    runner: RunnerSettings = field(default_factory=RunnerSettings)
-    timeout_s: float = 600.0
-    cooldown_s: float = 0.0
-    retries: int = 2
-    retry_backoff_s: float = 2.0
-    inventory: str | None = None
+    formats: tuple[str, ...]  # onnx | pte | tflite | trt
+    variants: tuple[str, ...] = ("fp32",)  # fp32 | int8
+    devices: tuple[str, ...] = ("local",)  # names from the inventory
+    threads: tuple[int, ...] = (1,)  # runtime threads per measurement
+    repetitions: int = 1  # each artifact × format × variant × device × threads measured this many times
+    runner: RunnerSettings = field(default_factory=RunnerSettings)  # threads: each job's, from ``threads``
+    timeout_s: float = 600.0  # per job
+    cooldown_s: float = 0.0  # idle seconds between two jobs on one device
+    retries: int = 2  # extra attempts after a connection fault
+    retry_backoff_s: float = 2.0  # base of the jittered exponential backoff between them
+    inventory: str | None = None  # relative to the workspace; None: <workspace>/devices.toml where it exists
     # measure a repetition again when its own CV exceeds the verdict's threshold (a disturbance on the board),
     # up to this many times; each dropped attempt is kept in the store (superseded, status "unstable")
     remeasure_unstable: int = 0

@@ -1,7 +1,8 @@
 """Statistics derived from raw samples: plain functions, then pandas at the edge (``summarize``).
 
-Percentiles use linear interpolation between order statistics (numpy's default, the same rule as
-``Measurement.percentile``); the standard deviation is the sample one (ddof=1).
+Percentiles use linear interpolation between order statistics (numpy's default); the standard deviation is the
+sample one (ddof=1). ``devices.records.Measurement`` is a record of raw samples: its statistics are the functions
+here, e.g. ``energy_per_inference_mj(m.power_w, m.timed_window_s, m.inferences)``.
 """
 
 from __future__ import annotations

@@ -51,6 +51,16 @@ RUNNER_ROOMS = {
     "__main__": {"cli"},
 }
 MODULES = modules(ROOT, PACKAGES)
+# profiling/campaign/'s rooms -> the rooms each may import (docs/architecture.md, "The four stages and the ground"):
+# reading the file knows nothing of planning or running it, planning nothing of running it
+CAMPAIGN = "profiling.campaign"
+CAMPAIGN_ROOMS = {
+    "config": set(),
+    "plan": {"config"},
+    "boards": set(),
+    "worker": {"boards"},
+    "run": {"plan", "boards", "worker"},
+}
 
 
 def test_the_checker_sees_what_it_must():
@@ -152,3 +162,22 @@ def test_every_module_outside_the_trainer_imports_alone_in_a_fresh_interpreter()
         if r.returncode:
             failed.append(f"{name}: {r.stderr.strip().splitlines()[-1]}")
     assert not failed, "\n".join(failed)
+
+
+def _room_offenders(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{room} imports {dep.rsplit('.', 1)[1]}" for room, allowed in CAMPAIGN_ROOMS.items()
+                  for dep in g[f"{CAMPAIGN}.{room}"]
+                  if dep.startswith(CAMPAIGN + ".") and dep.rsplit(".", 1)[1] not in allowed)
+
+
+def test_the_campaign_rooms_import_one_way():
+    rooms = {m for m in MODULES if m.startswith(CAMPAIGN + ".")}
+    assert rooms == {f"{CAMPAIGN}.{r}" for r in CAMPAIGN_ROOMS}  # a new room says here what it may import
+    g = graph(MODULES)
+    assert _room_offenders(g) == []
+    # the check finds a room that reaches back: config importing run, plan importing run
+    bad = {**g, f"{CAMPAIGN}.config": {f"{CAMPAIGN}.run"}, f"{CAMPAIGN}.plan": {f"{CAMPAIGN}.config", f"{CAMPAIGN}.run"}}
+    assert _room_offenders(bad) == ["config imports run", "plan imports run"]
+    # no room imports the package itself (its __init__ imports every room: a hidden cycle the graph leaves out)
+    known = set(MODULES)
+    assert [r for r in sorted(rooms) if CAMPAIGN in imports(MODULES[r].read_text(), r, False, known)] == []

@@ -25,29 +25,8 @@ from devices.records import RunnerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-CAMPAIGN = """
-[campaign]
-name = "{name}"
-formats = ["onnx"]
-devices = ["stand-in"]
-repetitions = {reps}
-retries = 1
-timeout_s = 120
-
-[[artifacts]]
-run = "run-test"
-clients = ["client-007"]
-dense = false
-
-[runner]
-warmup_runs = 1
-warmup_seconds = 0.0
-min_runs = 20
-min_seconds = {seconds}
-idle_seconds = 0.0
-power_rate_hz = 10.0
-"""
+sys.path.insert(0, str(ROOT / "tests" / "profiling"))
+import profiling_fakes as pf  # noqa: E402
 
 
 def _setup(tmp_path: Path, sshd) -> tuple[Path, Path, object]:
@@ -72,7 +51,7 @@ runtimes = ["onnxruntime"]
 
 def _profile(ws: Path, inv: Path, tmp_path: Path, name: str, reps: int, seconds: float, extra: tuple = ()):
     toml = tmp_path / f"{name}.toml"
-    toml.write_text(CAMPAIGN.format(name=name, reps=reps, seconds=seconds))
+    toml.write_text(pf.real_campaign_toml(name, seconds=seconds, repetitions=reps, device="stand-in"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "cli", "profile", "--workspace", str(ws), "--campaign",
                              str(toml), "--inventory", str(inv), *extra], stdout=subprocess.PIPE,

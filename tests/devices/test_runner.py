@@ -23,6 +23,7 @@ from devices.runner_app import RUNNER_PACKAGE, runner_path, runner_sources
 from edgemask.errors import CorruptFileError, EdgemaskError, UnknownNameError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, load_manifest, write_manifest, write_sample_io
+from profiling import stats
 
 FAST = RunnerSettings(warmup_runs=2, warmup_seconds=0.0, min_runs=30, min_seconds=0.05, idle_seconds=0.1)
 
@@ -132,8 +133,9 @@ def test_benchmark_on_local_with_a_fake_ina3221(local, tmp_path, monkeypatch, fa
     assert m.power_source == "ina3221:VDD_IN" and m.energy_missing_reason is None
     assert set(m.power_w) == {3.712} and m.idle_power_w == pytest.approx(3.712)
     assert 5 <= len(m.power_w) <= 0.3 * 100 * 3 and 5 <= m.power_rate_hz <= 110
-    assert m.energy_per_inference_mj == pytest.approx(3.712 * m.timed_window_s / m.runs * 1e3)
-    assert m.energy_above_idle_mj == pytest.approx(0.0)
+    assert stats.energy_per_inference_mj(m.power_w, m.timed_window_s, m.inferences) == pytest.approx(
+        3.712 * m.timed_window_s / m.runs * 1e3)
+    assert stats.energy_above_idle_mj(m.power_w, m.idle_power_w, m.timed_window_s, m.inferences) == pytest.approx(0.0)
 
 
 def test_wrong_outputs_give_ok_false(local, tmp_path):
@@ -275,7 +277,8 @@ def test_samples_are_calibrated_to_last_sample_min_ms(local, tmp_path, monkeypat
     # k is sized on the warm-up's mean latency, and on a loaded host later runs may be several times faster than
     # the warm-up's (k itself: test_inferences_per_sample_follows_the_warm_up_latency)
     assert sum(m.latency_ms) * k <= m.timed_window_s * 1e3
-    assert m.energy_per_inference_mj == pytest.approx(2.0 * m.timed_window_s / (k * m.runs) * 1e3)
+    assert stats.energy_per_inference_mj(m.power_w, m.timed_window_s, m.inferences) == pytest.approx(
+        2.0 * m.timed_window_s / (k * m.runs) * 1e3)
     one = run_benchmark(LocalConnection(local), local, art, "onnx", settings=FAST)
     assert one.ok and one.inferences_per_sample == 1 and one.inferences == one.runs
 

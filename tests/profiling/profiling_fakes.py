@@ -92,10 +92,14 @@ def small_workspace(root: Path, run: str = "run-a", clients=("client-000", "clie
     return root
 
 
-def campaign_toml(name: str = "camp", *, run: str = "run-a", devices=("dev-a", "dev-b"), formats=("onnx", "pte"),
-                  threads=(1,), repetitions: int = 2, retries: int = 2, cooldown_s: float = 0.0,
-                  backoff: float = 0.001) -> str:
+def campaign_toml(name: str = "camp", *, run: str = "run-a", clients="all", dense: bool = True,
+                  devices=("dev-a", "dev-b"), formats=("onnx", "pte"), threads=(1,), repetitions: int = 2,
+                  retries: int = 2, cooldown_s: float = 0.0, backoff: float = 0.001, timeout_s: float = 30,
+                  runner: dict[str, Any] | None = None) -> str:
+    """The one campaign.toml template of the tests. Defaults: the fake fleet's campaign (every client of run-a and
+    its dense baseline on dev-a and dev-b, runner 5 samples / 0.01 s); ``runner``: the [runner] table instead."""
     q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    runner = {"min_runs": 5, "min_seconds": 0.01} if runner is None else runner
     return f"""
 [campaign]
 name = "{name}"
@@ -106,17 +110,25 @@ repetitions = {repetitions}
 retries = {retries}
 cooldown_s = {cooldown_s}
 retry_backoff_s = {backoff}
-timeout_s = 30
+timeout_s = {timeout_s}
 
 [[artifacts]]
 run = "{run}"
-clients = "all"
-dense = true
+clients = {json.dumps(clients) if isinstance(clients, str) else q(clients)}
+dense = {json.dumps(dense)}
 
 [runner]
-min_runs = 5
-min_seconds = 0.01
-"""
+""" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in runner.items())
+
+
+def real_campaign_toml(name: str, *, seconds: float, repetitions: int = 2, device: str = "local") -> str:
+    """The campaign of the tests that run the real runner: the one real ONNX artifact that tests/devices/
+    artifacts.py's ``make_artifact`` writes at ``artifacts/run-test/client-007``, on one device, each job at least
+    20 samples over at least ``seconds``, no idle reading; a link fault retried once after the default backoff."""
+    return campaign_toml(name, run="run-test", clients=("client-007",), dense=False, devices=(device,),
+                         formats=("onnx",), repetitions=repetitions, retries=1, backoff=2.0, timeout_s=120,
+                         runner={"warmup_runs": 1, "warmup_seconds": 0.0, "min_runs": 20, "min_seconds": seconds,
+                                 "idle_seconds": 0.0, "power_rate_hz": 10.0})
 
 
 def expected_latency(artifact: str, fmt: str, threads: int) -> tuple[float, ...]:

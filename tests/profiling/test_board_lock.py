@@ -18,29 +18,8 @@ sys.path.insert(0, str(ROOT / "tests" / "devices"))
 from artifacts import make_artifact  # noqa: E402
 from processes import runner_pids, wait_until  # noqa: E402
 
+import profiling_fakes as pf  # noqa: E402
 
-CAMPAIGN = """
-[campaign]
-name = "{name}"
-formats = ["onnx"]
-devices = ["local"]
-repetitions = {reps}
-retries = 1
-timeout_s = 120
-
-[[artifacts]]
-run = "run-test"
-clients = ["client-007"]
-dense = false
-
-[runner]
-warmup_runs = 1
-warmup_seconds = 0.0
-min_runs = 20
-min_seconds = {seconds}
-idle_seconds = 0.0
-power_rate_hz = 10.0
-"""
 
 
 def _workspace(tmp_path: Path) -> Path:
@@ -51,7 +30,7 @@ def _workspace(tmp_path: Path) -> Path:
 
 def _toml(tmp_path: Path, name: str, reps: int, seconds: float) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(CAMPAIGN.format(name=name, reps=reps, seconds=seconds))
+    path.write_text(pf.real_campaign_toml(name, seconds=seconds, repetitions=reps))
     return path
 
 

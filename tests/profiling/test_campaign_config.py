@@ -138,3 +138,41 @@ def test_trt_jobs_read_the_onnx_file_on_boards_with_tensorrt(tmp_path):
     reasons = {(s.artifact, s.device, s.format): s.reason for s in plan.skipped}
     assert "no tensorrt runtime" in reasons[("run-a/dense", "pi", "trt")]
     assert "no onnx/fp32 file" in reasons[("run-a/client-000", "tx2", "trt")]  # no ONNX: no engine to build
+
+
+def test_the_schema_is_derived_from_the_dataclasses():
+    """One declaration per setting: the file's fields, kinds and defaults are the dataclasses' (issue #31 item 4)."""
+    import dataclasses
+
+    from devices.records import RunnerSettings
+    from edgemask.schema import REQUIRED
+    from profiling.campaign.config import _CAMPAIGN, _RUNNER, derive_schema
+    from profiling.records import CampaignConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class S:
+        need: int
+        rate: float = 0  # an int default, a float field: the annotation decides, never the default's type
+        sizes: tuple[int, ...] = (1, 2)
+        host: str | None = None
+
+    s = derive_schema(S, {"rate": {"minimum": 0}})
+    assert [(k, f.kind, f.default, f.items, f.minimum) for k, f in s.items()] == [
+        ("need", int, REQUIRED, None, None), ("rate", float, 0, None, 0), ("sizes", list, [1, 2], int, None),
+        ("host", str, None, None, None)]
+    with pytest.raises(TypeError, match="S has no field speed"):
+        derive_schema(S, {"speed": {"minimum": 0}})
+    # every RunnerSettings field but threads, with its default; every CampaignConfig field but the two tables
+    runner = {f.name: f.default for f in dataclasses.fields(RunnerSettings) if f.name != "threads"}
+    assert {k: f.default for k, f in _RUNNER.items()} == runner and runner["sample_min_ms"] == 0.0
+    assert _RUNNER["min_runs"].minimum == 1 and _RUNNER["sample_min_ms"].kind is float
+    assert _CAMPAIGN["retries"].default == CampaignConfig.__dataclass_fields__["retries"].default == 2
+    assert _CAMPAIGN["variants"].default == ["fp32"] and _CAMPAIGN["formats"].default is REQUIRED
+
+
+def test_a_runner_setting_is_read_with_its_dataclass_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[runner\] profile_layers: must be true or false, not 1; write true"):
+        _load(tmp_path, pf.campaign_toml().replace("min_runs = 5", "min_runs = 5\nprofile_layers = 1"))
+    cfg = _load(tmp_path, pf.campaign_toml().replace("min_seconds = 0.01", "min_seconds = 2\nsample_min_ms = 3"))
+    assert cfg.runner.min_seconds == 2.0 and isinstance(cfg.runner.sample_min_ms, float)
+    assert cfg.runner.sample_min_ms == 3.0 and cfg.runner.profile_runs == 20  # given, given, the default

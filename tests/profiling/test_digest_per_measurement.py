@@ -117,29 +117,6 @@ def test_a_schema_2_store_gains_the_column_with_unknown_digests(tmp_path):
 
 
 # -- the probe, as a user runs it: `edgemask profile`, Ctrl-C, re-export, resume ------------------------------
-CAMPAIGN = """
-[campaign]
-name = "reexport"
-formats = ["onnx"]
-devices = ["local"]
-repetitions = 2
-retries = 1
-timeout_s = 120
-
-[[artifacts]]
-run = "run-test"
-clients = ["client-007"]
-dense = false
-
-[runner]
-warmup_runs = 1
-warmup_seconds = 0.0
-min_runs = 20
-min_seconds = 3.0
-idle_seconds = 0.0
-power_rate_hz = 10.0
-"""
-
 
 @pytest.mark.slow
 def test_a_resume_after_a_re_export_is_refused_in_one_line(tmp_path):
@@ -154,13 +131,14 @@ def test_a_resume_after_a_re_export_is_refused_in_one_line(tmp_path):
     from artifacts import make_artifact
     from processes import runner_pids, wait_until
 
+    import profiling_fakes as pf
     from edgemask.fileio import sha256_file
 
     ws = tmp_path / "ws"
     art = make_artifact(ws / "artifacts" / "run-test" / "client-007")
     first_sha = sha256_file(art / "model.onnx")
     toml = tmp_path / "campaign.toml"
-    toml.write_text(CAMPAIGN)
+    toml.write_text(pf.real_campaign_toml("reexport", seconds=3.0))
     db = ws / "results" / "reexport" / "results.sqlite"
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     argv = [sys.executable, "-m", "cli", "profile", "--workspace", str(ws), "--campaign", str(toml)]

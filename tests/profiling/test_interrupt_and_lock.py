@@ -21,37 +21,16 @@ sys.path.insert(0, str(ROOT / "tests" / "devices"))
 from artifacts import make_artifact  # noqa: E402
 from processes import runner_pids, wait_until  # noqa: E402
 
+import profiling_fakes as pf  # noqa: E402
+
 pytestmark = pytest.mark.slow
-
-CAMPAIGN = """
-[campaign]
-name = "{name}"
-formats = ["onnx"]
-devices = ["local"]
-repetitions = 2
-retries = 1
-timeout_s = 120
-
-[[artifacts]]
-run = "run-test"
-clients = ["client-007"]
-dense = false
-
-[runner]
-warmup_runs = 1
-warmup_seconds = 0.0
-min_runs = 20
-min_seconds = {seconds}
-idle_seconds = 0.0
-power_rate_hz = 10.0
-"""
 
 
 def _workspace(tmp_path: Path, name: str, seconds: float) -> tuple[Path, Path]:
     ws = tmp_path / "ws"
     make_artifact(ws / "artifacts" / "run-test" / "client-007")
     toml = tmp_path / "campaign.toml"
-    toml.write_text(CAMPAIGN.format(name=name, seconds=seconds))
+    toml.write_text(pf.real_campaign_toml(name, seconds=seconds))
     return ws, toml
 
 
@@ -109,7 +88,7 @@ def test_a_refusing_runner_gives_a_non_zero_exit_and_1_failed(tmp_path):
     art = make_artifact(ws / "artifacts" / "run-test" / "client-007", perturb_output=0.5)  # output check fails
     assert art.is_dir()
     toml = tmp_path / "campaign.toml"
-    toml.write_text(CAMPAIGN.format(name="refused", seconds=0.05).replace("repetitions = 2", "repetitions = 1"))
+    toml.write_text(pf.real_campaign_toml("refused", seconds=0.05, repetitions=1))
     proc = _profile(ws, toml)
     out, err = proc.communicate(timeout=300)
     # the old code printed "1 measured, 0 failed" and exited 0

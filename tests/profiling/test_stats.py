@@ -20,6 +20,15 @@ def test_percentiles_interpolate_linearly():
     assert stats.percentile([10.0, 1.0, 4.0, 3.0, 2.0], 90) == pytest.approx(7.6)  # order does not matter
 
 
+def test_the_median_devices_reports_is_the_p50_here():
+    """`devices check --self-test` reports p50 as the standard library's median (devices imports no profiling):
+    the same number as this module's linear-interpolation p50, for odd and even counts."""
+    import statistics
+
+    assert statistics.median([3.0, 1.0, 2.0]) == stats.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert statistics.median([4.0, 1.0, 3.0, 2.0]) == stats.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+
+
 def test_mean_std_cv_by_hand():
     # deviations from 4: -3 -2 -1 0 6 -> squares sum 50; sample variance 50/4 = 12.5
     assert stats.mean(SAMPLES) == pytest.approx(4.0)
