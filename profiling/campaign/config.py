@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
 import typing
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from devices.records import RunnerSettings
 from edgemask.registry import Registry
-from edgemask.schema import REQUIRED, Field, Table
+from edgemask.schema import Field, Table, schema_of
 from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
@@ -50,42 +49,15 @@ MAX_RETRIES = 100
 MAX_RUNNER_COUNT = 1_000_000
 
 
-def _toml_kind(annotation: Any) -> tuple[Any, type | None]:
-    """A dataclass field's type -> (the TOML kind, a list's item kind): ``X | None`` reads as X (None is its
-    default: TOML has no null), ``tuple[X, ...]`` as a list of X."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin is tuple:
-        return list, args[0]
-    if origin in (typing.Union, types.UnionType) and len(args) == 1:
-        return _toml_kind(args[0])
-    return annotation, None
-
-
-def _toml_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
-        return REQUIRED
-    return list(value) if isinstance(value, tuple) else value
-
-
 def derive_schema(cls: type, limits: Mapping[str, Mapping[str, Any]], skip: Collection[str] = ()) -> dict[str, Field]:
     """The schema table of dataclass ``cls``: one :class:`Field` per field (but ``skip``), its kind and default
-    from the dataclass, its limits (any other :class:`Field` argument, ``kind``/``default`` to read a field
-    otherwise) from ``limits``. A name in ``limits`` that is no field of ``cls`` raises here, at import."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    from the dataclass (:func:`edgemask.schema.schema_of`), its limits (any other :class:`Field` argument,
+    ``kind``/``default`` to read a field otherwise) from ``limits``. A name in ``limits`` that is no field of ``cls`` raises here, at import."""
+    fields = {name: f for name, f in schema_of(cls).items() if name not in skip}
     stray = sorted(set(limits) - set(fields))
     if stray:
         raise TypeError(f"{cls.__name__} has no field {', '.join(stray)}")
-    schema = {}
-    for name, f in fields.items():
-        kind, items = _toml_kind(hints[name])
-        schema[name] = Field(**{"kind": kind, "default": _toml_default(f), "items": items, **limits.get(name, {})})
-    return schema
+    return {name: dataclasses.replace(f, **limits.get(name, {})) for name, f in fields.items()}
 
 
 _TOP = {"campaign": Field(dict), "artifacts": Field(list, nonempty=True, what="[[artifacts]] table"),

@@ -158,7 +158,7 @@ def test_the_schema_is_derived_from_the_dataclasses():
 
     s = derive_schema(S, {"rate": {"minimum": 0}})
     assert [(k, f.kind, f.default, f.items, f.minimum) for k, f in s.items()] == [
-        ("need", int, REQUIRED, None, None), ("rate", float, 0, None, 0), ("sizes", list, [1, 2], int, None),
+        ("need", int, REQUIRED, None, None), ("rate", float, 0, None, 0), ("sizes", list, (1, 2), int, None),
         ("host", str, None, None, None)]
     with pytest.raises(TypeError, match="S has no field speed"):
         derive_schema(S, {"speed": {"minimum": 0}})
@@ -167,7 +167,7 @@ def test_the_schema_is_derived_from_the_dataclasses():
     assert {k: f.default for k, f in _RUNNER.items()} == runner and runner["sample_min_ms"] == 0.0
     assert _RUNNER["min_runs"].minimum == 1 and _RUNNER["sample_min_ms"].kind is float
     assert _CAMPAIGN["retries"].default == CampaignConfig.__dataclass_fields__["retries"].default == 2
-    assert _CAMPAIGN["variants"].default == ["fp32"] and _CAMPAIGN["formats"].default is REQUIRED
+    assert _CAMPAIGN["variants"].default == ("fp32",) and _CAMPAIGN["formats"].default is REQUIRED
 
 
 def test_a_runner_setting_is_read_with_its_dataclass_type(tmp_path):
