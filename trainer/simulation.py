@@ -65,9 +65,9 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     trains them with the run's engine (:mod:`trainer.engines`). ``ready(algo)`` is called once the algorithm is set
     up, before the first round (``train`` checks there that the run will fit on disk).
 
-    History rows (long format): per round × sampled client, what :func:`record_costs` lists; per evaluated round ×
-    client: ``accuracy``, ``test_loss`` (and ``accuracy_<name>``, ``test_loss_<name>`` of further measures); per
-    round on ``server``: ``mean_accuracy`` (:func:`evaluate_clients`).
+    History rows (long format): per round × sampled client, what :meth:`RoundCosts.record` lists; per evaluated
+    round × client: ``accuracy``, ``test_loss`` (and ``accuracy_<name>``, ``test_loss_<name>`` of further
+    measures); per round on ``server``: ``mean_accuracy`` (:func:`evaluate_clients`).
     """
     t0 = time.perf_counter()
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
