@@ -448,7 +448,8 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
     seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
     # each client's tensors: views of its rows of the stacks (the server's average reads the rows as one tensor)
-    trained, buffers = _rows({k: v.detach().cpu() for k, v in P.items()}, C), _rows({k: v.cpu() for k, v in Bf.items()}, C)
+    trained = _rows({k: v.detach().cpu() for k, v in P.items()}, C)
+    buffers = _rows({k: v.cpu() for k, v in Bf.items()}, C)
     return [LocalResult(tr, bu, loss / (n or 1), n, y.shape[0])
             for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
 

@@ -40,7 +40,8 @@ class Ditto(Algorithm):
         v = self.personal.get(cid, self.global_params)
         task = LocalTask({k: t.clone() for k, t in v.items()}, self.model_spec,
                          buffers={k: t.clone() for k, t in self.personal_buffers.get(cid, self.global_buffers).items()},
-                         epochs=self.args.personal_epochs if self.args.personal_epochs > 0 else self.cfg.training.local_epochs,
+                         epochs=(self.args.personal_epochs if self.args.personal_epochs > 0
+                                 else self.cfg.training.local_epochs),
                          lr=self.cfg.training.lr)
         return with_proximal(task, self.global_params, self.args.lam)  # λ/2 ‖v − w^t‖²
 

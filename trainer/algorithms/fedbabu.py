@@ -62,7 +62,8 @@ class FedBABU(Algorithm):
         self.heads[cid] = dict(result.trained)
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers, self.model_context.call)
+        return [EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers,
+                          self.model_context.call)
                 for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
