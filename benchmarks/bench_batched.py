@@ -39,6 +39,7 @@ from trainer.algorithms import ALGORITHMS  # noqa: E402
 from trainer.allocator import tune_host_allocator  # noqa: E402
 from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig  # noqa: E402
 from trainer.data import DataConfig, build_dataset  # noqa: E402
+from trainer.engines import engine_for  # noqa: E402
 from trainer.sampling import batch_orders  # noqa: E402
 from trainer.simulation import train_clients  # noqa: E402
 
@@ -61,7 +62,7 @@ class OurLoop:
         t = time.perf_counter()
         cfg = config(model, batched, epochs)
         ds = build_dataset(cfg.data, cfg.run.seed)
-        self.algo = ALGORITHMS.get("fedavg")(cfg, ds)
+        self.algo = ALGORITHMS.get("fedavg")(cfg, ds, engine_for(cfg.training))
         self.algo.model.train()
         self.cids = list(self.algo.client_ids)
         self.setup_s = time.perf_counter() - t
@@ -72,8 +73,7 @@ class OurLoop:
         t_train = time.perf_counter() - t
         self.algo.aggregate(rnd, self.algo.client_updates(rnd, results))  # as simulate() does
         t_round = time.perf_counter() - t
-        # read after the aggregate, untimed: reading a result first would make the aggregate read every client's
-        # tensors one by one (trainer.batched_rows.StackedRows), as no round of simulate() does
+        # a copy of client 0's trained tensors, read after the aggregate, untimed
         return t_train, t_round, dict(results[0][1].trained)
 
 

@@ -47,7 +47,7 @@ def round_parts(ours: OurLoop, ref: Reference, rnd: int, clock: Clock) -> None:
     clock.lap("ours: local_task × clients")
     seed_tasks(algo, rnd, 0, pairs)
     clock.lap("ours: seeds")
-    data = [algo.client_data(cid) for cid in cids]
+    data = [algo.dataset.client(cid) for cid in cids]
     orders = batch_orders([d.num_train for d in data], [t.epochs for _, t in pairs], algo.cfg.run.seed, rnd,
                           phase_streams(algo, 0, pairs))
     clock.lap("ours: batch orders (the reference has them too)")
@@ -98,7 +98,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     ours, ref = OurLoop(args.model, True), Reference(args.model, layout="wx")
-    data = ours.algo.client_data(ours.cids[0])
+    data = ours.algo.dataset.client(ours.cids[0])
     C, B = len(ours.cids), ours.algo.cfg.training.batch_size
     x = data.train_x[torch.arange(B) % len(data.train_y)].unsqueeze(0).expand(C, B, *data.train_x.shape[1:])
     y = data.train_y[torch.arange(B) % len(data.train_y)].unsqueeze(0).expand(C, B)

@@ -21,7 +21,7 @@ from trainer.data import build_dataset
 from trainer.data.base import ClientData, FederatedDataset
 from trainer.local_training import local_train
 from trainer.sampling import batch_order
-from trainer.simulation import host_trainer
+from trainer.engines import engine_for
 
 
 def random_cifar(clients: int, samples: int) -> FederatedDataset:
@@ -41,7 +41,7 @@ def bench(algo_name: str, model: str, model_args: dict, ds: FederatedDataset, ba
                                  "algorithm": {"name": algo_name, "args": args},
                                  "training": {"local_epochs": 1, "batch_size": batch,
                                               "lr": 100.0 if algo_name == "fedmask" else 0.05, "momentum": 0.9}})
-    algo = ALGORITHMS.get(algo_name)(cfg, ds, host_trainer(cfg))
+    algo = ALGORITHMS.get(algo_name)(cfg, ds, engine_for(cfg.training))
     algo.model.train()
     algo.setup()
     pos = layer_positions(algo.model, algo.sites, ds.clients[0].train_x[:1])
@@ -49,7 +49,7 @@ def bench(algo_name: str, model: str, model_args: dict, ds: FederatedDataset, ba
     def one_round(rnd: int):
         ups, flops = [], 0
         for i, cid in enumerate(algo.client_ids):
-            d = algo.client_data(cid)
+            d = algo.dataset.client(cid)
             task = algo.local_task(cid, rnd)
             res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, rnd, i), batch, 0.9)
             ups.append(algo.client_updates(rnd, [(cid, res)])[0])

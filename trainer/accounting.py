@@ -32,6 +32,7 @@ from trainer.aggregation import stack_rows
 from trainer.masks import packed_nbytes
 from trainer.models.masking import MaskSite, any_nonzero, effective_params
 from trainer.models.stateless import stateless_call
+from trainer.records import ClientUpdate, LocalResult
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 4
@@ -45,6 +46,22 @@ def tensor_bytes(tensors: dict[str, torch.Tensor] | list[torch.Tensor]) -> int:
 
 
 _NBYTES = attrgetter("nbytes")
+
+
+def fedavg_upload(cid: str, result: LocalResult, bytes_down: int) -> ClientUpdate:
+    """FedAvg's upload of one result: the trained tensors and the batch-norm running statistics (which travel with
+    the weights, so they are costed too); ``bytes_down``: the dense model coming back (``Algorithm.dense_bytes``)."""
+    payload = {**result.trained, **result.buffers}
+    return ClientUpdate(cid, result.num_samples, payload, bytes_up=tensor_bytes(payload), bytes_down=bytes_down,
+                        train_loss=result.loss, samples_seen=result.samples_seen)
+
+
+def partial_upload(cid: str, result: LocalResult, keys: list[str]) -> ClientUpdate:
+    """An upload of only the trained ``keys`` (e.g. the body in FedPer/FedBABU) plus the batch-norm buffers; the
+    same tensors come back down."""
+    sent = {k: result.trained[k] for k in keys}
+    return ClientUpdate(cid, result.num_samples, {**sent, **result.buffers}, bytes_up=tensor_bytes(sent),
+                        bytes_down=tensor_bytes(sent), train_loss=result.loss, samples_seen=result.samples_seen)
 
 
 def mask_bytes(masks: dict[str, torch.Tensor]) -> int:

@@ -75,9 +75,22 @@ _SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
 
 def average_state(states: list[dict[str, torch.Tensor]], weights: list[float],
                   keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """FedAvg's weighted average (:func:`weighted_average`) of the clients' ``states`` under each of ``keys``
+    (default: the first state's). The batched engine's results are consecutive rows of one stacked tensor, which
+    :func:`stack_rows` reads as they lie: no copy."""
     keys = keys if keys is not None else list(states[0])
     w = normalized(weights)
     return {k: weighted_average([s[k] for s in states], w) for k in keys}
+
+
+def average_buffers(buffers: dict[str, torch.Tensor], states: list[dict[str, torch.Tensor]],
+                    weights: list[float]) -> dict[str, torch.Tensor]:
+    """The batch-norm ``buffers`` averaged over the clients' ``states`` that carry them (:func:`average_state`);
+    integer buffers (``num_batches_tracked``) keep their dtype. No buffers: ``buffers`` as they are."""
+    if not buffers:
+        return buffers
+    avg = average_state(states, weights, list(buffers))
+    return {k: v.to(buffers[k].dtype) for k, v in avg.items()}
 
 
 def personalization_preserving(previous: torch.Tensor, masks: list[torch.Tensor] | torch.Tensor,

@@ -47,7 +47,6 @@ from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
 from trainer.batched_ops import BatchedLayers, vmap_clients
-from trainer.batched_rows import Row, StackedRows
 from trainer.local_training import evaluate, local_train
 from trainer.losses import cross_entropy
 from trainer.records import EvalModel, LocalResult, LocalTask
@@ -448,16 +447,19 @@ def _train_stacked(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.
         P[k] = P[k].clone()
     seen = counts_np.sum(0).tolist()
     losses = loss_sum.cpu().tolist()
-    # each client's trained tensors: a row of the stack, made into views when asked for (FedAvg's aggregate
-    # reads the stack itself)
-    stack = StackedRows({k: v.detach().cpu() for k, v in P.items()}, C)
-    if Bf:
-        bkeys = list(Bf)
-        buffers = [dict(zip(bkeys, bu)) for bu in zip(*[v.cpu().unbind(0) for v in Bf.values()])]
-    else:
-        buffers = [{} for _ in range(C)]
-    return [LocalResult(Row(stack, i), bu, loss / (n or 1), n, y.shape[0])
-            for i, (bu, loss, n, (_, y)) in enumerate(zip(buffers, losses, seen, data))]
+    # each client's tensors: views of its rows of the stacks (the server's average reads the rows as one tensor)
+    trained = _rows({k: v.detach().cpu() for k, v in P.items()}, C)
+    buffers = _rows({k: v.cpu() for k, v in Bf.items()}, C)
+    return [LocalResult(tr, bu, loss / (n or 1), n, y.shape[0])
+            for tr, bu, loss, n, (_, y) in zip(trained, buffers, losses, seen, data)]
+
+
+def _rows(stacked: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
+    """``{name: (C, *shape)}`` as C dicts of views of the rows (no copy)."""
+    if not stacked:
+        return [{} for _ in range(count)]
+    names = list(stacked)
+    return [dict(zip(names, row)) for row in zip(*[v.unbind(0) for v in stacked.values()])]
 
 
 def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
@@ -529,7 +531,7 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
     that cannot run under ``vmap`` (an LSTM has no batching rule) are evaluated one after another, on the CPU.
     The stacked models and test sets run on ``device`` (``cuda`` when asked for and present: the training's
     device), so an :class:`EvalModel` must hold every tensor its function reads (as the masked models of
-    :meth:`~trainer.algorithms.base.Algorithm.masked_model` hold the global weights)."""
+    :func:`trainer.masks.masked_model` hold the global weights)."""
     dev = resolve_device(device)
     out: list[tuple[float, float] | None] = [None] * len(models)
     for idx in eval_groups(models):

@@ -47,6 +47,7 @@ from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
 from trainer.run_dir import run_lock
+from trainer.engines import SequentialEngine
 from trainer.simulation import SimulationResult, phase_stream, room_check, simulate, train_on_data
 
 if TYPE_CHECKING:
@@ -159,8 +160,8 @@ class ClientSide:
         if cid not in self.index:
             raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")
         stream = phase_stream(self.index[cid], len(self.index), msg.phase)
-        (res,) = train_on_data(self.cfg, msg.round, [self.dataset.client(cid)], [stream], [msg.task()],
-                               batched=False)  # one message, one client: the sequential loop
+        (res,) = train_on_data(self.cfg, SequentialEngine(), msg.round, [self.dataset.client(cid)], [stream],
+                               [msg.task()])  # one message, one client: the sequential engine
         return res
 
 

@@ -1,12 +1,20 @@
-"""Mask operations as plain functions: binarize (FedMask Eq. 3), bit packing for transmission and storage."""
+"""Mask operations as plain functions: binarize (FedMask Eq. 3), bit packing for transmission and storage, and a
+client's masked model for evaluation (:func:`masked_model`)."""
 
 from __future__ import annotations
 
 import math
 
+from typing import Callable
+
 import numpy as np
 import torch
 
+from trainer.models.masking import effective_params
+from trainer.records import EvalModel
+from trainer.task_functions import ModelContext
+
+MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (masked_model)
 THRESHOLD = 0.5  # FedMask §3.3: σ(m^r) is binarized at 0.5 for transmission and inference
 
 
@@ -35,3 +43,28 @@ def unpack_bits(packed: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
 def packed_nbytes(numel: int) -> int:
     """Bytes to send a binary mask of ``numel`` elements: 1 bit per element, packed."""
     return (numel + 7) // 8
+
+
+def masked_model(context: ModelContext, weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
+                 buffers: dict[str, torch.Tensor]) -> EvalModel:
+    """The ``weights`` (the global ones) under a client's ``masks`` (Eq. 2,
+    :func:`~trainer.models.masking.effective_params`) on ``context``'s model, as an :class:`EvalModel`. Its ``params`` hold the weights too (under their names; the
+    masks under :data:`MASK_PREFIX` + the weight's name): every client holds the very same weight tensors, so
+    stacking them is a broadcast view, and they move to the evaluation device with the masks."""
+    return EvalModel({**weights, **{MASK_PREFIX + k: m for k, m in masks.items()}}, buffers, masked_forward(context))
+
+
+def masked_forward(context: ModelContext) -> Callable:
+    """The :attr:`EvalModel.forward` of :func:`masked_model`: the weights in ``params`` under its masks. One
+    function per model context (kept in its cache), so the engines stack every client's masked model together."""
+    fn = context.cache.get("masked_forward")
+    if fn is None:
+        n, sites, call = len(MASK_PREFIX), context.sites, context.call
+
+        def fn(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            weights = {k: v for k, v in params.items() if not k.startswith(MASK_PREFIX)}
+            masks = {k[n:]: v for k, v in params.items() if k.startswith(MASK_PREFIX)}
+            return call(effective_params(weights, masks, sites), buffers, x)
+
+        context.cache["masked_forward"] = fn
+    return fn

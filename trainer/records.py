@@ -4,10 +4,11 @@
 * :class:`LocalResult` — what its local training gave (an engine's output);
 * :class:`ClientUpdate` — the client's upload (an algorithm's ``client_updates``), costed in bytes;
 * :class:`EvalModel` — a client's personalized model for evaluation;
-* :class:`ClientState` — what the run directory stores of a client.
+* :class:`ClientState` — what the run directory stores of a client;
+* :class:`Engine` — how this host trains and evaluates clients (:mod:`trainer.engines`).
 
-The batched engine hands a result's tensors over as a row of one stacked tensor (:mod:`trainer.batched_rows`),
-made into a dict when first read.
+All hold plain tensors: a batched engine's results are views of its stacked tensors' rows, which the server's
+average reads without a copy (:func:`trainer.aggregation.stack_rows`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from trainer.batched_rows import MadeOnRead, Row
 from trainer.task_functions import Fn, ModelSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -121,7 +121,7 @@ class EvalModel:
     As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
     function (one object for every client of a kind, e.g. a bound method) captures no tensor, so the loop can
     stack clients and evaluate them together on the training device (:func:`trainer.batched.evaluate_many`). A
-    tensor every client shares (the global weights of a masked model, :meth:`Algorithm.masked_model`) goes in
+    tensor every client shares (the global weights of a masked model, :func:`trainer.masks.masked_model`) goes in
     ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
 
     params: dict[str, torch.Tensor]
@@ -135,62 +135,58 @@ class EvalModel:
 
 class LocalResult:
     """What one client's local training gave: its ``trained`` tensors and ``buffers``, its mean training loss,
-    the samples it saw, and the samples it holds. The batched loop hands ``trained`` over as a :class:`Row` of
-    its stack, made into the dict on first access; :meth:`row` is that row while the dict is not made."""
+    the samples it saw, and the samples it holds."""
 
-    __slots__ = ("_trained", "buffers", "loss", "samples_seen", "num_samples")
+    __slots__ = ("trained", "buffers", "loss", "samples_seen", "num_samples")
 
-    def __init__(self, trained: dict[str, torch.Tensor] | Row, buffers: dict[str, torch.Tensor], loss: float,
+    def __init__(self, trained: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], loss: float,
                  samples_seen: int, num_samples: int) -> None:
-        self._trained = trained
-        self.buffers, self.loss, self.samples_seen, self.num_samples = buffers, loss, samples_seen, num_samples
-
-    trained = MadeOnRead()
-
-    def row(self) -> Row | None:
-        """The unmade :class:`Row` ``trained`` is, else ``None`` (a dict: made, replaced, or never a row)."""
-        return LocalResult.trained.unmade(self)
+        self.trained, self.buffers, self.loss, self.samples_seen, self.num_samples = (trained, buffers, loss,
+                                                                                       samples_seen, num_samples)
 
     def __repr__(self) -> str:
-        return (f"LocalResult(trained={list(self.row().stack.tensors) if self.row() else self.trained}, "
-                f"loss={self.loss}, samples_seen={self.samples_seen}, num_samples={self.num_samples})")
+        return (f"LocalResult(trained={list(self.trained)}, loss={self.loss}, samples_seen={self.samples_seen}, "
+                f"num_samples={self.num_samples})")
 
 
 class ClientUpdate:
-    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size. FedAvg's
-    upload of a batched result is a :class:`Row` of the stack until ``payload`` is read (:meth:`row`)."""
+    """A client's upload. ``payload`` is what crosses the network; ``bytes_up`` is its exact size."""
 
-    __slots__ = ("client_id", "num_samples", "_payload", "bytes_up", "bytes_down", "train_loss", "samples_seen",
+    __slots__ = ("client_id", "num_samples", "payload", "bytes_up", "bytes_down", "train_loss", "samples_seen",
                  "extra")
 
-    def __init__(self, client_id: str, num_samples: int, payload: dict[str, torch.Tensor] | Row, bytes_up: int,
+    def __init__(self, client_id: str, num_samples: int, payload: dict[str, torch.Tensor], bytes_up: int,
                  bytes_down: int, train_loss: float, samples_seen: int = 0,
                  extra: dict[str, Any] | None = None) -> None:
-        self.client_id, self.num_samples, self._payload = client_id, num_samples, payload
+        self.client_id, self.num_samples, self.payload = client_id, num_samples, payload
         self.bytes_up, self.bytes_down, self.train_loss, self.samples_seen = (bytes_up, bytes_down, train_loss,
                                                                                samples_seen)
         self.extra = extra if extra is not None else {}
-
-    payload = MadeOnRead()
-
-    def row(self) -> Row | None:
-        """The unmade :class:`Row` ``payload`` is, else ``None``."""
-        return ClientUpdate.payload.unmade(self)
 
     def __repr__(self) -> str:
         return (f"ClientUpdate({self.client_id!r}, num_samples={self.num_samples}, bytes_up={self.bytes_up}, "
                 f"bytes_down={self.bytes_down}, train_loss={self.train_loss}, samples_seen={self.samples_seen})")
 
 
-class LocalTrainer(Protocol):
-    """The framework's local training, offered to an algorithm that trains outside the rounds (FedMask's one-shot
-    pruning epoch, Per-FedAvg's adaptation step): ``tasks[i]`` on ``data[i] = (x, y)`` in ``orders[i]`` (one
-    sample order per epoch), one :class:`LocalResult` per task, in order. The round loop's own engines implement
-    it (:func:`trainer.simulation.host_trainer`): an algorithm never imports them."""
+class Engine(Protocol):
+    """How this host trains and evaluates clients (:mod:`trainer.engines`: one after another, or stacked), chosen
+    once per run. ``train``: ``tasks[i]`` on ``data[i] = (x, y)`` in ``orders[i]`` (one sample order per epoch),
+    one :class:`LocalResult` per task, in order; ``evaluate``: ``(accuracy, mean cross-entropy)`` of each
+    ``models[i]`` on ``data[i]``; ``groups``: the clients the round loop hands one call (all of them, or one at a
+    time); ``together``: whether a call's clients train together. An algorithm that trains outside the rounds
+    (FedMask's one-shot pruning epoch, Per-FedAvg's adaptation step) uses the one it was built with
+    (``Algorithm.engine``), never an engine module."""
 
-    def __call__(self, tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
-                 orders: list[list[Any]], batch_size: int, momentum: float = 0.0,
-                 weight_decay: float = 0.0) -> list[LocalResult]: ...
+    together: bool
+
+    def train(self, tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
+              orders: list[list[Any]], batch_size: int, momentum: float = 0.0,
+              weight_decay: float = 0.0) -> list[LocalResult]: ...
+
+    def evaluate(self, models: list[EvalModel],
+                 data: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float]]: ...
+
+    def groups(self, cids: list[str]) -> list[list[str]]: ...
 
 
 @dataclass

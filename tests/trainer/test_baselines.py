@@ -17,6 +17,7 @@ from trainer.algorithms.topk import top_k_sparsify
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
 from trainer.local_training import evaluate, local_train
+from trainer.engines import engine_for
 from trainer.masks import packed_nbytes
 from trainer.models import head_names
 from trainer.run_dir import load_run
@@ -37,14 +38,14 @@ def cfg(algo, clients=2, per_client=40, rounds=1, lr=0.05, args=None, **training
 def one_update(algo, cid, steps=2, rnd=0):
     task = algo.local_task(cid, rnd)
     task.max_steps = steps
-    d = algo.client_data(cid)
+    d = algo.dataset.client(cid)
     res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, rnd, 0), 16, 0.9)
     return res, algo.client_updates(rnd, [(cid, res)])[0]
 
 
 def make(algo_name, **kw):
     c = cfg(algo_name, **kw)
-    algo = ALGORITHMS.get(algo_name)(c, build_dataset(c.data, c.run.seed))
+    algo = ALGORITHMS.get(algo_name)(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     return algo
 
@@ -151,7 +152,7 @@ def test_bnn_shadow_weights_are_clipped_to_one_after_every_step(monkeypatch):
     tasks, data, orders = [], [], []
     for i, cid in enumerate(algo.client_ids):
         tasks.append(algo.local_task(cid, 0))
-        d = algo.client_data(cid)
+        d = algo.dataset.client(cid)
         data.append((d.train_x[: 8 * (i + 1)], d.train_y[: 8 * (i + 1)]))  # 1, 2, 3 steps: idle clients too
         orders.append(batch_order(8 * (i + 1), 1, 0, 0, i))
     seq = [local_train(t, x, y, o, 8, 0.9) for t, (x, y), o in zip(tasks, data, orders)]

@@ -380,7 +380,7 @@ def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
     algo = _built(algorithm, model)
     algo.setup()
     cid = algo.client_ids[0]
-    data = algo.client_data(cid)
+    data = algo.dataset.client(cid)
     task, phase = algo.local_task(cid, 0), 0
     while task is not None:
         got = _probe(task, (data.train_x, data.train_y), 8, torch.device("meta"))
@@ -404,12 +404,13 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
     algo = _built(algorithm, model)
     trained = train_clients(algo, algo.client_ids, 0)  # one round: personal state where the algorithm keeps one
     algo.aggregate(0, algo.client_updates(0, trained))
-    models = algo.eval_models(list(algo.client_ids))
-    tests = [(d.test_x, d.test_y) for d in map(algo.client_data, algo.client_ids)]
-    for idx in eval_groups(models):
-        correct, loss, n = _evaluate_stacked(vmap(models[idx[0]].forward), [models[i] for i in idx],
-                                             [tests[i] for i in idx], 16, torch.device("meta"))
-        assert correct.device.type == loss.device.type == "meta" and correct.shape == (len(idx),)
+    measures = algo.eval_models(list(algo.client_ids))  # a list, or {measure: list} (FedMask's two)
+    tests = [(d.test_x, d.test_y) for d in map(algo.dataset.client, algo.client_ids)]
+    for models in measures.values() if isinstance(measures, dict) else [measures]:
+        for idx in eval_groups(models):
+            correct, loss, n = _evaluate_stacked(vmap(models[idx[0]].forward), [models[i] for i in idx],
+                                                 [tests[i] for i in idx], 16, torch.device("meta"))
+            assert correct.device.type == loss.device.type == "meta" and correct.shape == (len(idx),)
 
 
 def test_device_is_cuda_only_when_present():

@@ -91,8 +91,8 @@ def test_per_fedavgs_adaptation_steps_together_are_each_clients_own(model):
     algo.model.eval()  # as the loop evaluates
     ids = list(algo.client_ids)
     together = [dict(m.params) for m in algo.eval_models(ids)]
-    alone = [adapt(algo.call, algo.global_params, algo.global_buffers, d.train_x, d.train_y, 0.5)
-             for d in map(algo.client_data, ids)]  # the sequential reference's step
+    alone = [adapt(algo.model_context.call, algo.global_params, algo.global_buffers, d.train_x, d.train_y, 0.5)
+             for d in map(algo.dataset.client, ids)]  # the sequential reference's step
     for t, a in zip(together, alone):
         assert max(float((t[k] - a[k]).abs().max()) for k in a) < 1e-5
         assert max(float((t[k] - algo.global_params[k]).abs().max()) for k in a) > 1e-3  # a real step was taken

@@ -13,10 +13,11 @@ from edgemask.errors import ConfigError
 from trainer.algorithms.fedmask import FedMask, binary_ste
 from trainer.config import TrainConfig
 from trainer.data import build_dataset
+from trainer.engines import engine_for
 from trainer.local_training import evaluate
-from trainer.masks import binarize
+from trainer.masks import binarize, masked_model
 from trainer.models.masking import effective_params
-from trainer.simulation import host_trainer, simulate
+from trainer.simulation import simulate
 from trainer.task_program import program
 
 
@@ -31,7 +32,7 @@ def cfg(rounds=1, clients=2, per_client=40, participation=1.0, **args) -> TrainC
 
 
 def built(c: TrainConfig) -> FedMask:
-    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     return algo
 
@@ -58,7 +59,7 @@ def test_default_forward_is_binary_and_its_gradient_is_sigmoid_prime_at_the_bina
     assert algo.args.forward == "binary"
     cid = algo.client_ids[0]
     task = algo.local_task(cid, 0)
-    d = algo.client_data(cid)
+    d = algo.dataset.client(cid)
     x, y = d.train_x[:8], d.train_y[:8]
     g = torch.Generator().manual_seed(0)
     mr = {k: (v + 0.8 * torch.randn(v.shape, generator=g)).requires_grad_(True) for k, v in task.trainable.items()}
@@ -66,7 +67,7 @@ def test_default_forward_is_binary_and_its_gradient_is_sigmoid_prime_at_the_bina
     F.cross_entropy(out, y).backward()
     keep = algo.keep[cid]
     m = {k: (binarize(torch.sigmoid(v.detach())) * keep[k]).requires_grad_(True) for k, v in mr.items()}
-    ref = algo.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x)
+    ref = algo.model_context.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the very mask inference uses
     F.cross_entropy(ref, y).backward()
     for w in ("fc1.weight", "fc2.weight"):
@@ -100,10 +101,11 @@ def test_both_masks_accuracies_are_reported_and_labelled(two_rounds):
         for w, m_k in algo.masks[cid].items():  # m^T where some upload kept the element, else m_k; 0 where pruned
             cov = algo.covered[w]
             masks[w] = torch.where(cov, algo.global_mask[w], m_k) * algo.keep[cid][w]
-        d = algo.client_data(cid)
-        model = algo.masked_model(masks, algo.buffers[cid])
+        d = algo.dataset.client(cid)
+        model = masked_model(algo.model_context, algo.global_params, masks, algo.buffers[cid])
         returned[cid] = evaluate(model, d.test_x, d.test_y)[0]
-        local = evaluate(algo.masked_model(algo.local[cid], algo.buffers[cid]), d.test_x, d.test_y)[0]
+        local = evaluate(masked_model(algo.model_context, algo.global_params, algo.local[cid], algo.buffers[cid]),
+                         d.test_x, d.test_y)[0]
         c = s["clients"][cid]
         assert c["accuracies"] == {"local_mask": c["accuracy"], "returned_mask": pytest.approx(returned[cid])}
         assert c["accuracy"] == pytest.approx(local)
@@ -134,7 +136,7 @@ def test_training_flops_count_the_masks_the_forward_ran():
     soft = simulate(cfg(rounds=1, lambda_r=2e-3, forward="soft"))
     fwd = [r for r in soft.history if r["metric"] == "flops_fwd"]
     for r in fwd:
-        n = soft.algorithm.client_data(r["client"]).num_train
+        n = soft.algorithm.dataset.client(r["client"]).num_train
         assert r["value"] == 19916 * n
     binary = simulate(cfg(rounds=1, lambda_r=2e-3))
     algo = binary.algorithm
@@ -142,9 +144,9 @@ def test_training_flops_count_the_masks_the_forward_ran():
         cid = r["client"]
         start = algo.masks[cid]  # round 0 starts from m^0 ⊙ m_k = m_k
         union = {w: torch.maximum(start[w], algo.local[cid][w]) for w in start}
-        expect = _element_flops(union) * algo.client_data(cid).num_train
+        expect = _element_flops(union) * algo.dataset.client(cid).num_train
         assert r["value"] == expect
-        assert expect > _element_flops(algo.local[cid]) * algo.client_data(cid).num_train  # not the end mask's
+        assert expect > _element_flops(algo.local[cid]) * algo.dataset.client(cid).num_train  # not the end mask's
 
 
 def test_keep_agreeing_restart_keeps_the_devices_scores_where_their_sign_agrees():

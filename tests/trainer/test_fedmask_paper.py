@@ -20,7 +20,7 @@ from trainer.masks import binarize, pack_bits, packed_nbytes
 from trainer.models.masking import MaskSite, effective_params
 from trainer.records import ClientUpdate
 from trainer.sampling import batch_order
-from trainer.simulation import host_trainer
+from trainer.engines import engine_for
 from trainer.task_program import program
 
 
@@ -36,7 +36,7 @@ def cfg(algo="fedmask", model="mlp", clients=2, per_client=40, model_args=None, 
 @pytest.fixture(scope="module")
 def fedmask_digits():
     c = cfg(prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     return algo
 
@@ -67,7 +67,7 @@ def test_server_aggregate_is_personalization_preserving_for_pruned_and_unpruned_
     # Fig. 7-8 on the clients' one-shot structures, every client sampled; a layer nobody pruned is averaged over all
     # K clients, and all of them then start from one and the same tensor (no per-client copy)
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     g = torch.Generator().manual_seed(0)
     sent = {cid: {w: (torch.rand(k.shape, generator=g) < 0.5).float() * k for w, k in algo.keep[cid].items()}
@@ -90,7 +90,7 @@ def test_every_client_starts_from_the_one_global_mask_under_partial_participatio
     # Alg. 1 line 11: a selected device starts from m^T ⊙ m_k, the *current* global mask under its own structure,
     # whether or not it was sampled in the rounds that formed m^T. 4 devices, 2 sampled a round.
     c = cfg(clients=4, prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     ids, s = algo.client_ids, algo.args.init_scale
     own = {cid: {w: m.clone() for w, m in algo.masks[cid].items()} for cid in ids}  # m_k from ClientPruning
@@ -126,7 +126,7 @@ def test_uploads_computed_together_are_each_clients_own():
     from trainer.simulation import train_clients
 
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
-    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     results = train_clients(algo, list(algo.client_ids), 0)  # batched: the scores are rows of one tensor
     together = algo.client_updates(0, results)
@@ -151,7 +151,7 @@ def test_fedmask_upload_is_exactly_the_packed_masks(fedmask_digits):
     cid = algo.client_ids[0]
     task = algo.local_task(cid, 0)
     task.max_steps = 1
-    d = algo.client_data(cid)
+    d = algo.dataset.client(cid)
     res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, 0), 16)
     upd = algo.client_updates(0, [(cid, res)])[0]
     # 64-128-64-10 MLP: fc1 128×64, fc2 64×128, out 10×64 -> ⌈8192/8⌉ + ⌈8192/8⌉ + ⌈640/8⌉
@@ -164,17 +164,17 @@ def test_sigmoid_gradient_factor_through_the_fedmask_forward():
     """Eq. 7-8 under the soft forward (``forward = "soft"``, a deviation kept as an option): ∂L/∂m^r =
     m(1 − m) ⊙ ∂L/∂m with m = σ(m^r). The paper's binary forward: tests/trainer/test_fedmask_fidelity.py."""
     c = cfg(prune_rate=0.2, prune_last=2, lambda_r=0.002, forward="soft")
-    algo = FedMask(c, build_dataset(c.data, c.run.seed), host_trainer(c))
+    algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))
     algo.setup()
     cid = algo.client_ids[0]
     task = algo.local_task(cid, 0)
-    d = algo.client_data(cid)
+    d = algo.dataset.client(cid)
     x, y = d.train_x[:8], d.train_y[:8]
     mr = {k: (v + 0.3 * torch.randn_like(v)).requires_grad_(True) for k, v in task.trainable.items()}
     F.cross_entropy(program(task).forward(mr, task.constants, x, task.buffers), y).backward()
     keep = algo.keep[cid]  # pruned elements: σ(m^r)·0 (the task carries only the pruned layers' structure)
     m = {k: (torch.sigmoid(v.detach()) * keep[k]).requires_grad_(True) for k, v in mr.items()}
-    F.cross_entropy(algo.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x), y).backward()
+    F.cross_entropy(algo.model_context.call(effective_params(algo.global_params, m, algo.sites), task.buffers, x), y).backward()
     for w in ("fc1.weight",):  # not pruned: keep = 1 everywhere
         s = m[w].detach()
         torch.testing.assert_close(mr[w].grad, s * (1 - s) * m[w].grad)
@@ -248,7 +248,7 @@ def test_lstm_partial_mask_trains_the_output_gate_and_masks_the_others():
                                "model": {"name": "char_lstm", "args": {"hidden": 4, "embed": 3, "fc": [6, 5]}},
                                "algorithm": {"name": "fedmask", "args": {"prune_last": 2}},
                                "training": {"lr": 1.0}})
-    algo = FedMask(c, ds, host_trainer(c))
+    algo = FedMask(c, ds, engine_for(c.training))
     algo.setup()
     H = 4
     w = "lstm.weight_ih_l0"
@@ -259,7 +259,7 @@ def test_lstm_partial_mask_trains_the_output_gate_and_masks_the_others():
     updates = []
     for i, cid in enumerate(algo.client_ids):
         task = algo.local_task(cid, 0)
-        d = algo.client_data(cid)
+        d = algo.dataset.client(cid)
         res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, i), 8)
         updates.append(algo.client_updates(0, [(cid, res)])[0])
     o = [u.extra["o"][f"o:{w}"] for u in updates]

@@ -83,7 +83,7 @@ def test_a_task_survives_a_round_trip_through_records_and_trains_the_same(algori
     cid = algo.client_ids[1]
     task = algo.local_task(cid, 0)
     task.seed = 5
-    d = algo.client_data(cid)
+    d = algo.dataset.client(cid)
     order = batch_order(d.num_train, task.epochs, 0, 0, 1)
     ref = local_train(task, d.train_x, d.train_y, order, 8, 0.9, 1e-3)
     got = _fresh_node_trains(task, (d.train_x, d.train_y), order)

@@ -1,7 +1,7 @@
 """The trainer's modules import each other one way: no cycle inside ``trainer/`` (counting imports inside
 functions, which run all the same; not those under ``if TYPE_CHECKING:``, which never run), every module imports on
 its own in a fresh interpreter, and no algorithm imports a training loop (an algorithm trains outside the rounds
-through :meth:`~trainer.algorithms.base.Algorithm.train_tasks`)."""
+through the engine it was built with, ``Algorithm.engine``), and no engine imports an algorithm."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # the project's import-graph reader, shared with tests/test_architecture.py
 from import_graph import find_cycle, graph as _graph, imports as _imports, modules  # noqa: E402
 
-LOOPS = {"trainer.simulation", "trainer.batched", "trainer.local_training", "trainer.flower"}
+LOOPS = {"trainer.simulation", "trainer.engines", "trainer.batched", "trainer.local_training", "trainer.flower"}
+ENGINES = {"trainer.engines", "trainer.batched", "trainer.batched_ops", "trainer.local_training"}
 
 
 MODULES = modules(ROOT, ("trainer",))
@@ -50,6 +51,22 @@ def test_no_algorithm_imports_a_training_loop():
     g = graph()
     offenders = {m: sorted(g[m] & LOOPS) for m in g if m.startswith("trainer.algorithms") and g[m] & LOOPS}
     assert not offenders
+
+
+def test_no_engine_imports_an_algorithm_or_the_round_loop():
+    """The engines train tasks and evaluate models, whatever algorithm made them (records in, records out)."""
+    g = graph()
+    reach = {m: set() for m in ENGINES}
+    for m in ENGINES:  # everything an engine imports, directly or not
+        todo = list(g[m])
+        while todo:
+            d = todo.pop()
+            if d not in reach[m]:
+                reach[m].add(d)
+                todo += g.get(d, ())
+    offenders = {m: sorted(d for d in deps if d.startswith("trainer.algorithms") or d == "trainer.simulation")
+                 for m, deps in reach.items()}
+    assert offenders == {m: [] for m in ENGINES}
 
 
 @pytest.mark.slow

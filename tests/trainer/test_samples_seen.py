@@ -12,6 +12,6 @@ def test_samples_seen_is_every_epoch_of_the_clients_training_split():
         "training": {"rounds": 2, "local_epochs": 3, "batch_size": 16, "lr": 0.05, "momentum": 0.9}})
     res = simulate(cfg)
     seen = {(r["round"], r["client"]): r["value"] for r in res.history if r["metric"] == "samples_seen"}
-    n_train = {cid: res.algorithm.client_data(cid).num_train for cid in res.algorithm.client_ids}
+    n_train = {cid: res.algorithm.dataset.client(cid).num_train for cid in res.algorithm.client_ids}
     # 3 epochs over each client's whole training split (the last partial batch included), in both rounds
     assert seen == {(rnd, cid): 3 * n for rnd in (0, 1) for cid, n in n_train.items()}

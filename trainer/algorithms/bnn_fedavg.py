@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
-from trainer.aggregation import average_state, stack_rows, weighted_average
+from trainer.aggregation import average_buffers, average_state, stack_rows, weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientUpdate, LocalResult, LocalTask
 from trainer.task_functions import Fn, ModelContext, task_function
@@ -139,4 +139,5 @@ class BNNFedAvg(Algorithm):
             alpha = weighted_average([u.payload[f"scale:{w}"] for u in updates], weights)
             new[w] = alpha * sign(vote)
         self.global_params = new
-        self.average_buffers(updates)
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])

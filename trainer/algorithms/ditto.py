@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.accounting import fedavg_upload
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.losses import with_proximal
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -39,7 +40,8 @@ class Ditto(Algorithm):
         v = self.personal.get(cid, self.global_params)
         task = LocalTask({k: t.clone() for k, t in v.items()}, self.model_spec,
                          buffers={k: t.clone() for k, t in self.personal_buffers.get(cid, self.global_buffers).items()},
-                         epochs=self.args.personal_epochs if self.args.personal_epochs > 0 else self.local_epochs,
+                         epochs=(self.args.personal_epochs if self.args.personal_epochs > 0
+                                 else self.cfg.training.local_epochs),
                          lr=self.cfg.training.lr)
         return with_proximal(task, self.global_params, self.args.lam)  # λ/2 ‖v − w^t‖²
 
@@ -50,12 +52,12 @@ class Ditto(Algorithm):
             self.personal[cid], self.personal_buffers[cid] = result.trained, result.buffers
             glob = self.round_updates.pop(cid)
             glob.samples_seen = result.samples_seen
-            out.append(self.fedavg_upload(cid, glob))
+            out.append(fedavg_upload(cid, glob, self.dense_bytes))
         return out
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
         return [EvalModel(self.personal.get(cid, self.global_params),
-                          self.personal_buffers.get(cid, self.global_buffers), self.call) for cid in cids]
+                          self.personal_buffers.get(cid, self.global_buffers), self.model_context.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params={**self.personal.get(cid, {}), **self.personal_buffers.get(cid, {})})

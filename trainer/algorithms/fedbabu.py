@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.accounting import partial_upload
+from trainer.aggregation import average_buffers, average_state
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -39,11 +41,12 @@ class FedBABU(Algorithm):
         return task
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
-        return [self.partial_update(cid, res, self.body) for cid, res in results]
+        return [partial_upload(cid, res, self.body) for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
-        self.average_params(updates, self.body)
-        self.average_buffers(updates)
+        states, n = [u.payload for u in updates], [u.num_samples for u in updates]
+        self.global_params = {**self.global_params, **average_state(states, n, self.body)}
+        self.global_buffers = average_buffers(self.global_buffers, states, n)
 
     def finetune_task(self, cid: str) -> LocalTask | None:
         if self.args.finetune_epochs <= 0:
@@ -59,7 +62,8 @@ class FedBABU(Algorithm):
         self.heads[cid] = dict(result.trained)
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers, self.call)
+        return [EvalModel({**self.global_params, **self.heads.get(cid, {})}, self.global_buffers,
+                          self.model_context.call)
                 for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:

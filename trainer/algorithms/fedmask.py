@@ -44,7 +44,7 @@ from edgemask.schema import setting
 from trainer.accounting import mask_bytes, tensor_bytes
 from trainer.aggregation import average_state, personalization_preserving, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.masks import binarize
+from trainer.masks import binarize, masked_model
 from trainer.models.masking import MaskSite, effective_params
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from trainer.task_functions import Fn, ModelContext, task_function
@@ -202,10 +202,10 @@ class FedMask(Algorithm):
 
         # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, plain
         # SGD, by the framework's engines (every client together when training is batched, as the rounds are).
-        data = [self.client_data(cid) for cid in self.client_ids]
+        data = [self.dataset.client(cid) for cid in self.client_ids]
         orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i) for i, d in enumerate(data)]
         tasks = [pruning_task(cid) for cid in self.client_ids]
-        results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data], orders, t.batch_size)
+        results = self.engine.train(tasks, [(d.train_x, d.train_y) for d in data], orders, t.batch_size)
         for cid, task, res in zip(self.client_ids, tasks, results):
             keep = {}
             for w in masked:
@@ -270,7 +270,7 @@ class FedMask(Algorithm):
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
         fwd = Fn.of("fedmask.forward", real_output_gate=real_o, binary=self.args.forward == "binary")
         return LocalTask(trainable, self.model_spec, fwd, regs,
-                         constants=constants, buffers=self.buffers[cid], epochs=self.local_epochs,
+                         constants=constants, buffers=self.buffers[cid], epochs=self.cfg.training.local_epochs,
                          lr=self.cfg.training.lr, grad_keep=grad_keep)
 
     def _hidden(self, w: str) -> int:
@@ -384,17 +384,13 @@ class FedMask(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.local[cid]
 
-    def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        """The personalized model: W ⊙ m (Eq. 2) with the device's last locally trained binary mask (the
-        ``local_mask`` accuracy, ``accuracy`` in the history)."""
-        return [self.masked_model(self.local[cid], self.buffers[cid]) for cid in cids]
-
-    primary_accuracy = "local_mask"
-
-    def extra_eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
-        """The mask the server sends back, m^T ⊙ m_k (:meth:`returned_mask`), with the device's own batch-norm
-        statistics: the ``returned_mask`` accuracy."""
-        return {"returned_mask": [self.masked_model(self.returned_mask(cid), self.buffers[cid]) for cid in cids]}
+    def eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
+        """Two measures. ``local_mask``, the personalized model: W ⊙ m (Eq. 2) with the device's last locally
+        trained binary mask (``accuracy`` in the history); ``returned_mask``: the mask the server sends back,
+        m^T ⊙ m_k (:meth:`returned_mask`), with the device's own batch-norm statistics."""
+        ctx, w = self.model_context, self.global_params
+        return {"local_mask": [masked_model(ctx, w, self.local[cid], self.buffers[cid]) for cid in cids],
+                "returned_mask": [masked_model(ctx, w, self.returned_mask(cid), self.buffers[cid]) for cid in cids]}
 
     def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The binary mask the round's forward passes computed with, for the training FLOPs: binary forward,
@@ -405,9 +401,6 @@ class FedMask(Algorithm):
             return dict(self.keep[cid])
         start = self.round_start.get(cid, self.local[cid])
         return {w: torch.maximum(start[w], m) for w, m in self.local[cid].items()}
-
-    def trained_numel(self, cid: str) -> int:
-        return sum(int(k.sum()) for k in self.keep[cid].values())
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(masks=dict(self.local[cid]), params=dict(self.buffers[cid]))

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.accounting import tensor_bytes
-from trainer.aggregation import local_steps, momentum_norm, stack_rows
+from trainer.accounting import fedavg_upload, tensor_bytes
+from trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientUpdate, LocalResult
 
@@ -58,8 +58,8 @@ class FedNova(Algorithm):
         t = self.cfg.training
         out = []
         for cid, result in results:
-            upd = self.fedavg_upload(cid, result)
-            tau = local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs)
+            upd = fedavg_upload(cid, result, self.dense_bytes)
+            tau = local_steps(self.dataset.client(cid).num_train, t.batch_size, self.cfg.training.local_epochs)
             norm = torch.tensor(momentum_norm(tau, t.momentum), dtype=torch.float32)
             upd.payload[NORM_KEY] = norm
             upd.bytes_up += tensor_bytes([norm])
@@ -70,4 +70,5 @@ class FedNova(Algorithm):
         norms = [float(u.payload[NORM_KEY]) for u in updates]
         self.global_params = normalized_average(self.global_params, [u.payload for u in updates], norms,
                                                 [u.num_samples for u in updates])
-        self.average_buffers(updates)
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])

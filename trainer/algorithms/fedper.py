@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.accounting import partial_upload
+from trainer.aggregation import average_buffers, average_state
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -32,14 +34,15 @@ class FedPer(Algorithm):
         """Each client keeps its head and uploads its body."""
         for cid, result in results:
             self.heads[cid] = {k: result.trained[k] for k in self.head}
-        return [self.partial_update(cid, res, self.body) for cid, res in results]
+        return [partial_upload(cid, res, self.body) for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
-        self.average_params(updates, self.body)
-        self.average_buffers(updates)
+        states, n = [u.payload for u in updates], [u.num_samples for u in updates]
+        self.global_params = {**self.global_params, **average_state(states, n, self.body)}
+        self.global_buffers = average_buffers(self.global_buffers, states, n)
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel(self.personal_params(cid), self.global_buffers, self.call) for cid in cids]
+        return [EvalModel(self.personal_params(cid), self.global_buffers, self.model_context.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads[cid]))

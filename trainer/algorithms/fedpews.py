@@ -37,6 +37,7 @@ import torch
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
 from trainer.accounting import mask_bytes, tensor_bytes
+from trainer.aggregation import average_buffers
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.losses import cross_entropy, with_proximal
 from trainer.models.masking import MaskSite
@@ -267,19 +268,19 @@ class FedPeWS(Algorithm):
         masks = self.fixed_masks[cid]
         self.neuron_masks[cid] = masks
         constants = {f"m:{n}": m for n, m in masks.items()}
-        return LocalTask(self.clone_global(), self.model_spec, Fn("fedpews.fixed_forward"), constants=constants,
+        return LocalTask({k: v.clone() for k, v in self.global_params.items()}, self.model_spec, Fn("fedpews.fixed_forward"), constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
-                         epochs=self.local_epochs, lr=self.cfg.training.lr)
+                         epochs=self.cfg.training.local_epochs, lr=self.cfg.training.lr)
 
     def _learned_task(self, cid: str) -> LocalTask:
         names = list(self.units)
-        trainable = {**self.clone_global(), **{f"s:{n}": self.scores[cid][n].clone() for n in names}}
+        trainable = {**{k: v.clone() for k, v in self.global_params.items()}, **{f"s:{n}": self.scores[cid][n].clone() for n in names}}
         excl = self.theta_excluding(cid)
         constants = {f"theta:{n}": excl[n] for n in names}
         loss = Fn.of("fedpews.learned_loss", lambda_div=self.args.lambda_div, mask_lr=self.args.mask_lr)
         return LocalTask(trainable, self.model_spec, Fn("fedpews.learned_forward"), constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
-                         epochs=self.local_epochs, lr=self.cfg.training.lr,
+                         epochs=self.cfg.training.local_epochs, lr=self.cfg.training.lr,
                          lrs={f"s:{n}": self.args.mask_lr for n in names}, loss=loss,
                          noise={f"{u}:{n}": (self.units[n],) for u in ("u1", "u2") for n in names})
 
@@ -315,7 +316,8 @@ class FedPeWS(Algorithm):
         for k, xg in self.global_params.items():
             masks = [u.extra["masks"].get(k) for u in updates]  # None: the whole tensor
             self.global_params[k] = server_update(xg, [u.payload[k] for u in updates], masks, self.args.server_lr)
-        self.average_buffers(updates, weights=[1.0] * len(updates))  # unweighted, as Alg. 1 line 21
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [1.0] * len(updates))  # unweighted, as Alg. 1 line 21
 
     def eval_masks(self, cid: str) -> Tensors:
         """The masks of the client's last local training (for its FLOPs); dense after the warmup."""

@@ -38,7 +38,7 @@ from safetensors import SafetensorError
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
 from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.aggregation import stack_rows
+from trainer.aggregation import average_buffers, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
@@ -211,7 +211,8 @@ class FedSelect(Algorithm):
         for k, g in self.global_params.items():
             self.global_params[k] = shared_average(g, [u.payload[k] for u in updates],
                                                    [u.extra["personal"][k] for u in updates], w)
-        self.average_buffers(updates)
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])
         trained = {u.client_id: u.payload for u in updates}
         for cid in self.personal:  # θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k; θ_k ⊙ m_k = v_k^+ (sampled) or kept
             src = trained.get(cid, self.models.get(cid, self.global_params))
@@ -223,7 +224,7 @@ class FedSelect(Algorithm):
         return self.buffers.get(cid, self.global_buffers)
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel(self.client_model(cid), self.client_buffers(cid), self.call) for cid in cids]
+        return [EvalModel(self.client_model(cid), self.client_buffers(cid), self.model_context.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         """The personal parameters (where m_k keeps any element) and the client's own buffers: with the shared

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.aggregation import mask_weighted_average
+from trainer.aggregation import average_buffers, mask_weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
+from trainer.masks import masked_model
 from trainer.models.masking import MaskSite, effective_params
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -106,7 +107,7 @@ class HeteroFL(Algorithm):
         # the global tensors themselves: the loops train copies (LocalTask)
         return LocalTask(dict(self.global_params), self.model_spec, SUBMODEL,
                          constants=dict(masks), buffers=dict(self.global_buffers),
-                         epochs=self.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
+                         epochs=self.cfg.training.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """The trained submodel; its float32 elements cost the same both ways."""
@@ -118,16 +119,15 @@ class HeteroFL(Algorithm):
         for k, g in self.global_params.items():
             self.global_params[k] = mask_weighted_average(g, [u.payload[k] for u in updates],
                                                           [self.hold[u.client_id][k] for u in updates])
-        self.average_buffers(updates)
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])
 
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         return self.masks[cid]
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [self.masked_model(self.masks[cid], self.global_buffers) for cid in cids]
-
-    def trained_numel(self, cid: str) -> int:
-        return self.held[cid]
+        return [masked_model(self.model_context, self.global_params, self.masks[cid], self.global_buffers)
+                for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(masks=dict(self.masks[cid]))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from edgemask.schema import setting
-from trainer.accounting import tensor_bytes
+from trainer.accounting import fedavg_upload, tensor_bytes
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.aggregation import average_state
 from trainer.models import head_names
@@ -91,7 +91,7 @@ class LGFedAvg(Algorithm):
     def _upload(self, cid: str, rnd: int, result: LocalResult) -> ClientUpdate:
         """In the warmup FedAvg's upload; then the client keeps its representation and uploads its head."""
         if self.in_warmup(rnd):  # FedAvg: the whole model both ways
-            return self.fedavg_upload(cid, result)
+            return fedavg_upload(cid, result, self.dense_bytes)
         self.rep[cid] = {k: v for k, v in result.trained.items() if k not in self.head}
         self.rep_buffers[cid] = dict(result.buffers)
         head = {k: result.trained[k] for k in self.head}
@@ -111,7 +111,7 @@ class LGFedAvg(Algorithm):
         self.global_params = {**self.global_params, **avg}
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel({**rep, **self._global_head()}, buffers, self.call)
+        return [EvalModel({**rep, **self._global_head()}, buffers, self.model_context.call)
                 for rep, buffers in map(self.representation, cids)]
 
     def client_state(self, cid: str) -> ClientState:

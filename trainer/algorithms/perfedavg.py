@@ -16,8 +16,8 @@ count, the last D is paired with the round's first minibatch B_0 (a different ba
 only a client whose whole round is one minibatch uses it as both D and D'). ``max_steps`` counts such steps.
 The server averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient
 step of size α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with
-w_i; that adapted model is what the run directory stores for the client. With training batched, every client's
-adaptation step runs at once in the batched engine (:meth:`PerFedAvg.eval_models`).
+w_i; that adapted model is what the run directory stores for the client. With the batched engine, every client's
+adaptation step runs at once (:meth:`PerFedAvg.eval_models`).
 """
 
 from __future__ import annotations
@@ -94,27 +94,28 @@ class PerFedAvg(Algorithm):
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
         """Each client's model adapted by one gradient step of size α on its whole training set (a client without
-        training data takes none). With training batched the framework's engines take every client's step at once
-        (:meth:`~trainer.algorithms.base.Algorithm.train_tasks`): a local task of one step of size α (``lr =
-        alpha``, no momentum or decay) over one minibatch of all the client's samples is :func:`adapt` up to float
-        rounding; the one-after-another reference runs :func:`adapt` itself."""
-        if self.cfg.training.batched:
-            data = [self.client_data(cid) for cid in cids]
+        training data takes none). An engine that trains clients together (``self.engine.together``: the batched
+        one) takes every client's step at once: a local task of one step of size α (``lr = alpha``, no momentum or
+        decay) over one minibatch of all the client's samples is :func:`adapt` up to float rounding; the
+        one-after-another reference runs :func:`adapt` itself."""
+        if self.engine.together:
+            data = [self.dataset.client(cid) for cid in cids]
             tasks = [LocalTask(dict(self.global_params), self.model_spec, buffers=dict(self.global_buffers),
                                lr=self.args.alpha) for _ in cids]
             whole = max([d.num_train for d in data] + [1])
-            results = self.train_tasks(tasks, [(d.train_x, d.train_y) for d in data],
-                                       [[np.arange(d.num_train)] for d in data], whole)
+            results = self.engine.train(tasks, [(d.train_x, d.train_y) for d in data],
+                                        [[np.arange(d.num_train)] for d in data], whole)
             self.personal.update({cid: res.trained for cid, res in zip(cids, results)})
         else:
             self.personal.update({cid: self._adapted(cid) for cid in cids})
-        return [EvalModel(self.personal[cid], self.global_buffers, self.call) for cid in cids]
+        return [EvalModel(self.personal[cid], self.global_buffers, self.model_context.call) for cid in cids]
 
     def _adapted(self, cid: str) -> dict[str, torch.Tensor]:
-        d = self.client_data(cid)
+        d = self.dataset.client(cid)
         if not len(d.train_y):
             return dict(self.global_params)
-        return adapt(self.call, self.global_params, self.global_buffers, d.train_x, d.train_y, self.args.alpha)
+        return adapt(self.model_context.call, self.global_params, self.global_buffers, d.train_x, d.train_y,
+                     self.args.alpha)
 
     def client_state(self, cid: str) -> ClientState:
         if cid not in self.personal:

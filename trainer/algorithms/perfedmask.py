@@ -37,8 +37,8 @@ import torch
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from trainer.accounting import forward_flops, layer_positions, tensor_bytes
-from trainer.aggregation import mask_weighted_average
+from trainer.accounting import fedavg_upload, forward_flops, layer_positions, tensor_bytes
+from trainer.aggregation import average_buffers, mask_weighted_average
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.models.registry import head_names
 from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -222,7 +222,7 @@ class PerFedMask(Algorithm):
         """FedAvg's uploads, costed without the frozen layers (they are not sent)."""
         out = []
         for cid, result in results:
-            upd = self.fedavg_upload(cid, result)
+            upd = fedavg_upload(cid, result, self.dense_bytes)
             upd.bytes_up = tensor_bytes({k: v for k, v in result.trained.items() if self.keep[cid][k].any()})
             out.append(upd)
         return out
@@ -231,13 +231,11 @@ class PerFedMask(Algorithm):
         for k, g in self.global_params.items():
             self.global_params[k] = mask_weighted_average(
                 g, [u.payload[k] for u in updates], [self.keep[u.client_id][k] for u in updates])
-        self.average_buffers(updates)
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])
 
     def backward_flops(self, cid: str, fwd: int) -> int:
         return self.bwd[cid]
-
-    def trained_numel(self, cid: str) -> int:
-        return int(sum(int(m.sum()) for m in self.keep[cid].values()))
 
     # -- fine-tuning and evaluation -------------------------------------------------------------------
     def finetune_task(self, cid: str) -> LocalTask | None:
@@ -259,14 +257,14 @@ class PerFedMask(Algorithm):
         return {**self.global_params, **self.heads.get(cid, {})}
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel(self.personal_params(cid), self.global_buffers, self.call) for cid in cids]
+        return [EvalModel(self.personal_params(cid), self.global_buffers, self.model_context.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))
 
     def summary_extra(self) -> dict:
         return {"pmask_objective": self.objective, "flops_fwd_per_sample": self.fwd,
-                "devices": {cid: {"budget": self.psi[i], "trainable_params": self.trained_numel(cid),
+                "devices": {cid: {"budget": self.psi[i], "trainable_params": sum(int(m.sum()) for m in self.keep[cid].values()),
                                   "layers_trained": sum(self.layer_masks[cid].values()),
                                   "flops_fwd_per_sample": self.fwd, "flops_bwd_per_sample": self.bwd[cid]}
                             for i, cid in enumerate(self.client_ids)}}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import tensor_bytes
-from trainer.aggregation import local_steps, momentum_norm, stack_rows
+from trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientUpdate, LocalResult, LocalTask
 from trainer.task_functions import Fn, ModelContext, task_function
@@ -97,7 +97,7 @@ class Scaffold(Algorithm):
     def local_steps(self, cid: str) -> float:
         """K of option II (‖a‖₁ under momentum, see the module docstring)."""
         t = self.cfg.training
-        return momentum_norm(local_steps(self.client_data(cid).num_train, t.batch_size, self.local_epochs),
+        return momentum_norm(local_steps(self.dataset.client(cid).num_train, t.batch_size, self.cfg.training.local_epochs),
                              t.momentum)
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
@@ -134,4 +134,5 @@ class Scaffold(Algorithm):
         dys = [{k: diff[k][i] for k in x} for i in range(len(updates))]  # Δy_i = y_i − x
         dcs = [{k: u.payload[DC_PREFIX + k] for k in x} for u in updates]
         self.global_params, self.c = server_step(x, self.c, dys, dcs, len(self.client_ids), self.args.server_lr)
-        self.average_buffers(updates)
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])

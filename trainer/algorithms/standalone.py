@@ -20,7 +20,7 @@ class Standalone(Algorithm):
     name = "standalone"
 
     def setup(self) -> None:
-        self.own = {cid: self.clone_global() for cid in self.client_ids}
+        self.own = {cid: {k: v.clone() for k, v in self.global_params.items()} for cid in self.client_ids}
         self.own_buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
 
     def round_clients(self, rnd: int, sampled: list[str]) -> list[str]:
@@ -44,7 +44,7 @@ class Standalone(Algorithm):
         """No server."""
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [EvalModel(self.own[cid], self.own_buffers[cid], self.call) for cid in cids]
+        return [EvalModel(self.own[cid], self.own_buffers[cid], self.model_context.call) for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params={**self.own[cid], **self.own_buffers[cid]})

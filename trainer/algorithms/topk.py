@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.accounting import tensor_bytes, topk_bytes
-from trainer.aggregation import stack_rows
+from trainer.aggregation import average_buffers, stack_rows
 from trainer.algorithms.base import ALGORITHMS, Algorithm
 from trainer.records import ClientUpdate, LocalResult
 
@@ -87,4 +87,5 @@ class TopK(Algorithm):
             out[n] = flat[at: at + v.numel()].reshape(v.shape)
             at += v.numel()
         self.global_params = out
-        self.average_buffers(updates)  # densely, by sample count
+        self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
+                                              [u.num_samples for u in updates])  # densely, by sample count

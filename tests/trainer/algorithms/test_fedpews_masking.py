@@ -27,7 +27,7 @@ def _algo():
 
 def test_dropped_neuron_is_silent_frozen_and_still_scored():
     algo = _algo()
-    d = algo.client_data(algo.client_ids[0])
+    d = algo.dataset.client(algo.client_ids[0])
     x, y = d.train_x[:32], d.train_y[:32]
     keep = {"fc1": torch.ones(8), "fc2": torch.ones(6)}
     keep["fc1"][3] = 0.0  # neuron 3 of the first hidden layer dropped
@@ -35,12 +35,12 @@ def test_dropped_neuron_is_silent_frozen_and_still_scored():
     theta = {n: torch.full_like(m, 0.5).requires_grad_(True) for n, m in keep.items()}
     # the STE's value is the sample (here: ``keep``); its gradient goes to θ as if it were the identity
     mask = {n: keep[n] + theta[n] - theta[n].detach() for n in keep}
-    out = algo.call(algo.masked_params(params, mask), {}, x)
+    out = algo.model_context.call(algo.masked_params(params, mask), {}, x)
     # the same as the model with the neuron's incoming weights and bias zeroed: it contributes nothing
     ref = {k: v.detach().clone() for k, v in algo.global_params.items()}
     ref["fc1.weight"][3] = 0.0
     ref["fc1.bias"][3] = 0.0
-    torch.testing.assert_close(out, algo.call(ref, {}, x))
+    torch.testing.assert_close(out, algo.model_context.call(ref, {}, x))
     F.cross_entropy(out, y).backward()
     # none of the dropped neuron's parameters get a gradient (Alg. 1 line 17 trains only the subnetwork) ...
     assert not params["fc1.weight"].grad[3].any() and not params["fc1.bias"].grad[3].any()

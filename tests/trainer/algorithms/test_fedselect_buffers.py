@@ -31,8 +31,8 @@ def test_fedselect_evaluates_and_saves_each_client_with_its_own_batch_norm_stati
         assert not torch.equal(own[name], algo.global_buffers[name])  # the server's average differs
         ev = algo.eval_models([cid])[0]
         assert all(torch.equal(ev.buffers[k], v) for k, v in own.items()), cid
-        d = algo.client_data(cid)
-        acc, _ = evaluate(lambda x: algo.call(algo.client_model(cid), own, x), d.test_x, d.test_y)
+        d = algo.dataset.client(cid)
+        acc, _ = evaluate(lambda x: algo.model_context.call(algo.client_model(cid), own, x), d.test_x, d.test_y)
         assert res.summary["clients"][cid]["accuracy"] == pytest.approx(acc, abs=1e-12)
         saved = dict(run.build_model(cid).base.named_buffers())  # what export reads from the run directory
         assert torch.equal(saved[name], own[name]), cid

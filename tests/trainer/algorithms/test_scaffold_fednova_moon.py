@@ -44,8 +44,8 @@ def make(algo_name, **kw):
 
 def train(algo, cid, rnd=0):
     """The sequential loop on client ``cid``'s round-``rnd`` task, as simulate runs it."""
-    t, d = algo.cfg.training, algo.client_data(cid)
-    order = batch_order(d.num_train, algo.local_epochs, algo.cfg.run.seed, rnd, algo.client_ids.index(cid))
+    t, d = algo.cfg.training, algo.dataset.client(cid)
+    order = batch_order(d.num_train, algo.cfg.training.local_epochs, algo.cfg.run.seed, rnd, algo.client_ids.index(cid))
     return local_train(algo.local_task(cid, rnd), d.train_x, d.train_y, order, t.batch_size, t.momentum,
                        t.weight_decay), order
 
@@ -76,7 +76,7 @@ def test_scaffold_local_steps_control_variates_and_server_update_by_hand():
     ups, ys, dcs = [], {}, {}
     for cid in (a, b):
         res, order = train(algo, cid)
-        d = algo.client_data(cid)
+        d = algo.dataset.client(cid)
         assert d.num_train == 30  # two steps of 16 and 14 samples
         X, Y = d.train_x.flatten(1).double().numpy(), d.train_y.numpy()
         W, bias = x["out.weight"].copy(), x["out.bias"].copy()
@@ -168,7 +168,7 @@ def test_fednova_aggregate_by_hand_with_unequal_steps_and_momentum():
     assert abs(expect - (-1.5)) > 0.05  # ≈ −1.439
     # and through the algorithm's hooks: τ_i from the client's own sample count, ‖a_i‖₁ in the upload
     algo = make("fednova", clients=3, data={"partition": "dirichlet"}, momentum=0.5, local_epochs=2)
-    sizes = [algo.client_data(c).num_train for c in algo.client_ids]
+    sizes = [algo.dataset.client(c).num_train for c in algo.client_ids]
     assert len(set(sizes)) > 1
     ups = []
     for cid, n in zip(algo.client_ids, sizes):
@@ -219,7 +219,7 @@ def test_moon_contrastive_loss_by_hand():
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_moon_representation_is_the_input_of_the_head(model):
     algo = make("moon", model=model)
-    x = algo.client_data(algo.client_ids[0]).train_x[:5]
+    x = algo.dataset.client(algo.client_ids[0]).train_x[:5]
     p = algo.global_params
     z, logits = representation_call(algo.model, "out", {**p, **algo.global_buffers}, x)
     if model == "mlp":  # relu(fc2(relu(fc1 x)))
@@ -246,7 +246,7 @@ def test_moon_task_loss_is_cross_entropy_plus_mu_contrastive_with_global_and_pre
     task = algo.local_task(cid, 1)
     assert torch.equal(task.constants["moon:prev:fc1.weight"], res.trained["fc1.weight"])  # last participation
     task.constants.update({f"moon:prev:{k}": v for k, v in prev.items()})
-    d = algo.client_data(cid)
+    d = algo.dataset.client(cid)
     x, y = d.train_x[:8], d.train_y[:8]
 
     def rep(p):
@@ -275,7 +275,7 @@ def test_moon_batched_matches_sequential_on_conv_and_batch_norm_models(model):
         algo.previous[cid] = {k: v + 0.1 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()
                               for k, v in {**algo.global_params, **algo.global_buffers}.items()}
     tasks = [algo.local_task(cid, 0) for cid in algo.client_ids]
-    data = [(algo.client_data(c).train_x, algo.client_data(c).train_y) for c in algo.client_ids]
+    data = [(algo.dataset.client(c).train_x, algo.dataset.client(c).train_y) for c in algo.client_ids]
     orders = [batch_order(len(y), 1, 0, 0, i) for i, (_, y) in enumerate(data)]
     anchors = {k: v.clone() for k, v in tasks[1].constants.items()}
     with warnings.catch_warnings():
