@@ -13,7 +13,7 @@ of the ratio within the same round.
 "train" times local training only (for ours: ``simulation.train_clients``, i.e. ``local_task`` + orders +
 training + results); "round" adds the uploads and the server's aggregate.
 
-All loops run under the allocator settings ``simulate()`` makes (:mod:`trainer.allocator`); ``--default-allocator``
+All loops run under the allocator settings ``simulate()`` makes (:mod:`edgemask.trainer.allocator`); ``--default-allocator``
 keeps glibc's defaults, under which every loop pays page faults for memory the heap gave back the step before.
 
     python benchmarks/bench_batched.py [--rounds 40] [--models mlp,cnn] [--threads N] [--epochs E]
@@ -35,13 +35,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from trainer.algorithms import ALGORITHMS  # noqa: E402
-from trainer.allocator import tune_host_allocator  # noqa: E402
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig  # noqa: E402
-from trainer.data import DataConfig, build_dataset  # noqa: E402
-from trainer.engines import engine_for  # noqa: E402
-from trainer.sampling import batch_orders  # noqa: E402
-from trainer.simulation import train_clients  # noqa: E402
+from edgemask.trainer.algorithms import ALGORITHMS  # noqa: E402
+from edgemask.trainer.allocator import tune_host_allocator  # noqa: E402
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig  # noqa: E402
+from edgemask.trainer.data import DataConfig, build_dataset  # noqa: E402
+from edgemask.trainer.engines import engine_for  # noqa: E402
+from edgemask.trainer.sampling import batch_orders  # noqa: E402
+from edgemask.trainer.simulation import train_clients  # noqa: E402
 
 T_IMPORTS = time.perf_counter() - T_PROCESS
 MODEL_ARGS = {"mlp": {"hidden": [128, 64]}, "cnn": {}}
@@ -190,7 +190,7 @@ FRESH = """
 import time
 t0 = time.perf_counter()
 import dataclasses
-import trainer.simulation as sim
+import edgemask.trainer.simulation as sim
 from bench_batched import config
 first = []
 train_clients = sim.train_clients

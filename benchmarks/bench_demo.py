@@ -11,7 +11,7 @@ import io
 import tempfile
 from pathlib import Path
 
-from cli.demo import run_demo
+from edgemask.cli.demo import run_demo
 from edgemask.workspace import Workspace
 
 

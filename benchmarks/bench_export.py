@@ -25,11 +25,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 warnings.filterwarnings("ignore")
 
-from export.compact import compact, count_flops  # noqa: E402
-from export.compact.graph import StackedLSTM  # noqa: E402
-from export.formats import FORMATS, ExportSettings, FormatContext  # noqa: E402
-from trainer.models import MaskedModel, build_model, model_sites  # noqa: E402
-from trainer.models.masking import all_ones_masks  # noqa: E402
+from edgemask.export.compact import compact, count_flops  # noqa: E402
+from edgemask.export.compact.graph import StackedLSTM  # noqa: E402
+from edgemask.export.formats import FORMATS, ExportSettings, FormatContext  # noqa: E402
+from edgemask.trainer.models import MaskedModel, build_model, model_sites  # noqa: E402
+from edgemask.trainer.models.masking import all_ones_masks  # noqa: E402
 
 MIN_TIME, MIN_RUNS = 0.25, 20
 
@@ -77,7 +77,7 @@ def fresh_like(name: str, cm: nn.Module) -> nn.Module:
         return FreshVGG([c.out_channels for c in convs], [p for _, p in cm.plan], cm.fc1.in_features,
                         (cm.fc1.out_features, cm.fc2.out_features), cm.out.out_features).eval()
     if name == "har_mlp":
-        from trainer.models.small import MLP
+        from edgemask.trainer.models.small import MLP
 
         return MLP(cm.fc1.in_features, (cm.fc1.out_features, cm.fc2.out_features), cm.out.out_features).eval()
     if name == "char_lstm":

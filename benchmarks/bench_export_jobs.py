@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
 from bench_export import fedmask_masks  # noqa: E402
-from export import export_run  # noqa: E402
-from export.formats import ExportSettings  # noqa: E402
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
-from trainer.data import DataConfig  # noqa: E402
-from trainer.models import build_model  # noqa: E402
-from trainer.run_dir import ClientState, write_run  # noqa: E402
+from edgemask.export import export_run  # noqa: E402
+from edgemask.export.formats import ExportSettings  # noqa: E402
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from edgemask.trainer.data import DataConfig  # noqa: E402
+from edgemask.trainer.models import build_model  # noqa: E402
+from edgemask.trainer.run_dir import ClientState, write_run  # noqa: E402
 
 
 def write_cifar_standin(directory: Path, per_batch: int = 400, seed: int = 0) -> Path:
@@ -72,9 +72,9 @@ def make_run(tmp: Path, name: str, clients: int) -> Path:
 
 def format_seconds(run_dir: Path, tmp: Path) -> dict[str, float]:
     """Seconds to write (convert) and then run-check each format/variant of client-000's compacted model, once."""
-    from export.compact import compact
-    from export.formats import FORMATS, FormatContext
-    from trainer.run_dir import load_run
+    from edgemask.export.compact import compact
+    from edgemask.export.formats import FORMATS, FormatContext
+    from edgemask.trainer.run_dir import load_run
 
     run = load_run(run_dir)
     data = run.dataset.client("client-000")

@@ -60,10 +60,10 @@ from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 
 from bench_batched import OurLoop, config  # noqa: E402  (benchmarks/ is on sys.path, and Ray passes it on)
-from trainer.algorithms import ALGORITHMS  # noqa: E402
-from trainer.data import build_dataset  # noqa: E402
-from trainer.models import build_model  # noqa: E402
-from trainer.sampling import batch_order  # noqa: E402
+from edgemask.trainer.algorithms import ALGORITHMS  # noqa: E402
+from edgemask.trainer.data import build_dataset  # noqa: E402
+from edgemask.trainer.models import build_model  # noqa: E402
+from edgemask.trainer.sampling import batch_order  # noqa: E402
 
 T_IMPORTS = time.perf_counter() - T_PROCESS
 WORKERS = 2  # Ray CPUs, one per client: two clients train at a time on this 2-core machine
@@ -225,7 +225,7 @@ def bench_adapter(model: str, rounds: int, verbose: bool, reference: dict[str, t
     ``reference``: the batched loop's global model after as many rounds."""
     import dataclasses
 
-    from trainer.flower import simulate_flower
+    from edgemask.trainer.flower import simulate_flower
 
     res = AdapterResult()
     cfg = config(model, batched=False)

@@ -35,14 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
 from bench_export import fedmask_masks  # noqa: E402
-from devices.remote.runner.benchmark import profile_runs  # noqa: E402
-from export.compact import compact  # noqa: E402
-from export.formats import FORMATS, ExportSettings, FormatContext  # noqa: E402
-from export.layers import layer_records  # noqa: E402
-from export.formats.pte import etrecord_path  # noqa: E402
-from profiling.layers import (OTHER, attach_etdump, coverage, layer_ms, layer_table, name_index,  # noqa: E402
+from edgemask.devices.remote.runner.benchmark import profile_runs  # noqa: E402
+from edgemask.export.compact import compact  # noqa: E402
+from edgemask.export.formats import FORMATS, ExportSettings, FormatContext  # noqa: E402
+from edgemask.export.layers import layer_records  # noqa: E402
+from edgemask.export.formats.pte import etrecord_path  # noqa: E402
+from edgemask.profiling.layers import (OTHER, attach_etdump, coverage, layer_ms, layer_table, name_index,  # noqa: E402
                               suspect_reason)
-from trainer.models import MaskedModel, build_model, model_sites  # noqa: E402
+from edgemask.trainer.models import MaskedModel, build_model, model_sites  # noqa: E402
 
 
 def profiled(fmt: str, path: Path, x: np.ndarray, threads: int, runs: int, layers: list[dict]) -> list[dict]:

@@ -26,8 +26,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devices.inventory import DeviceSpec  # noqa: E402
-from devices.setup import packages_for  # noqa: E402
+from edgemask.devices.inventory import DeviceSpec  # noqa: E402
+from edgemask.devices.setup import packages_for  # noqa: E402
 
 ENV = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64", "os_name": "posix",
        "python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",

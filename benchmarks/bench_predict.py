@@ -35,21 +35,21 @@ warnings.filterwarnings("ignore")
 
 from bench_export import fedmask_masks  # noqa: E402
 from bench_export_jobs import write_cifar_standin  # noqa: E402
-from export import export_run  # noqa: E402
-from profiling.campaign import parse_campaign, run_campaign  # noqa: E402
-from profiling.predict import error_summary, held_out_table, leave_one_out, setting_clients  # noqa: E402
-from profiling.stats import summarize  # noqa: E402
-from profiling.store import ResultsStore  # noqa: E402
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
-from trainer.data import DataConfig  # noqa: E402
-from trainer.models import build_model  # noqa: E402
-from trainer.run_dir import ClientState, write_run  # noqa: E402
+from edgemask.export import export_run  # noqa: E402
+from edgemask.profiling.campaign import parse_campaign, run_campaign  # noqa: E402
+from edgemask.profiling.predict import error_summary, held_out_table, leave_one_out, setting_clients  # noqa: E402
+from edgemask.profiling.stats import summarize  # noqa: E402
+from edgemask.profiling.store import ResultsStore  # noqa: E402
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from edgemask.trainer.data import DataConfig  # noqa: E402
+from edgemask.trainer.models import build_model  # noqa: E402
+from edgemask.trainer.run_dir import ClientState, write_run  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "cli" / "configs"
 
 
 def demo_run(ws: Path) -> Path:
-    from trainer.simulation import train
+    from edgemask.trainer.simulation import train
 
     cfg = TrainConfig.load(CONFIGS / "demo-fedmask.toml")
     return train(cfg, ws / "runs")

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from bench_batched import OurLoop, Reference
-from trainer.allocator import tune_host_allocator
-from trainer.batched import compatible_groups, local_train_batched
-from trainer.batched_ops import BatchedLayers, vmap_clients
-from trainer.sampling import batch_orders
-from trainer.simulation import phase_streams, seed_tasks, train_clients
-from trainer.task_functions import Fn, resolve
+from edgemask.trainer.allocator import tune_host_allocator
+from edgemask.trainer.batched import compatible_groups, local_train_batched
+from edgemask.trainer.batched_ops import BatchedLayers, vmap_clients
+from edgemask.trainer.sampling import batch_orders
+from edgemask.trainer.simulation import phase_streams, seed_tasks, train_clients
+from edgemask.trainer.task_functions import Fn, resolve
 
 
 class Clock:

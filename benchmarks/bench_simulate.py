@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from edgemask.errors import EdgemaskError
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from trainer.data import DataConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.data import DataConfig
+from edgemask.trainer.simulation import simulate
 
 ALGORITHMS = "fedavg,fedmask,perfedmask,fedpews,heterofl,fedper,ditto,perfedavg"
 ARGS = {"fedpews": {"warmup_rounds": 1}}  # the rounds after the warm-up, where its masks work

@@ -7,10 +7,10 @@ Per (s, λ_R): train the config (default: the embedded digits FedMask run, confi
 ``init_scale`` and ``lambda_r`` changed; the paper's binarized forward unless ``--forward soft``), then for every
 client's personalized model and every hidden layer of the MLP:
 
-* row-dead: units whose mask row is all zero (:func:`trainer.models.masking.unit_alive`) — they output zero;
+* row-dead: units whose mask row is all zero (:func:`edgemask.trainer.models.masking.unit_alive`) — they output zero;
 * col-dead: units whose column is zero in the next layer's mask — nobody reads them (group lasso's column term);
-* removable: the units export's compaction actually removes (:func:`export.compact.compact`, proven equal to
-  the masked model here by :func:`export.verify.verify_compaction`): the union of both, plus units read only by
+* removable: the units export's compaction actually removes (:func:`edgemask.export.compact.compact`, proven equal to
+  the masked model here by :func:`edgemask.export.verify.verify_compaction`): the union of both, plus units read only by
   removed rows.
 
 Percentages are means over the clients (and seeds); removable, params and FLOPs over the clients whose model is
@@ -37,12 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from export.compact import AllDeadLayerError, compact  # noqa: E402
-from export.verify import verify_compaction  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.models.masking import any_nonzero, unit_alive  # noqa: E402
-from trainer.run_dir import load_run  # noqa: E402
-from trainer.simulation import train  # noqa: E402
+from edgemask.export.compact import AllDeadLayerError, compact  # noqa: E402
+from edgemask.export.verify import verify_compaction  # noqa: E402
+from edgemask.trainer.config import TrainConfig  # noqa: E402
+from edgemask.trainer.models.masking import any_nonzero, unit_alive  # noqa: E402
+from edgemask.trainer.run_dir import load_run  # noqa: E402
+from edgemask.trainer.simulation import train  # noqa: E402
 
 PAPER_LAMBDA = 2e-4  # FedMask §3.5 / Table 2 (centralized MNIST); §4.2 gives no λ_R
 

@@ -14,14 +14,14 @@ import time
 
 import torch
 
-from trainer.accounting import dense_reference, forward_flops, layer_positions
-from trainer.algorithms import ALGORITHMS
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.data.base import ClientData, FederatedDataset
-from trainer.local_training import local_train
-from trainer.sampling import batch_order
-from trainer.engines import engine_for
+from edgemask.trainer.accounting import dense_reference, forward_flops, layer_positions
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.data.base import ClientData, FederatedDataset
+from edgemask.trainer.local_training import local_train
+from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.engines import engine_for
 
 
 def random_cifar(clients: int, samples: int) -> FederatedDataset:

@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT / "tests" / "export"))
 warnings.filterwarnings("ignore")
 
 import user_models  # noqa: E402,F401 - registers user_resnet, user_mobilenet
-from export.compact import compact  # noqa: E402
+from edgemask.export.compact import compact  # noqa: E402
 from export_helpers import MODEL_CASES, random_masks, randomize_norms, sample_input  # noqa: E402
-from trainer.models import MaskedModel, build_model, model_sites  # noqa: E402
-from trainer.models.masking import all_ones_masks, find_sites  # noqa: E402
+from edgemask.trainer.models import MaskedModel, build_model, model_sites  # noqa: E402
+from edgemask.trainer.models.masking import all_ones_masks, find_sites  # noqa: E402
 
 
 def _before_sites(model):

@@ -7,7 +7,7 @@ Each setting is ``name:key=value,key=value`` over ``[algorithm.args]`` (and ``mo
 * acc local / acc returned: mean accuracy over clients on the device's last locally trained mask and on the mask
   the server sends back, m^T ⊙ m_k (summary.json ``mean_accuracies``);
 * density: mean fraction of mask elements kept (``mask_density``);
-* removable %: output units export's compaction removes (:func:`export.compact.compact`), over every masked layer
+* removable %: output units export's compaction removes (:func:`edgemask.export.compact.compact`), over every masked layer
   but the head, mean over clients whose model is not cut; params %: the compacted model's parameters / dense;
 * MB: bytes up + down over the run, ClientPruning's upload included; FLOPs ×: ``vs_fedavg.flops_train_structured``
   (whole dead units free), elem FLOPs ×: ``vs_fedavg.flops_train`` (every zero element free).
@@ -30,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from export.compact import AllDeadLayerError, compact  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.run_dir import load_run  # noqa: E402
-from trainer.simulation import train  # noqa: E402
+from edgemask.export.compact import AllDeadLayerError, compact  # noqa: E402
+from edgemask.trainer.config import TrainConfig  # noqa: E402
+from edgemask.trainer.run_dir import load_run  # noqa: E402
+from edgemask.trainer.simulation import train  # noqa: E402
 
 
 def parse_setting(text: str) -> tuple[str, dict, dict, dict]:

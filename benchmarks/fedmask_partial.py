@@ -18,8 +18,8 @@ import itertools
 
 import torch
 
-from trainer.config import TrainConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.simulation import simulate
 
 
 def disagreement(algo) -> tuple[int, int]:

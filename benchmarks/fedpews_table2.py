@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def one_run(config: str, name: str, seed: int, threads: int, rounds: int | None) -> dict:
     import torch
 
-    from trainer.config import AlgorithmConfig, RunConfig, TrainConfig
-    from trainer.simulation import simulate
+    from edgemask.trainer.config import AlgorithmConfig, RunConfig, TrainConfig
+    from edgemask.trainer.simulation import simulate
 
     torch.set_num_threads(threads)
     base = TrainConfig.load(config)

@@ -1,6 +1,6 @@
 """Bit-for-bit fingerprints of every algorithm's run (issue 31: "hold what is measured: every history bit for bit").
 
-For every registered algorithm (:data:`trainer.algorithms.ALGORITHMS`) × engine, a tiny run (digits, MLP 16-12,
+For every registered algorithm (:data:`edgemask.trainer.algorithms.ALGORITHMS`) × engine, a tiny run (digits, MLP 16-12,
 3 clients, 2 rounds, participation 0.67, momentum and weight decay, one thread, CPU) is simulated and written to a
 temporary workspace, and the table prints sha256 digests of what it wrote:
 
@@ -11,7 +11,7 @@ temporary workspace, and the table prints sha256 digests of what it wrote:
 * ``clients``: every ``clients/<id>.safetensors``' tensors, clients in order.
 
 Engines: ``sequential`` (``training.batched = false``), ``batched`` (``true``), and ``flower`` — each phase's tasks
-sent through :class:`trainer.flower.TaskMessage` (settings through JSON) to a :class:`trainer.flower.ClientSide`
+sent through :class:`edgemask.trainer.flower.TaskMessage` (settings through JSON) to a :class:`edgemask.trainer.flower.ClientSide`
 that holds only the data, as a Flower node trains them (no Ray: Flower's transport is left out, what it carries is
 not). A refactor that keeps every digest keeps every number the trainer stores.
 
@@ -35,8 +35,8 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file
 
-from trainer.algorithms import ALGORITHMS
-from trainer.config import TrainConfig
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.config import TrainConfig
 
 ENGINES = ("sequential", "batched", "flower")
 ARGS = {  # the algorithms' own settings where the defaults skip a path (fine-tuning, phases) or do not fit 2 rounds
@@ -64,7 +64,7 @@ def config(algo: str, batched: bool) -> TrainConfig:
 
 def _flower_phases(cfg: TrainConfig):
     """A ``train_phase`` that trains as a Flower node does: the task through a TaskMessage round trip."""
-    from trainer.flower import ClientSide, TaskMessage
+    from edgemask.trainer.flower import ClientSide, TaskMessage
 
     side = ClientSide(cfg)
 
@@ -119,7 +119,7 @@ def digest_tensors(paths: list[Path]) -> str:
 
 
 def run_one(algo: str, engine: str, root: Path) -> tuple[str, str, str, str]:
-    from trainer.simulation import simulate
+    from edgemask.trainer.simulation import simulate
 
     cfg = config(algo, engine == "batched")
     res = simulate(cfg, train_phase=_flower_phases(cfg) if engine == "flower" else None)

@@ -13,8 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.algorithms.perfedmask import layer_groups, solve_pmask  # noqa: E402
-from trainer.models import build_model, head_names  # noqa: E402
+from edgemask.trainer.algorithms.perfedmask import layer_groups, solve_pmask  # noqa: E402
+from edgemask.trainer.models import build_model, head_names  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 torch.manual_seed(0)

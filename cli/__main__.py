@@ -1,7 +1,7 @@
-"""``python -m cli …``: the ``edgemask`` command line without the console script."""
+"""``python -m edgemask.cli …``: the ``edgemask`` command line without the console script."""
 
 import sys
 
-from cli.main import main
+from edgemask.cli.main import main
 
 sys.exit(main())

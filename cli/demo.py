@@ -29,12 +29,12 @@ def _stage(name: str) -> None:
 
 
 def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None = None) -> dict:
-    from cli.progress import progress_printer
-    from export import export_run
-    from profiling.campaign import load_campaign, run_campaign
-    from profiling.report import write_report
-    from trainer.config import TrainConfig
-    from trainer.simulation import train
+    from edgemask.cli.progress import progress_printer
+    from edgemask.export import export_run
+    from edgemask.profiling.campaign import load_campaign, run_campaign
+    from edgemask.profiling.report import write_report
+    from edgemask.trainer.config import TrainConfig
+    from edgemask.trainer.simulation import train
 
     formats = formats or ["onnx", "pte"]
     ws.root.mkdir(parents=True, exist_ok=True)
@@ -109,9 +109,9 @@ What the numbers are:
 
 def summary(runs: dict[str, Path], results_dir: Path) -> str:
     """The demo's closing summary: training per algorithm, then the report's verdict-led table of every measured
-    setting (:func:`profiling.report.summary_table`, the same rows as summary.md), then what each number is.
+    setting (:func:`edgemask.profiling.report.summary_table`, the same rows as summary.md), then what each number is.
     Latency and speedup appear only in the second table, where each carries its verdict."""
-    from profiling.report import summary_table as settings_table
+    from edgemask.profiling.report import summary_table as settings_table
 
     return "\n\n".join([training_table(runs, results_dir), settings_table(results_dir), LEGEND,
                         replay_line(runs, results_dir)])
@@ -119,9 +119,9 @@ def summary(runs: dict[str, Path], results_dir: Path) -> str:
 
 def replay_line(runs: dict[str, Path], results_dir: Path) -> str:
     """The summary's last line: the runs replayed under the local device's measured ONNX costs at the trace's
-    assumed bandwidth (:func:`profiling.replay.one_line`)."""
+    assumed bandwidth (:func:`edgemask.profiling.replay.one_line`)."""
     from edgemask.errors import EdgemaskError
-    from profiling.replay import one_line
+    from edgemask.profiling.replay import one_line
 
     traces = sorted((results_dir / "traces").glob("*-onnx-fp32-t1")) or sorted((results_dir / "traces").glob("*"))
     if not traces:
@@ -138,7 +138,7 @@ def training_table(runs: dict[str, Path], results_dir: Path) -> str:
     parameters of the dense model and of its exported clients (mean over the client artifacts)."""
     import json
 
-    from profiling.store import load_results
+    from edgemask.profiling.store import load_results
 
     df = load_results(results_dir)
     rows = []

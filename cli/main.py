@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from cli.progress import progress_printer
+from edgemask.cli.progress import progress_printer
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.fileio import disk_full
 from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
@@ -25,8 +25,8 @@ def _ws(args: argparse.Namespace) -> Workspace:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from trainer.config import TrainConfig
-    from trainer.simulation import train
+    from edgemask.trainer.config import TrainConfig
+    from edgemask.trainer.simulation import train
 
     cfg = TrainConfig.load(args.config)
     _at_least_one(args, "rounds", "train at least one round")
@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     ws = _ws(args)
     progress = progress_printer(f"train {cfg.run_id}")
     if args.engine == "flower":
-        from trainer.flower import train_flower
+        from edgemask.trainer.flower import train_flower
 
         path = train_flower(cfg, ws.runs, args.flower_workers, progress, verbose=args.verbose)
     else:
@@ -77,15 +77,15 @@ def _name_list(option: str, text: str) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from edgemask.manifest import load_manifest
-    from export import ExportSettings, export_run
-    from export.layers import kept_dead_notes
+    from edgemask.export import ExportSettings, export_run
+    from edgemask.export.layers import kept_dead_notes
 
     ws = _ws(args)
     clients = "all" if args.clients == "all" else _name_list("--clients", args.clients)
     formats = _name_list("--formats", args.formats)
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
     if args.jobs is None:
-        from export.parallel import default_jobs
+        from edgemask.export.parallel import default_jobs
 
         args.jobs = default_jobs()
     dirs = export_run(ws.resolve_run(args.run), ws.artifacts, clients, formats, progress=True, settings=settings,
@@ -98,8 +98,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from devices.inventory import load_inventory
-    from devices.probe import check_device, list_devices
+    from edgemask.devices.inventory import load_inventory
+    from edgemask.devices.probe import check_device, list_devices
 
     ws = _ws(args)
     inv_path = Path(args.inventory) if args.inventory else (ws.inventory if ws.inventory.exists() else None)
@@ -113,7 +113,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if bad:
         raise EdgemaskError(f"unknown device {bad[0]!r}; valid names: {', '.join(sorted(inventory))}")
     if args.action == "setup":
-        from devices.setup import setup_device
+        from edgemask.devices.setup import setup_device
 
         if not args.names:
             raise EdgemaskError("devices setup: name the device(s) to set up, e.g. `edgemask devices setup rpi4-a`")
@@ -165,8 +165,8 @@ def _wait_seconds(text: str) -> float:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from devices.inventory import load_inventory
-    from profiling.campaign import load_campaign, run_campaign
+    from edgemask.devices.inventory import load_inventory
+    from edgemask.profiling.campaign import load_campaign, run_campaign
 
     ws = _ws(args)
     inv_path = Path(args.inventory) if args.inventory else (ws.inventory if ws.inventory.exists() else None)
@@ -186,7 +186,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from profiling.report import write_report
+    from edgemask.profiling.report import write_report
 
     ws = _ws(args)
     html, md = write_report(Path(args.results), ws.root)
@@ -195,7 +195,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from profiling.replay import ReplaySettings, replay_report
+    from edgemask.profiling.replay import ReplaySettings, replay_report
 
     settings = ReplaySettings(bandwidth_kbps=args.bandwidth, target=args.target, metric=args.metric)
     print(replay_report(_ws(args).root, args.run, Path(args.trace), settings))
@@ -203,7 +203,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cli.demo import run_demo
+    from edgemask.cli.demo import run_demo
 
     _at_least_one(args, "rounds", "train at least one round")
     run_demo(_ws(args), rounds=args.rounds, formats=_name_list("--formats", args.formats))

@@ -5,14 +5,14 @@ Knows none of the other stages: it moves files and runs the runner. Artifact man
 torch-free ``edgemask.manifest``.
 """
 
-from devices.benchmark import run_benchmark
-from devices.connection import Connection, LocalConnection, RunResult, open_connection
-from devices.deploy import deploy, deploy_many, deploy_runner, remote_path
-from devices.errors import DeviceError, HostKeyError, RunTimeout
-from devices.inventory import KIND_PROFILES, DeviceSpec, KindProfile, load_inventory, local_device
-from devices.probe import check_device, list_devices, probe
-from devices.records import Measurement, RunnerSettings
-from devices.setup import packages_for, setup_device
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import Connection, LocalConnection, RunResult, open_connection
+from edgemask.devices.deploy import deploy, deploy_many, deploy_runner, remote_path
+from edgemask.devices.errors import DeviceError, HostKeyError, RunTimeout
+from edgemask.devices.inventory import KIND_PROFILES, DeviceSpec, KindProfile, load_inventory, local_device
+from edgemask.devices.probe import check_device, list_devices, probe
+from edgemask.devices.records import Measurement, RunnerSettings
+from edgemask.devices.setup import packages_for, setup_device
 
 __all__ = [
     "Connection", "DeviceError", "DeviceSpec", "HostKeyError", "KIND_PROFILES", "KindProfile", "LocalConnection",

@@ -11,12 +11,12 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from devices.connection import Connection
-from devices.deploy import deploy_many
-from devices.errors import DeviceError
-from devices.inventory import FORMAT_RUNTIME, DeviceSpec
-from devices.records import Measurement, RunnerSettings
-from devices.runner_app import runner_zipapp
+from edgemask.devices.connection import Connection
+from edgemask.devices.deploy import deploy_many
+from edgemask.devices.errors import DeviceError
+from edgemask.devices.inventory import FORMAT_RUNTIME, DeviceSpec
+from edgemask.devices.records import Measurement, RunnerSettings
+from edgemask.devices.runner_app import runner_zipapp
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import ArtifactFile, load_manifest

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from devices.benchmark import parse_runner_output
-from devices.connection import Connection
-from devices.connection_base import Started
-from devices.deploy import deploy_runner, remote_path
-from devices.errors import BoardBusy, DeviceError
-from devices.inventory import DeviceSpec
+from edgemask.devices.benchmark import parse_runner_output
+from edgemask.devices.connection import Connection
+from edgemask.devices.connection_base import Started
+from edgemask.devices.deploy import deploy_runner, remote_path
+from edgemask.devices.errors import BoardBusy, DeviceError
+from edgemask.devices.inventory import DeviceSpec
 
 JETSON_CLOCKS_STATE = "jetson_clocks.conf"  # in the device's workdir: the clocks found before the campaign
 BOARD_LOCK = "board.lock"  # in the device's workdir: flocked by the campaign that holds the board

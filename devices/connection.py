@@ -7,9 +7,9 @@ and is where the rest of the project imports them from.
 
 from __future__ import annotations
 
-from devices.connection_base import Connection, RunResult
-from devices.connection_local import LocalConnection
-from devices.inventory import DeviceSpec
+from edgemask.devices.connection_base import Connection, RunResult
+from edgemask.devices.connection_local import LocalConnection
+from edgemask.devices.inventory import DeviceSpec
 
 __all__ = ["Connection", "LocalConnection", "RunResult", "open_connection"]
 
@@ -18,6 +18,6 @@ def open_connection(spec: DeviceSpec, **options: float) -> Connection:
     """The connection for ``spec``: local, or SSH (options: retries, backoff_s, keepalive_s)."""
     if spec.is_local:
         return LocalConnection(spec)
-    from devices.connection_ssh import SSHConnection  # the only module that imports paramiko
+    from edgemask.devices.connection_ssh import SSHConnection  # the only module that imports paramiko
 
     return SSHConnection(spec, **options)

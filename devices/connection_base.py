@@ -1,7 +1,7 @@
 """The interface to a device: run a command, put a file, get a file, close.
 
-Two implementations: :class:`devices.connection_local.LocalConnection` (this machine) and
-:class:`devices.connection_ssh.SSHConnection` (SSH, paramiko); :func:`devices.connection.open_connection` picks one
+Two implementations: :class:`edgemask.devices.connection_local.LocalConnection` (this machine) and
+:class:`edgemask.devices.connection_ssh.SSHConnection` (SSH, paramiko); :func:`edgemask.devices.connection.open_connection` picks one
 for a device. Nothing else in `devices` knows which one it holds. Commands are argv lists, never shell strings: the
 SSH implementation quotes every argument for the remote shell.
 """
@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.inventory import DeviceSpec
+from edgemask.devices.inventory import DeviceSpec
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from devices.connection_base import Connection, RunResult, Started
-from devices.errors import DeviceError, RunInterrupted, RunTimeout
+from edgemask.devices.connection_base import Connection, RunResult, Started
+from edgemask.devices.errors import DeviceError, RunInterrupted, RunTimeout
 
 
 class _LocalStarted(Started):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import paramiko
 
-from devices.connection_base import Connection, RunResult, Started
-from devices.errors import DeviceError, HostKeyError, RunInterrupted, RunTimeout
-from devices.inventory import DeviceSpec
+from edgemask.devices.connection_base import Connection, RunResult, Started
+from edgemask.devices.errors import DeviceError, HostKeyError, RunInterrupted, RunTimeout
+from edgemask.devices.inventory import DeviceSpec
 
 
 def quote_argv(argv: list[str]) -> str:

@@ -12,10 +12,10 @@ import posixpath
 import secrets
 from pathlib import Path
 
-from devices.connection import Connection
-from devices.errors import DeviceError
-from devices.inventory import DeviceSpec
-from devices.runner_app import runner_zipapp
+from edgemask.devices.connection import Connection
+from edgemask.devices.errors import DeviceError
+from edgemask.devices.inventory import DeviceSpec
+from edgemask.devices.runner_app import runner_zipapp
 from edgemask.fileio import sha256_file
 
 # Run on the device as `python -c SNIPPET ARGS`; Python 3.6 compatible, stdlib only.

@@ -6,13 +6,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from devices.benchmark import parse_runner_output, run_benchmark
-from devices.connection import Connection, open_connection
-from devices.deploy import deploy_runner
-from devices.errors import DeviceError
-from devices.inventory import FORMAT_RUNTIME, DeviceSpec
-from devices.records import RunnerSettings
-from devices.setup import missing_items
+from edgemask.devices.benchmark import parse_runner_output, run_benchmark
+from edgemask.devices.connection import Connection, open_connection
+from edgemask.devices.deploy import deploy_runner
+from edgemask.devices.errors import DeviceError
+from edgemask.devices.inventory import FORMAT_RUNTIME, DeviceSpec
+from edgemask.devices.records import RunnerSettings
+from edgemask.devices.setup import missing_items
 
 
 def probe(conn: Connection, spec: DeviceSpec, timeout: float = 120.0) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from devices.remote.runner import options as runner_options
+from edgemask.devices.remote.runner import options as runner_options
 
 
 # The runner's measurement settings: each default is declared once, in the runner's own table (it runs on the

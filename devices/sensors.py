@@ -7,8 +7,8 @@ re-exports its sensor registry and pure parsers from the rooms that hold them (`
 
 from __future__ import annotations
 
-from devices.remote.runner.parsers import decode_throttled, parse_nvpmodel, parse_tegrastats
-from devices.remote.runner.sensors import (
+from edgemask.devices.remote.runner.parsers import decode_throttled, parse_nvpmodel, parse_tegrastats
+from edgemask.devices.remote.runner.sensors import (
     INPUT_RAIL_NAMES,
     SENSOR_ORDER,
     SENSORS,
@@ -21,8 +21,8 @@ from devices.remote.runner.sensors import (
     ina3221_rails,
     rapl_delta_uj,
 )
-from devices.remote.runner.state import device_state
-from devices.remote.runner.system import SYSFS_ROOT_ENV
+from edgemask.devices.remote.runner.state import device_state
+from edgemask.devices.remote.runner.system import SYSFS_ROOT_ENV
 
 __all__ = [
     "INPUT_RAIL_NAMES", "SENSOR_ORDER", "SENSORS", "SYSFS_ROOT_ENV", "HwmonSensor", "Ina3221Sensor", "PowerSampler",

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devices.connection import Connection, open_connection
-from devices.deploy import deploy_many, remote_path
-from devices.errors import DeviceError
-from devices.inventory import DeviceSpec
+from edgemask.devices.connection import Connection, open_connection
+from edgemask.devices.deploy import deploy_many, remote_path
+from edgemask.devices.errors import DeviceError
+from edgemask.devices.inventory import DeviceSpec
 from edgemask.targets import TX2_TRTEXEC
 
 VENV = "venv"

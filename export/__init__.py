@@ -5,12 +5,12 @@ The manifest's records and reader are ``edgemask.manifest`` (torch-free, shared 
 they are re-exported here."""
 
 from edgemask.manifest import ArtifactFile, Manifest, TensorSpec, load_artifact, load_manifest, load_sample_io
-from export.compact import (AllDeadLayerError, CompactionResult, LayerHandler, LayerStat, UnsupportedLayerError,
+from edgemask.export.compact import (AllDeadLayerError, CompactionResult, LayerHandler, LayerStat, UnsupportedLayerError,
                             compact, count_flops, count_params, register_handler)
-from export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
-from export.layers import layer_records, write_etrecord
-from export.pipeline import export_client, export_run
-from export.verify import TOLERANCE, VerificationError, verify_compaction
+from edgemask.export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
+from edgemask.export.layers import layer_records, write_etrecord
+from edgemask.export.pipeline import export_client, export_run
+from edgemask.export.verify import TOLERANCE, VerificationError, verify_compaction
 
 __all__ = [
     "AllDeadLayerError", "ArtifactFile", "CompactionResult", "DEVICE_PROFILES", "ExportFormatError",

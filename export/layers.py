@@ -5,8 +5,8 @@ Per layer (conv, linear, LSTM module path of the compacted model, which is the d
 
 * units kept / total (from compaction), the units the masks kill, and the dead units compaction keeps with the
   reason (a residual branch keeps them live, an ungated batch norm, an op mapping 0 to non-zero, ...);
-* FLOPs of one sample, dense and compacted: 2 × the layer's MACs (:func:`export.compact.flops.layer_flops`, the
-  terms :func:`~export.compact.flops.count_flops` sums, so they add up to the manifest's totals). A layer's
+* FLOPs of one sample, dense and compacted: 2 × the layer's MACs (:func:`edgemask.export.compact.flops.layer_flops`, the
+  terms :func:`~edgemask.export.compact.flops.count_flops` sums, so they add up to the manifest's totals). A layer's
   **FLOP bound** is ``flops_dense / flops_compacted``: the speedup its operator would show if time followed FLOPs;
 * ``graph_names``: per exported ONNX file, the node names and output tensor names of the nodes that compute the
   layer, plus the element-wise activations that only consume it (onnxruntime fuses them into the layer's kernel and
@@ -29,8 +29,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from export.compact.flops import layer_flops
-from export.compact.graph import set_module, split_lstm
+from edgemask.export.compact.flops import layer_flops
+from edgemask.export.compact.graph import set_module, split_lstm
 
 # ONNX ops onnxruntime fuses into the preceding Conv/Gemm kernel (FusedConv / FusedGemm activations)
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh"})
@@ -139,8 +139,8 @@ def write_etrecord(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
     from executorch.exir import to_edge_transform_and_lower
 
     from edgemask.fileio import atomic_path
-    from export.formats.base import quiet_exporters
-    from export.formats.pte import _explicit_pool_stride
+    from edgemask.export.formats.base import quiet_exporters
+    from edgemask.export.formats.pte import _explicit_pool_stride
 
     with quiet_exporters():
         ep = torch.export.export(model.eval(), (example,))

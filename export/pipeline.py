@@ -27,11 +27,11 @@ from edgemask.fileio import atomic_dir, exclusive_lock, remove_stale_temporaries
 from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_artifact,
                                write_manifest, write_sample_io)
 from edgemask.workspace import check_name
-from export.compact import compact
-from export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
-from export.layers import ETRECORD, layer_records, write_etrecord
-from export.parallel import export_pending
-from export.verify import TOLERANCE, max_abs_diff, verify_compaction
+from edgemask.export.compact import compact
+from edgemask.export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
+from edgemask.export.layers import ETRECORD, layer_records, write_etrecord
+from edgemask.export.parallel import export_pending
+from edgemask.export.verify import TOLERANCE, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
 VERIFY_SAMPLES = 256  # compaction check and every file's accuracy: up to this many test samples
@@ -80,7 +80,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                   etrecord: bool = False) -> Path:
     """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``.
 
-    ``etrecord``: with ``pte`` among the formats, also write the ETRecord (:mod:`export.layers`) for the host's
+    ``etrecord``: with ``pte`` among the formats, also write the ETRecord (:mod:`edgemask.export.layers`) for the host's
     Inspector (a second lowering)."""
     ds = run.dataset
     fmts = [FORMATS.get(f) for f in formats]
@@ -163,7 +163,7 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
     Locks, each waited for up to ``wait_s`` seconds, then a one-line reason:
-    - the run's own lock ``runs/.<run-id>.lock``, shared (:func:`trainer.run_dir.run_read_lock`): no ``edgemask
+    - the run's own lock ``runs/.<run-id>.lock``, shared (:func:`edgemask.trainer.run_dir.run_read_lock`): no ``edgemask
       train`` replaces the run while it is exported, nor does an export read a run being trained (issue #27);
     - ``out_root/.<run-id>.lock``, exclusive: one export of a run at a time (a second one, once it has the lock,
       finds the first one's artifacts unchanged).
@@ -171,10 +171,10 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     the locks its real path takes. Holding them, the run's files are read once and checked against its digests
     (``Run.snapshot``); every model and every ``input_hash`` comes from those bytes.
     Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see :func:`export_client`.
-    ``workers``: clients exported at a time, in processes (:mod:`export.parallel`; 1, the default: one after
+    ``workers``: clients exported at a time, in processes (:mod:`edgemask.export.parallel`; 1, the default: one after
     another in this process; ``edgemask export --jobs`` defaults to this machine's cores). The workers read the
     run while this process holds its shared lock, so no training replaces it meanwhile."""
-    from trainer.run_dir import load_run, run_read_lock
+    from edgemask.trainer.run_dir import load_run, run_read_lock
 
     formats = tuple(formats)
     dup = next((f for i, f in enumerate(formats) if f in formats[:i]), None)

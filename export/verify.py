@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from edgemask.errors import EdgemaskError
-from export.compact.compact import CompactionResult
-from trainer.models.masking import MaskedModel
+from edgemask.export.compact.compact import CompactionResult
+from edgemask.trainer.models.masking import MaskedModel
 
 if TYPE_CHECKING:
     import numpy as np

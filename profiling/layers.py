@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from edgemask.targets import artifact_format
-from profiling.trt_profile import trt_layer_of
+from edgemask.profiling.trt_profile import trt_layer_of
 
 OTHER = "(other)"
 REALIZED_FLAG = 0.5  # flag layers realizing less than half their FLOP bound

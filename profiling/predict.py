@@ -21,7 +21,7 @@ The error is measured on measured clients held out of the fit (:func:`leave_one_
 ``verdict = "PREDICTED"``, ``valid = False`` and ``comparison_valid = False`` (:func:`predicted_rows`), so no
 VALID count or comparison takes it in unseen.
 
-The per-layer records this reads are the runtime-neutral ones of :mod:`profiling.layers` (layer → profiled ms,
+The per-layer records this reads are the runtime-neutral ones of :mod:`edgemask.profiling.layers` (layer → profiled ms,
 from whichever runtime gave per-operator events) and the manifest's per-layer ``kept`` / ``flops_compacted``.
 """
 
@@ -172,10 +172,10 @@ def kept_totals(manifests: Mapping[str, Mapping]) -> dict[str, int]:
 def setting_clients(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
                     ops: pd.DataFrame) -> dict[tuple, list[ClientLayers]]:
     """Per setting (device, format, variant, threads) and run: every artifact of that run (measured or not) as
-    a :class:`ClientLayers`; measured ones with their per-layer profiled ms (:func:`profiling.layers.layer_ms`)
+    a :class:`ClientLayers`; measured ones with their per-layer profiled ms (:func:`edgemask.profiling.layers.layer_ms`)
     and timed p50. Key: ``(run_id, device, format, variant, threads)``. Settings without per-layer times give
     no entry."""
-    from profiling.layers import _runs, layer_ms, name_index
+    from edgemask.profiling.layers import _runs, layer_ms, name_index
 
     manifests = {a: json.loads(m) for a, m in zip(artifacts["artifact"], artifacts["manifest"])}
     out: dict[tuple, list[ClientLayers]] = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices.records import RunnerSettings
+from edgemask.devices.records import RunnerSettings
 from edgemask.manifest import ArtifactFile
 
 

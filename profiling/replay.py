@@ -33,7 +33,7 @@ import pandas as pd
 
 from edgemask.errors import ConfigError, CorruptFileError
 from edgemask.workspace import check_name
-from profiling.trace import read_trace
+from edgemask.profiling.trace import read_trace
 
 # FedScale's augmentation_factor: "backward-pass takes around 2x the latency, so we multiple it by 3x".
 AUGMENTATION = 3.0

@@ -21,12 +21,12 @@ import pandas as pd
 
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
-from profiling import plots
-from profiling.layers import REALIZED_FLAG, UNCHANGED_BAND, LayerBreakdown, breakdowns
-from profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, summarize
-from profiling.store import ResultsStore
-from profiling.tidy import write_tidy
-from profiling.verdict import CV_THRESHOLD, RULES, VerdictRules, headline
+from edgemask.profiling import plots
+from edgemask.profiling.layers import REALIZED_FLAG, UNCHANGED_BAND, LayerBreakdown, breakdowns
+from edgemask.profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, summarize
+from edgemask.profiling.store import ResultsStore
+from edgemask.profiling.tidy import write_tidy
+from edgemask.profiling.verdict import CV_THRESHOLD, RULES, VerdictRules, headline
 
 
 # -- number formatting (one place, so HTML and Markdown agree) ----------------------------------------
@@ -330,10 +330,10 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
 def _predictions(config: dict[str, Any], summary: pd.DataFrame,
                  data: dict[str, Any]) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """With ``sample_clients`` set: the unmeasured clients' predicted rows and each setting's held-out error
-    (:mod:`profiling.predict`); otherwise (None, None)."""
+    (:mod:`edgemask.profiling.predict`); otherwise (None, None)."""
     if not config.get("sample_clients"):
         return None, None
-    from profiling.predict import predicted_rows
+    from edgemask.profiling.predict import predicted_rows
 
     return predicted_rows(summary, data["artifacts"], data["profiles"], data["profiled_runs"],
                           data["operator_samples"])
@@ -348,7 +348,7 @@ def predicted_sections(predicted: pd.DataFrame | None,
     setting the held-out error of the predictor, then one row per predicted client, its p50 marked ≈."""
     if predicted is None:
         return []
-    from profiling.predict import error_lines
+    from edgemask.profiling.predict import error_lines
 
     out: list[tuple[int, str, pd.DataFrame | None]] = [
         (2, f"Predicted, not measured ({PREDICTED_MARK}: sum over layers of per-layer fits on the measured "
@@ -569,9 +569,9 @@ def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame
     """Write ``clients.parquet`` (``profiling.ledger``) and the device traces (``profiling.trace``, at the assumed
     default bandwidth) beside the store; return the Pareto figure, the section naming each setting's front, and
     the notes on what the ledger left out."""
-    from profiling.ledger import build_ledger, write_ledger
-    from profiling.tidy import results_frame
-    from profiling.trace import DEFAULT_BANDWIDTH_KBPS, write_traces
+    from edgemask.profiling.ledger import build_ledger, write_ledger
+    from edgemask.profiling.tidy import results_frame
+    from edgemask.profiling.trace import DEFAULT_BANDWIDTH_KBPS, write_traces
 
     results = results_frame(summary) if not summary.empty else summary
     ledger, notes = build_ledger(results, workspace)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiling.verdict import CV_THRESHOLD, VerdictRules, flag_set, judge
+from edgemask.profiling.verdict import CV_THRESHOLD, VerdictRules, flag_set, judge
 
 DEFAULT_CV_THRESHOLD = CV_THRESHOLD
 # One setting's repetitions pool into one row only when they measured the same model file: the file's sha256 is a

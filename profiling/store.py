@@ -50,9 +50,9 @@ from typing import Any
 
 import pandas as pd
 
-from devices.records import Measurement, RunnerSettings
+from edgemask.devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError, EdgemaskError
-from profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
+from edgemask.profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
 
 SCHEMA_VERSION = 3
 MEASURED, FAILED, INTERRUPTED = "measured", "failed", "interrupted"
@@ -420,7 +420,7 @@ class ResultsStore:
     def to_dataframe(self) -> pd.DataFrame:
         """One row per measurement: job keys, every Measurement field (samples as lists, device state as
         JSON text), the artifact's manifest numbers and the model file's size."""
-        from profiling.stats import throttled
+        from edgemask.profiling.stats import throttled
 
         rows = self._read(
             "SELECT m.job_id, m.artifact, m.format, m.variant, m.device, m.threads, m.repetition, m.attempts, "

@@ -37,7 +37,7 @@ def results_frame(summary: pd.DataFrame) -> pd.DataFrame:
 
 def with_predicted(results: pd.DataFrame, predicted: pd.DataFrame | None) -> pd.DataFrame:
     """``results`` with a ``predicted`` column (False: every row there was measured) and, after them, the rows
-    :func:`profiling.predict.predicted_rows` made (``predicted`` True, ``verdict`` ``PREDICTED``, never VALID).
+    :func:`edgemask.profiling.predict.predicted_rows` made (``predicted`` True, ``verdict`` ``PREDICTED``, never VALID).
     Without predictions the table is returned as it was: campaigns that measure every client keep their columns."""
     if predicted is None or predicted.empty:
         return results

@@ -8,14 +8,26 @@ import ast
 from pathlib import Path
 
 
-def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of ``packages`` under ``root`` (a package is its ``__init__``)."""
-    out = {}
-    for pkg in packages:
-        for p in sorted((root / pkg).rglob("*.py")):
-            parts = p.relative_to(root).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    return out
+STAGES = ("trainer", "export", "devices", "profiling", "cli")  # folders installed as edgemask.<stage> (setup.py)
+
+
+def dotted(rel: Path) -> str:
+    """The module a file under the repository root is imported as: ``trainer/simulation.py`` is
+    ``edgemask.trainer.simulation`` (docs/architecture.md, "One installed name"), a package is its ``__init__``."""
+    parts = rel.with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(("edgemask", *parts) if parts[0] in STAGES else parts)
+
+
+def layer(module: str) -> str:
+    """The package of docs/architecture.md's table a module belongs to: a stage, or ``edgemask`` (the ground)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "edgemask" and parts[1] in STAGES else parts[0]
+
+
+def modules(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under the repository's ``folders`` (``"trainer"``, …)."""
+    return {dotted(p.relative_to(root)): p for folder in folders for p in sorted((root / folder).rglob("*.py"))}
 
 
 def _type_checking(node: ast.If) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import find_cycle, graph, imports, modules
+from import_graph import STAGES, find_cycle, graph, imports, layer, modules
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("edgemask", "cli", "trainer", "export", "devices", "profiling")
@@ -27,7 +27,7 @@ ALLOWED = {
     "profiling": {"edgemask", "devices"},
     "cli": {"edgemask", "trainer", "export", "devices", "profiling"},
 }
-RUNNER = "devices.remote.runner"
+RUNNER = "edgemask.devices.remote.runner"
 # The runner's rooms -> the rooms each may import (docs/architecture.md, "The runner: one file on the board"). Listed
 # in layers: a room imports only rooms listed above it, so there is no cycle among them.
 RUNNER_ROOMS = {
@@ -53,7 +53,7 @@ RUNNER_ROOMS = {
 MODULES = modules(ROOT, PACKAGES)
 # profiling/campaign/'s rooms -> the rooms each may import (docs/architecture.md, "The four stages and the ground"):
 # reading the file knows nothing of planning or running it, planning nothing of running it
-CAMPAIGN = "profiling.campaign"
+CAMPAIGN = "edgemask.profiling.campaign"
 CAMPAIGN_ROOMS = {
     "config": set(),
     "plan": {"config"},
@@ -100,8 +100,30 @@ def test_no_import_cycle_in_the_project():
 def test_packages_import_one_way():
     """The ground imports no stage, no stage imports the top, and each stage only what docs/architecture.md lets it."""
     offenders = sorted(f"{m} imports {d}" for m, deps in graph(MODULES).items() for d in deps
-                       if d.split(".")[0] != m.split(".")[0]
-                       and d.split(".")[0] not in ALLOWED[m.split(".")[0]])
+                       if layer(d) != layer(m) and layer(d) not in ALLOWED[layer(m)])
+    assert offenders == []
+
+
+def test_the_layer_of_a_module_is_its_folder():
+    assert [layer(m) for m in ("edgemask", "edgemask.schema", "edgemask.trainer", "edgemask.cli.main",
+                               "edgemask.devices.remote.runner")] == ["edgemask", "edgemask", "trainer", "cli", "devices"]
+    assert set(ALLOWED) == {"edgemask", *STAGES} == {layer(m) for m in MODULES}
+
+
+def test_nothing_imports_a_stage_by_its_folder_name():
+    """Installed, the stages are ``edgemask.trainer``, … (docs/architecture.md, "One installed name"); from the
+    repository root ``import trainer`` would still resolve (the folder is on the path) and load a second copy of
+    every module it reaches, with its own registries. No Python file of the repository (tests, benchmarks and
+    scripts included) imports a stage by its folder name."""
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0].startswith(".") or rel.parts[0] in ("build", "workspace") or "egg-info" in rel.parts[0]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(rel))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            offenders += [f"{rel}:{node.lineno}: {n}" for n in names if n.split(".")[0] in STAGES]
     assert offenders == []
 
 
@@ -155,7 +177,7 @@ def test_every_module_outside_the_trainer_imports_alone_in_a_fresh_interpreter()
     """(tests/trainer/test_import_graph.py does this for trainer/.)"""
     failed = []
     for name in MODULES:
-        if name.split(".")[0] == "trainer" or name.endswith(".__main__"):
+        if layer(name) == "trainer" or name.endswith(".__main__"):
             continue  # a __main__ runs its command line when imported
         r = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT, capture_output=True, text=True,
                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})

@@ -28,11 +28,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from trainer.aggregation import stack_rows
-from trainer.masks import packed_nbytes
-from trainer.models.masking import MaskSite, any_nonzero, effective_params
-from trainer.models.stateless import stateless_call
-from trainer.records import ClientUpdate, LocalResult
+from edgemask.trainer.aggregation import stack_rows
+from edgemask.trainer.masks import packed_nbytes
+from edgemask.trainer.models.masking import MaskSite, any_nonzero, effective_params
+from edgemask.trainer.models.stateless import stateless_call
+from edgemask.trainer.records import ClientUpdate, LocalResult
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 4

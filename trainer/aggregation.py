@@ -9,7 +9,7 @@ from operator import attrgetter
 import numpy as np
 import torch
 
-from trainer.sampling import step_plan
+from edgemask.trainer.sampling import step_plan
 
 
 STACK_ELEMENTS = 1 << 24  # clients' tensors stacked at once by weighted_average (64 MiB of float32)

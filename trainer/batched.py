@@ -1,19 +1,19 @@
-"""Train a round's clients together: the batched form of :func:`trainer.local_training.local_train`.
+"""Train a round's clients together: the batched form of :func:`edgemask.trainer.local_training.local_train`.
 
 Clients whose :class:`LocalTask` s are compatible (the same model, function names and settings, the same tensor
 names, shapes and dtypes: :func:`task_signature`) are stacked along a leading client dimension C and trained as one
-computation, each task field read as :mod:`trainer.task_program` says:
+computation, each task field read as :mod:`edgemask.trainer.task_program` says:
 
 * ``trainable`` / ``constants`` / ``buffers`` / ``grad_keep``: ``(C, *shape)`` — per-client state, one op per
   tensor name (a tensor every task holds, e.g. FedAvg's global weights or FedMask's frozen ones, is broadcast,
   never copied);
 * step ``s`` of every client at once: ``x (C, B, *input)``, ``y (C, B)`` gathered from each client's own order
-  (:func:`trainer.sampling.batch_order`, the same orders as the sequential loop), with a per-sample weight
+  (:func:`edgemask.trainer.sampling.batch_order`, the same orders as the sequential loop), with a per-sample weight
   ``w (C, B)``: 1 for a real sample, 0 for padding (a client's last partial batch, or no batch at all once the
   client has run out of steps);
 * loss: client c's loss is the mean cross-entropy over its real samples (+ its regularizer), the total loss
   the *sum* over active clients, so each client's gradient is exactly its own; the forward is ``vmap``
-  (:func:`~trainer.batched_ops.vmap_clients`) over the task's forward function, the cross-entropy one op over the
+  (:func:`~edgemask.trainer.batched_ops.vmap_clients`) over the task's forward function, the cross-entropy one op over the
   flattened ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
 * SGD with momentum and weight decay written on the stacked tensors, equal to the sequential loop per client
   (``d = (g + wd·p) ⊙ keep``, so frozen elements never move; ``buf = d`` on the first step, ``buf = μ·buf + d``
@@ -46,12 +46,12 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
-from trainer.batched_ops import BatchedLayers, vmap_clients
-from trainer.local_training import evaluate, local_train
-from trainer.losses import cross_entropy
-from trainer.records import EvalModel, LocalResult, LocalTask
-from trainer.sampling import step_plan
-from trainer.task_program import TaskProgram, direction, draw_noise, kind, noise_generator, program, tensor_rate
+from edgemask.trainer.batched_ops import BatchedLayers, vmap_clients
+from edgemask.trainer.local_training import evaluate, local_train
+from edgemask.trainer.losses import cross_entropy
+from edgemask.trainer.records import EvalModel, LocalResult, LocalTask
+from edgemask.trainer.sampling import step_plan
+from edgemask.trainer.task_program import TaskProgram, direction, draw_noise, kind, noise_generator, program, tensor_rate
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
@@ -148,7 +148,7 @@ def compatible_groups(tasks: list[LocalTask]) -> list[list[int]]:
 
 def task_signature(task: LocalTask, memo: dict[Hashable, tuple] | None = None) -> Hashable:
     """Two tasks with equal signatures compute the same function of their (stacked) tensors: the same
-    :func:`~trainer.task_program.kind` (model, function names and settings), the same tensor names, shapes and
+    :func:`~edgemask.trainer.task_program.kind` (model, function names and settings), the same tensor names, shapes and
     dtypes. ``memo`` keeps the specs of dicts of the very same tensors (by identity) while it is alive, e.g. one
     grouping call."""
     return (kind(task), _spec(task.trainable, memo), _spec(task.constants, memo), _spec(task.buffers, memo),
@@ -211,8 +211,8 @@ def _client_loss(prog: TaskProgram) -> Callable:
 def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size: int,
            dev: torch.device) -> tuple[int, bool] | str:
     """Run one client's loss under vmap on ``dev`` (on copies); return the bytes autograd saves for one
-    client's step of ``batch_size`` samples and whether any :mod:`trainer.batched_ops` rule applies to the task
-    (else the loop runs without :class:`~trainer.batched_ops.BatchedLayers`), or why the task cannot run
+    client's step of ``batch_size`` samples and whether any :mod:`edgemask.trainer.batched_ops` rule applies to the task
+    (else the loop runs without :class:`~edgemask.trainer.batched_ops.BatchedLayers`), or why the task cannot run
     batched."""
     x, y = data
     if len(y) == 0:
@@ -298,7 +298,7 @@ def clients_per_chunk(task: LocalTask, max_samples: int, x: torch.Tensor, activa
 # -- the stacked loop --------------------------------------------------------------------------------------
 def step_indices(orders: list[np.ndarray], epochs: int, max_steps: int | None, batch_size: int) -> np.ndarray:
     """The client's minibatches as rows of sample indices, -1 padding a partial batch: ``(steps, batch_size)``.
-    Exactly the batches :func:`trainer.local_training.local_train` visits, in its order (one per step)."""
+    Exactly the batches :func:`edgemask.trainer.local_training.local_train` visits, in its order (one per step)."""
     return step_plan(orders, epochs, max_steps, batch_size)[:, 0]
 
 
@@ -524,14 +524,14 @@ def _grads_by_batch_size(loss_fn, P, K, Bf, X, Y, idx_s, parts_s, keys, loss_sum
 def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.Tensor]],
                   batch_size: int = 512, device: str | torch.device = "cpu") -> list[tuple[float, float]]:
     """``(accuracy, mean cross-entropy)`` of each client's model on its test split ``data[i] = (x, y)``, as
-    :func:`trainer.local_training.evaluate` gives it (NaN for a client without test samples), for many clients
+    :func:`edgemask.trainer.local_training.evaluate` gives it (NaN for a client without test samples), for many clients
     at once: the models with the same function and tensor layout are stacked (a tensor every client holds is
     broadcast, not copied), their test sets padded, and ``vmap`` runs the forward over up to
     :data:`EVAL_SAMPLES_PER_CALL` clients × samples per call; padded samples are left out of the counts. Models
     that cannot run under ``vmap`` (an LSTM has no batching rule) are evaluated one after another, on the CPU.
     The stacked models and test sets run on ``device`` (``cuda`` when asked for and present: the training's
     device), so an :class:`EvalModel` must hold every tensor its function reads (as the masked models of
-    :func:`trainer.masks.masked_model` hold the global weights)."""
+    :func:`edgemask.trainer.masks.masked_model` hold the global weights)."""
     dev = resolve_device(device)
     out: list[tuple[float, float] | None] = [None] * len(models)
     for idx in eval_groups(models):

@@ -3,8 +3,8 @@
 Each setting is declared once, on its dataclass field: its type (the annotation), its default and its limits
 (:func:`edgemask.schema.setting`). The TOML tables' schemas are derived from the dataclasses
 (:func:`edgemask.schema.schema_of`); ``[algorithm.args]`` from the algorithm's ``Args`` dataclass
-(:func:`trainer.algorithms.base.parse_args`) and ``[model.args]`` from the model builder's signature
-(:func:`trainer.models.registry.check_model_args`), all in the one wording of :mod:`edgemask.schema`."""
+(:func:`edgemask.trainer.algorithms.base.parse_args`) and ``[model.args]`` from the model builder's signature
+(:func:`edgemask.trainer.models.registry.check_model_args`), all in the one wording of :mod:`edgemask.schema`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 from edgemask.schema import Field, Table, read_dataclass, schema_of, setting
 from edgemask.tomlio import dumps_toml, read_toml
 from edgemask.workspace import check_name
-from trainer.data.base import DataConfig
+from edgemask.trainer.data.base import DataConfig
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,11 @@ _SCHEMAS: dict[str, dict[str, Field]] = {name: schema_of(typ) for name, typ in _
 
 
 def _validate(cfg: TrainConfig, source: str) -> None:
-    from trainer.algorithms import ALGORITHMS
-    from trainer.algorithms.base import parse_args
-    from trainer.data import DATASETS
-    from trainer.models import MODELS
-    from trainer.models.registry import check_model_args
+    from edgemask.trainer.algorithms import ALGORITHMS
+    from edgemask.trainer.algorithms.base import parse_args
+    from edgemask.trainer.data import DATASETS
+    from edgemask.trainer.models import MODELS
+    from edgemask.trainer.models.registry import check_model_args
 
     # it becomes runs/<run-id>: never a path out of runs/ (and "" is a mistake, not the default id)
     check_name(cfg.run_id if cfg.run.run_id is None else cfg.run.run_id, f"{source}: run.run_id")

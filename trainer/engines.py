@@ -1,16 +1,16 @@
-"""The two local-training engines behind one interface (:class:`~trainer.records.Engine`), chosen once per run from
+"""The two local-training engines behind one interface (:class:`~edgemask.trainer.records.Engine`), chosen once per run from
 ``[training]`` (:func:`engine_for`); nothing else asks which one runs.
 
-* :class:`SequentialEngine` — one client after another (:func:`trainer.local_training.local_train`,
-  :func:`~trainer.local_training.evaluate`): the reference, one client's tensors alive at a time, so the round loop
+* :class:`SequentialEngine` — one client after another (:func:`edgemask.trainer.local_training.local_train`,
+  :func:`~edgemask.trainer.local_training.evaluate`): the reference, one client's tensors alive at a time, so the round loop
   hands it one client per call (:meth:`~SequentialEngine.groups`);
 * :class:`BatchedEngine` — a call's clients stacked and trained or evaluated together on ``training.device``
-  (:func:`trainer.batched.local_train_batched`, :func:`~trainer.batched.evaluate_many`), the same results within
+  (:func:`edgemask.trainer.batched.local_train_batched`, :func:`~edgemask.trainer.batched.evaluate_many`), the same results within
   float rounding; the round loop hands it a round's clients at once. Its results are plain dicts of views of
   its stacked tensors' rows, which the server's average reads as the one tensor they lie in
-  (:func:`trainer.aggregation.stack_rows`).
+  (:func:`edgemask.trainer.aggregation.stack_rows`).
 
-The round loop (:mod:`trainer.simulation`) trains and evaluates through the engine; an algorithm that trains outside
+The round loop (:mod:`edgemask.trainer.simulation`) trains and evaluates through the engine; an algorithm that trains outside
 the rounds (FedMask's pruning epoch, Per-FedAvg's adaptation step) uses the one it was built with
 (``Algorithm.engine``) and never imports this module (tests/trainer/test_import_graph.py).
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from trainer.batched import evaluate_many, local_train_batched, resolve_device
-from trainer.local_training import evaluate, local_train
-from trainer.records import EvalModel, LocalResult, LocalTask
+from edgemask.trainer.batched import evaluate_many, local_train_batched, resolve_device
+from edgemask.trainer.local_training import evaluate, local_train
+from edgemask.trainer.records import EvalModel, LocalResult, LocalTask
 
 Data = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -1,18 +1,18 @@
 """The trainer's algorithms on Flower (flwr 1.41, its Message API): Flower's simulation engine (Ray) or a real Flower
-deployment runs the same round loop as :func:`trainer.simulation.simulate`, with the clients' local training on
+deployment runs the same round loop as :func:`edgemask.trainer.simulation.simulate`, with the clients' local training on
 Flower nodes. The only module that imports ``flwr``, and only when a Flower app is built or run.
 
-The server keeps the algorithm; clients only train. The ServerApp runs :func:`~trainer.simulation.simulate`
+The server keeps the algorithm; clients only train. The ServerApp runs :func:`~edgemask.trainer.simulation.simulate`
 itself — the same seeds, ``algo.setup()``, sampling schedule, ``next_phases``, ``client_updates``, ``aggregate``,
 evaluation, history and run directory — with a ``train_phase`` (:class:`FlowerTrainer`) that sends each phase's
 ``(client, task)`` pairs to the nodes holding the clients and waits for the trained tensors. What crosses the network
-is a :class:`TaskMessage`: the task itself, which is data (:class:`~trainer.records.LocalTask`) — its tensors
+is a :class:`TaskMessage`: the task itself, which is data (:class:`~edgemask.trainer.records.LocalTask`) — its tensors
 (trainable, constants, buffers, grad_keep) and its settings (epochs, lr, lrs, max_steps, batches_per_step, noise,
-seed, the model spec and the names and settings of its registered functions, :mod:`trainer.task_functions`) — plus
+seed, the model spec and the names and settings of its registered functions, :mod:`edgemask.trainer.task_functions`) — plus
 the run's config as TOML. The ClientApp builds no algorithm: it rebuilds the task from the message, takes its
 client's data from the dataset the config names (built once per process, :class:`ClientSide`: a Ray actor keeps it
 for the whole run; a deployment's SuperNode starts a process per message, which builds it again), and runs
-:func:`~trainer.local_training.local_train` in the batch orders the round loop uses.
+:func:`~edgemask.trainer.local_training.local_train` in the batch orders the round loop uses.
 
 Nodes and clients: the node with ``partition-id`` p of ``num-partitions`` P (Flower's node config; the simulation
 engine gives one node per client, a deployment sets them with ``flower-supernode --node-config``) holds the clients
@@ -42,13 +42,13 @@ import torch
 
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.workspace import check_name
-from trainer.algorithms.base import Algorithm
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
-from trainer.run_dir import run_lock
-from trainer.engines import SequentialEngine
-from trainer.simulation import SimulationResult, phase_stream, room_check, simulate, train_on_data
+from edgemask.trainer.algorithms.base import Algorithm
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
+from edgemask.trainer.run_dir import run_lock
+from edgemask.trainer.engines import SequentialEngine
+from edgemask.trainer.simulation import SimulationResult, phase_stream, room_check, simulate, train_on_data
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message, RecordDict
@@ -84,7 +84,7 @@ def require_flwr() -> None:
 @dataclass
 class TaskMessage:
     """One client's local-training phase as the server sends it: the task as data. ``tensors`` maps each of
-    :data:`~trainer.records.TENSOR_FIELDS` to its tensors; ``settings`` is :meth:`LocalTask.settings` (each of
+    :data:`~edgemask.trainer.records.TENSOR_FIELDS` to its tensors; ``settings`` is :meth:`LocalTask.settings` (each of
     :data:`SETTING_FIELDS` to a JSON value)."""
 
     client_id: str
@@ -145,7 +145,7 @@ def result_from_records(content: "RecordDict") -> tuple[str, LocalResult]:
 
 class ClientSide:
     """What a node holds of the run: its config and the dataset the config names, built as the server builds its
-    own (:func:`~trainer.data.build_dataset` with the run's seed) — the clients' data. No algorithm: a task
+    own (:func:`~edgemask.trainer.data.build_dataset` with the run's seed) — the clients' data. No algorithm: a task
     arrives whole (:class:`TaskMessage`)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -155,7 +155,7 @@ class ClientSide:
 
     def train(self, msg: TaskMessage) -> LocalResult:
         """The client's local training on its own data, in the batch orders of
-        :func:`trainer.simulation.train_phase_on_host` (the client's shuffle stream for the message's phase)."""
+        :func:`edgemask.trainer.simulation.train_phase_on_host` (the client's shuffle stream for the message's phase)."""
         cid = msg.client_id
         if cid not in self.index:
             raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")
@@ -225,7 +225,7 @@ def make_client_app() -> "ClientApp":
 # -- the server side --------------------------------------------------------------------------------------------
 
 class FlowerTrainer:
-    """A :data:`~trainer.simulation.PhaseTrainer` that sends each ``(cid, task)`` to the Flower node holding the
+    """A :data:`~edgemask.trainer.simulation.PhaseTrainer` that sends each ``(cid, task)`` to the Flower node holding the
     client and returns the replies' results in the pairs' order. Nodes are found on the first call.
     ``reply_timeout`` (s, ``None``: none) bounds each phase's wait."""
 
@@ -355,7 +355,7 @@ def _log_progress(done: int, total: int, metrics: dict[str, float]) -> None:
 def simulate_flower(configs: Sequence[TrainConfig], workers: int | None = None,
                     progress: Callable[[int, int, dict[str, float]], None] | None = None,
                     verbose: bool = False, runs_root: Path | None = None) -> list[SimulationResult]:
-    """Each config's :func:`~trainer.simulation.simulate` with its local training on Flower's simulation engine:
+    """Each config's :func:`~edgemask.trainer.simulation.simulate` with its local training on Flower's simulation engine:
     one Ray start-up for all, one virtual node per client (of the config with most), ``workers`` Ray CPUs (default:
     this host's, at most the clients) so that many clients train at a time, one torch thread each. With
     ``runs_root``, a run that will not fit under it is refused before its first round."""
@@ -391,7 +391,7 @@ def simulate_flower(configs: Sequence[TrainConfig], workers: int | None = None,
 def train_flower(cfg: TrainConfig, runs_root: Path, workers: int | None = None, progress=None,
                  verbose: bool = False) -> Path:
     """:func:`simulate_flower` for one config, written to ``runs_root/<run-id>/`` like
-    :func:`trainer.simulation.train`."""
+    :func:`edgemask.trainer.simulation.train`."""
     with run_lock(Path(runs_root) / check_name(cfg.run_id, "run.run_id")) as path:
         (res,) = simulate_flower([cfg], workers, progress, verbose, runs_root=Path(runs_root))
         return res.write(path)

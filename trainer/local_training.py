@@ -6,15 +6,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.records import LocalResult, LocalTask
-from trainer.sampling import step_plan
-from trainer.task_program import direction, noise_generator, program, step_constants, tensor_rate
+from edgemask.trainer.records import LocalResult, LocalTask
+from edgemask.trainer.sampling import step_plan
+from edgemask.trainer.task_program import direction, noise_generator, program, step_constants, tensor_rate
 
 
 def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[np.ndarray],
                 batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> LocalResult:
     """Run ``task.epochs`` epochs over the client's samples in the given per-epoch orders (:func:`step_plan`),
-    each field read as :mod:`trainer.task_program` says: loss per step the mean cross-entropy of the forward (or
+    each field read as :mod:`edgemask.trainer.task_program` says: loss per step the mean cross-entropy of the forward (or
     the task's own loss) + its regularizers; SGD's direction (∇ + wd·p) ⊙ keep (:func:`direction`), then the
     projection."""
     prog = program(task)

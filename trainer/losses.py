@@ -8,8 +8,8 @@ from typing import Callable
 
 import torch
 
-from trainer.records import LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.records import LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 Tensors = dict[str, torch.Tensor]
 

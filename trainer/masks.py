@@ -10,9 +10,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from trainer.models.masking import effective_params
-from trainer.records import EvalModel
-from trainer.task_functions import ModelContext
+from edgemask.trainer.models.masking import effective_params
+from edgemask.trainer.records import EvalModel
+from edgemask.trainer.task_functions import ModelContext
 
 MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (masked_model)
 THRESHOLD = 0.5  # FedMask §3.3: σ(m^r) is binarized at 0.5 for transmission and inference
@@ -48,7 +48,7 @@ def packed_nbytes(numel: int) -> int:
 def masked_model(context: ModelContext, weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
                  buffers: dict[str, torch.Tensor]) -> EvalModel:
     """The ``weights`` (the global ones) under a client's ``masks`` (Eq. 2,
-    :func:`~trainer.models.masking.effective_params`) on ``context``'s model, as an :class:`EvalModel`. Its ``params`` hold the weights too (under their names; the
+    :func:`~edgemask.trainer.models.masking.effective_params`) on ``context``'s model, as an :class:`EvalModel`. Its ``params`` hold the weights too (under their names; the
     masks under :data:`MASK_PREFIX` + the weight's name): every client holds the very same weight tensors, so
     stacking them is a broadcast view, and they move to the evaluation device with the masks."""
     return EvalModel({**weights, **{MASK_PREFIX + k: m for k, m in masks.items()}}, buffers, masked_forward(context))

@@ -5,10 +5,10 @@
 * :class:`ClientUpdate` — the client's upload (an algorithm's ``client_updates``), costed in bytes;
 * :class:`EvalModel` — a client's personalized model for evaluation;
 * :class:`ClientState` — what the run directory stores of a client;
-* :class:`Engine` — how this host trains and evaluates clients (:mod:`trainer.engines`).
+* :class:`Engine` — how this host trains and evaluates clients (:mod:`edgemask.trainer.engines`).
 
 All hold plain tensors: a batched engine's results are views of its stacked tensors' rows, which the server's
-average reads without a copy (:func:`trainer.aggregation.stack_rows`).
+average reads without a copy (:func:`edgemask.trainer.aggregation.stack_rows`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from trainer.task_functions import Fn, ModelSpec
+from edgemask.trainer.task_functions import Fn, ModelSpec
 
 Tensors = dict[str, torch.Tensor]
 MODEL_FORWARD = Fn("model")  # the plain forward: the model on the trainable tensors
@@ -28,18 +28,18 @@ MODEL_FORWARD = Fn("model")  # the plain forward: the model on the trainable ten
 class LocalTask:
     """What one client trains in one round: tensors, settings and the names of its functions — plain data.
 
-    ``model`` is the architecture the functions run (:class:`~trainer.task_functions.ModelSpec`); ``forward``,
-    ``regularizers``, ``loss`` and ``project`` name registered functions (:class:`~trainer.task_functions.Fn`: a
-    name and plain settings; :mod:`trainer.task_functions` lists their signatures). The forward maps the trainable
+    ``model`` is the architecture the functions run (:class:`~edgemask.trainer.task_functions.ModelSpec`); ``forward``,
+    ``regularizers``, ``loss`` and ``project`` name registered functions (:class:`~edgemask.trainer.task_functions.Fn`: a
+    name and plain settings; :mod:`edgemask.trainer.task_functions` lists their signatures). The forward maps the trainable
     tensors and a batch ``(B, *input_shape)`` to logits ``(B, classes)``; the regularizers add to the data loss
     (e.g. FedMask's group lasso, Eq. 10), summed in order; ``buffers`` (batch-norm running statistics) are updated
     in place by the forward pass. Everything that differs between clients is in ``trainable``, ``constants`` or
     ``buffers``, so tasks whose model, function names and settings are equal and whose tensors agree in names,
     shapes and dtypes are one kind of task, stacked by the batched engine; and a task crosses a network as its
-    tensors plus :meth:`settings` (:meth:`from_parts` rebuilds it, :mod:`trainer.flower`).
+    tensors plus :meth:`settings` (:meth:`from_parts` rebuilds it, :mod:`edgemask.trainer.flower`).
     ``grad_keep`` zeroes the update of frozen elements, weight decay included (pruned mask entries, PerFedMask's
     frozen params): they never move. How the engines read each field is written once, in
-    :mod:`trainer.task_program`.
+    :mod:`edgemask.trainer.task_program`.
     Both loops train copies and never write to the task's tensors, so a task may hold tensors the algorithm
     keeps (the default task holds the global model itself: no per-client copy before training).
     """
@@ -120,8 +120,8 @@ class EvalModel:
     """A client's personalized model for evaluation: ``forward(params, buffers, x)`` maps a batch to logits.
     As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
     function (one object for every client of a kind, e.g. a bound method) captures no tensor, so the loop can
-    stack clients and evaluate them together on the training device (:func:`trainer.batched.evaluate_many`). A
-    tensor every client shares (the global weights of a masked model, :func:`trainer.masks.masked_model`) goes in
+    stack clients and evaluate them together on the training device (:func:`edgemask.trainer.batched.evaluate_many`). A
+    tensor every client shares (the global weights of a masked model, :func:`edgemask.trainer.masks.masked_model`) goes in
     ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
 
     params: dict[str, torch.Tensor]
@@ -169,7 +169,7 @@ class ClientUpdate:
 
 
 class Engine(Protocol):
-    """How this host trains and evaluates clients (:mod:`trainer.engines`: one after another, or stacked), chosen
+    """How this host trains and evaluates clients (:mod:`edgemask.trainer.engines`: one after another, or stacked), chosen
     once per run. ``train``: ``tasks[i]`` on ``data[i] = (x, y)`` in ``orders[i]`` (one sample order per epoch),
     one :class:`LocalResult` per task, in order; ``evaluate``: ``(accuracy, mean cross-entropy)`` of each
     ``models[i]`` on ``data[i]``; ``groups``: the clients the round loop hands one call (all of them, or one at a

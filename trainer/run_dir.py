@@ -32,9 +32,9 @@ from edgemask.errors import CorruptFileError, EdgemaskError
 from edgemask.fileio import (atomic_dir, atomic_path, file_lock, remove_stale_temporaries, sha256_file,
                              write_json_atomic, write_text_atomic)
 from edgemask.workspace import check_name
-from trainer.config import TrainConfig
-from trainer.masks import pack_bits, unpack_bits
-from trainer.records import ClientState
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.masks import pack_bits, unpack_bits
+from edgemask.trainer.records import ClientState
 
 REQUIRED = ("config.toml", "model.safetensors", "summary.json")
 DIGESTS = "digests.json"  # {"schema": 1, "sha256": {relative path: hex digest}} of every other file of the run
@@ -347,14 +347,14 @@ class Run:
 
     @cached_property
     def dataset(self):
-        from trainer.data import build_dataset
+        from edgemask.trainer.data import build_dataset
 
         return build_dataset(self.config.data, self.config.run.seed)
 
     def build_model(self, client_id: str | None = None):
         """The client's personalized model as a :class:`MaskedModel` (binary masks, personal params loaded).
         ``client_id=None`` gives the dense model: the shared weights with no mask (the export baseline)."""
-        from trainer.models import MaskedModel, build_model, model_sites
+        from edgemask.trainer.models import MaskedModel, build_model, model_sites
 
         ds = self.dataset
         base = build_model(self.config.model.name, ds.input_shape, ds.num_classes, **self.config.model.args)

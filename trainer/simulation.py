@@ -11,16 +11,16 @@ import numpy as np
 import torch
 
 from edgemask.workspace import check_name
-from trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
-from trainer.algorithms import ALGORITHMS, Algorithm
-from trainer.allocator import tune_host_allocator
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.engines import engine_for
-from trainer.local_training import evaluate
-from trainer.records import ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
-from trainer.run_dir import check_room, run_lock, write_run
-from trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
+from edgemask.trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
+from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
+from edgemask.trainer.allocator import tune_host_allocator
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.engines import engine_for
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.records import ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.run_dir import check_room, run_lock, write_run
+from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -46,7 +46,7 @@ class SimulationResult:
 
 def build_algorithm(cfg: TrainConfig, engine: Engine | None = None) -> Algorithm:
     """``cfg``'s dataset and algorithm with its engine (default: the one ``[training]`` asks for,
-    :func:`trainer.engines.engine_for`), set up (``algo.setup()``) from the seeds, in training mode: the same
+    :func:`edgemask.trainer.engines.engine_for`), set up (``algo.setup()``) from the seeds, in training mode: the same
     instance on every host that builds it from the same config (a Flower client builds its own)."""
     ds = build_dataset(cfg.data, cfg.run.seed)
     engine = engine if engine is not None else engine_for(cfg.training, stacklevel=3)
@@ -62,7 +62,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
              ready: Callable[[Algorithm], None] | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
     ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
-    trains them with the run's engine (:mod:`trainer.engines`). ``ready(algo)`` is called once the algorithm is set
+    trains them with the run's engine (:mod:`edgemask.trainer.engines`). ``ready(algo)`` is called once the algorithm is set
     up, before the first round (``train`` checks there that the run will fit on disk).
 
     History rows (long format): per round × sampled client, what :meth:`RoundCosts.record` lists; per evaluated
@@ -108,7 +108,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
 
 class RoundCosts:
     """A round's communication and computation per trained client, and the run's totals (:attr:`totals`), with
-    FedAvg's cost on the same model as the ratios' denominators (:func:`~trainer.accounting.dense_reference`)."""
+    FedAvg's cost on the same model as the ratios' denominators (:func:`~edgemask.trainer.accounting.dense_reference`)."""
 
     def __init__(self, algo: Algorithm) -> None:
         self.algo = algo
@@ -224,8 +224,8 @@ def summarize(cfg: TrainConfig, algo: Algorithm, hist: list[dict[str, Any]], tot
 
 
 def phase_stream(client_index: int, num_clients: int, phase: int) -> int:
-    """The index that names a client's shuffle stream (:func:`trainer.sampling.batch_orders`) and random stream
-    (:func:`trainer.sampling.client_seed`) in local-training phase ``phase``: the client's index, plus ``phase``
+    """The index that names a client's shuffle stream (:func:`edgemask.trainer.sampling.batch_orders`) and random stream
+    (:func:`edgemask.trainer.sampling.client_seed`) in local-training phase ``phase``: the client's index, plus ``phase``
     times the number of clients."""
     return client_index + phase * num_clients
 
@@ -258,7 +258,7 @@ def train_on_data(cfg: TrainConfig, engine: Engine, rnd: int, data: list[Any], s
 def train_clients(algo: Algorithm, cids: list[str], rnd: int,
                   train_phase: PhaseTrainer | None = None) -> list[tuple[str, LocalResult]]:
     """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phases``) included; the result's
-    ``samples_seen`` sums the phases. The clients go in the engine's groups (:meth:`~trainer.records.Engine.groups`:
+    ``samples_seen`` sums the phases. The clients go in the engine's groups (:meth:`~edgemask.trainer.records.Engine.groups`:
     the batched engine's one group trains each phase's clients together, the sequential one trains a client's
     every phase before the next client's) or, with a ``train_phase``, all together, wherever it trains them: the
     same results."""
@@ -328,7 +328,7 @@ def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
 
 def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
     """``simulate``'s ``ready``: the run's size is known once the model is built, so refuse a run that will not
-    fit at ``path`` then, before the first round (:func:`trainer.run_dir.check_room`)."""
+    fit at ``path`` then, before the first round (:func:`edgemask.trainer.run_dir.check_room`)."""
 
     def fits(algo: Algorithm) -> None:
         cids = list(algo.client_ids)

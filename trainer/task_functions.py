@@ -1,6 +1,6 @@
-"""The functions a :class:`~trainer.records.LocalTask` names: its forward, regularizers, loss and projection are
+"""The functions a :class:`~edgemask.trainer.records.LocalTask` names: its forward, regularizers, loss and projection are
 registered entries, named in the task by a :class:`Fn` (a name and plain settings), not callables the engines must
-compare. A task is then tensors + settings + names: plain data that crosses a network (:mod:`trainer.flower`) and
+compare. A task is then tensors + settings + names: plain data that crosses a network (:mod:`edgemask.trainer.flower`) and
 is rebuilt where it trains, and two tasks are one kind (stacked by the batched engine) iff their names, settings,
 model and tensor layouts agree.
 
@@ -19,8 +19,8 @@ The function kinds and their signatures (tensors by name, a batch ``x (B, *input
 * project ``(trainable) -> {name: tensor}`` (after each optimizer step, the returned tensors replace those named).
 
 An algorithm registers its own functions in its module (``@task_function("fedmask.forward")``), as it registers
-itself; importing :mod:`trainer.algorithms` registers them all. Functions every algorithm may use live here
-(``model``, ``model.frozen``) and in :mod:`trainer.losses` (``proximal``).
+itself; importing :mod:`edgemask.trainer.algorithms` registers them all. Functions every algorithm may use live here
+(``model``, ``model.frozen``) and in :mod:`edgemask.trainer.losses` (``proximal``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from torch import nn
 
 from edgemask.errors import UnknownNameError
 from edgemask.registry import Registry
-from trainer.models import build_model, head_names, model_sites
-from trainer.models.masking import MaskSite
-from trainer.models.stateless import stateless_call
+from edgemask.trainer.models import build_model, head_names, model_sites
+from edgemask.trainer.models.masking import MaskSite
+from edgemask.trainer.models.stateless import stateless_call
 
 Tensors = dict[str, torch.Tensor]
 Settings = tuple[tuple[str, Any], ...]
@@ -89,8 +89,8 @@ class Fn:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The architecture a task's functions run: :func:`~trainer.models.build_model`'s arguments and the seed of
-    the initial weights (``torch.manual_seed(seed)`` before the build, as :class:`~trainer.algorithms.base.Algorithm`
+    """The architecture a task's functions run: :func:`~edgemask.trainer.models.build_model`'s arguments and the seed of
+    the initial weights (``torch.manual_seed(seed)`` before the build, as :class:`~edgemask.trainer.algorithms.base.Algorithm`
     builds its model), so a node builds the very model the server holds from these plain values."""
 
     name: str
@@ -135,7 +135,7 @@ class ModelContext:
         self.cache: dict[Any, Any] = {}
 
     def call(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
-        """The model on ``params`` and ``buffers`` (:func:`~trainer.models.stateless.stateless_call`)."""
+        """The model on ``params`` and ``buffers`` (:func:`~edgemask.trainer.models.stateless.stateless_call`)."""
         return stateless_call(self.model, {**params, **buffers}, (x,))
 
 

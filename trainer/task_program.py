@@ -1,11 +1,11 @@
-"""What each :class:`~trainer.records.LocalTask` field means to local training, written once for both engines (the
-one-client loop :func:`trainer.local_training.local_train` and the stacked one, :mod:`trainer.batched`); a new field
+"""What each :class:`~edgemask.trainer.records.LocalTask` field means to local training, written once for both engines (the
+one-client loop :func:`edgemask.trainer.local_training.local_train` and the stacked one, :mod:`edgemask.trainer.batched`); a new field
 is given its meaning here.
 
 One step of a task, per client:
 
 1. the step's minibatches: ``batches_per_step`` k consecutive minibatches of the client's batch order
-   (:func:`trainer.sampling.step_plan`, ``epochs`` and ``max_steps`` included);
+   (:func:`edgemask.trainer.sampling.step_plan`, ``epochs`` and ``max_steps`` included);
 2. the constants: ``constants`` with fresh uniform draws for ``noise`` from the client's own stream
    (:func:`noise_generator`, :func:`draw_noise`; a client draws only on the steps it takes);
 3. the loss: the data loss — ``loss`` on the step's minibatches (a tuple of k when k > 1, :meth:`TaskProgram.own_loss`),
@@ -23,14 +23,14 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from trainer.records import LocalTask
-from trainer.task_functions import Fn, ModelSpec, model_context, resolve
+from edgemask.trainer.records import LocalTask
+from edgemask.trainer.task_functions import Fn, ModelSpec, model_context, resolve
 
 Tensors = dict[str, torch.Tensor]
 
 
 class TaskProgram:
-    """A kind of task's functions, resolved (:func:`~trainer.task_functions.resolve`): one object per kind
+    """A kind of task's functions, resolved (:func:`~edgemask.trainer.task_functions.resolve`): one object per kind
     (:func:`program`), so the engines' caches keyed by it hold across rounds."""
 
     def __init__(self, model: ModelSpec, forward: Fn, regularizers: tuple[Fn, ...], loss: Fn | None,

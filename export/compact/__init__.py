@@ -1,9 +1,9 @@
-"""Compaction of a client's masked model into a smaller dense network (see :mod:`export.compact.compact`)."""
+"""Compaction of a client's masked model into a smaller dense network (see :mod:`edgemask.export.compact.compact`)."""
 
-from export.compact.compact import AllDeadLayerError, CompactionResult, LayerStat, compact
-from export.compact.flops import count_flops, count_params
-from export.compact.graph import StackedLSTM, split_lstm
-from export.compact.handlers import (HANDLERS, LayerHandler, LSTMPruner, UnsupportedLayerError, handler_for,
+from edgemask.export.compact.compact import AllDeadLayerError, CompactionResult, LayerStat, compact
+from edgemask.export.compact.flops import count_flops, count_params
+from edgemask.export.compact.graph import StackedLSTM, split_lstm
+from edgemask.export.compact.handlers import (HANDLERS, LayerHandler, LSTMPruner, UnsupportedLayerError, handler_for,
                                      register_handler)
 
 __all__ = [

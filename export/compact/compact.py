@@ -39,10 +39,10 @@ import torch_pruning as tp
 from torch import nn
 
 from edgemask.errors import EdgemaskError
-from export.compact.flops import count_flops, count_params
-from export.compact.graph import StackedLSTM, fold_batch_norms, get_module, output_layers, set_module, split_lstm
-from export.compact.handlers import HANDLERS, handler_for
-from trainer.models.masking import MaskedModel, unit_alive
+from edgemask.export.compact.flops import count_flops, count_params
+from edgemask.export.compact.graph import StackedLSTM, fold_batch_norms, get_module, output_layers, set_module, split_lstm
+from edgemask.export.compact.handlers import HANDLERS, handler_for
+from edgemask.trainer.models.masking import MaskedModel, unit_alive
 
 
 class AllDeadLayerError(EdgemaskError):
@@ -326,7 +326,7 @@ def compact(masked: MaskedModel, example: tuple[torch.Tensor, ...] | torch.Tenso
 
     ``example``: model inputs of batch size 1 (used to trace the graph and count FLOPs).
     Raises :class:`AllDeadLayerError` for a layer with every unit dead, and
-    :class:`~export.compact.handlers.UnsupportedLayerError` for a layer kind compaction cannot handle exactly.
+    :class:`~edgemask.export.compact.handlers.UnsupportedLayerError` for a layer kind compaction cannot handle exactly.
     """
     example = example if isinstance(example, tuple) else (example,)
     example = tuple(x[:1] for x in example)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from export.compact.handlers import handler_for
+from edgemask.export.compact.handlers import handler_for
 
 
 def count_params(model: nn.Module) -> int:

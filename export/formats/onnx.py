@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from edgemask.fileio import atomic_path
-from export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, quiet_exporters
+from edgemask.export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, quiet_exporters
 
 
 def _export_fp32(model: nn.Module, path: Path, example: torch.Tensor, opset: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from export.formats.base import (FORMATS, ExportFormatError, Format, FormatContext, FormatUnavailableError,
+from edgemask.export.formats.base import (FORMATS, ExportFormatError, Format, FormatContext, FormatUnavailableError,
                                  pt2e_quantized, quiet_exporters)
 
 INSTALL = "install the tflite extra: pip install -e .[tflite]"

@@ -1,8 +1,8 @@
 """Profiling campaigns, in rooms that import one way (``tests/test_architecture.py`` checks it):
 
-- ``config``: ``campaign.toml`` -> a checked :class:`~profiling.records.CampaignConfig` (the schema derived from
+- ``config``: ``campaign.toml`` -> a checked :class:`~edgemask.profiling.records.CampaignConfig` (the schema derived from
   the dataclasses);
-- ``plan``: the config and the artifacts' manifests -> :class:`~profiling.records.Job`s, skipped combinations
+- ``plan``: the config and the artifacts' manifests -> :class:`~edgemask.profiling.records.Job`s, skipped combinations
   and why, the sampled clients;
 - ``boards``: what a campaign does to a board around its jobs, and the lock that makes the board its own;
 - ``worker``: one device's jobs in turn: retries, re-measures, every outcome stored before the next;
@@ -12,12 +12,12 @@ config and plan import no later room; boards imports no other; worker imports bo
 config. Callers import the names below from ``profiling.campaign``.
 """
 
-from profiling.campaign.boards import BoardHooks, holder_identity
-from profiling.campaign.config import DENSE_CLIENT, FORMATS, VARIANTS, load_campaign, parse_campaign
-from profiling.campaign.plan import CampaignPlan, plan_campaign, plan_jobs, read_manifest, sampled
-from profiling.campaign.run import CampaignResult, run_campaign
-from profiling.campaign.worker import FailedJob, backoff_delay
-from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
+from edgemask.profiling.campaign.boards import BoardHooks, holder_identity
+from edgemask.profiling.campaign.config import DENSE_CLIENT, FORMATS, VARIANTS, load_campaign, parse_campaign
+from edgemask.profiling.campaign.plan import CampaignPlan, plan_campaign, plan_jobs, read_manifest, sampled
+from edgemask.profiling.campaign.run import CampaignResult, run_campaign
+from edgemask.profiling.campaign.worker import FailedJob, backoff_delay
+from edgemask.profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
 
 __all__ = ["DENSE_CLIENT", "FORMATS", "VARIANTS", "ArtifactInfo", "ArtifactSelection", "BoardHooks",
            "CampaignConfig", "CampaignPlan", "CampaignResult", "FailedJob", "Job", "SkippedJob", "backoff_delay",

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from profiling.records import CampaignConfig
+from edgemask.profiling.records import CampaignConfig
 
 Connect = Callable[[Any], contextlib.AbstractContextManager[Any]]
 

@@ -1,4 +1,4 @@
-"""Read and check ``campaign.toml`` into a frozen :class:`~profiling.records.CampaignConfig`.
+"""Read and check ``campaign.toml`` into a frozen :class:`~edgemask.profiling.records.CampaignConfig`.
 
 Each setting is declared once: its name, type and default on the dataclass it fills (``CampaignConfig``,
 ``ArtifactSelection``, ``devices.records.RunnerSettings``), its limits here; the schema tables
@@ -19,13 +19,13 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from devices.records import RunnerSettings
+from edgemask.devices.records import RunnerSettings
 from edgemask.registry import Registry
 from edgemask.schema import Field, Table, schema_of
 from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
-from profiling.records import ArtifactSelection, CampaignConfig
+from edgemask.profiling.records import ArtifactSelection, CampaignConfig
 
 # Format name -> the runtime that runs it (docs/contracts.md): edgemask.targets' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.

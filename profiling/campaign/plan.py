@@ -1,8 +1,8 @@
 """Expand a campaign into jobs: artifacts × formats × variants × devices × threads × repetitions.
 
 Each selected artifact's manifest is read with the checked reader (:func:`read_manifest`); a combination the
-manifest or the device's runtimes cannot run is skipped with why (:class:`~profiling.records.SkippedJob`); with
-``sample_clients`` only a spread of clients is measured and the rest predicted (:mod:`profiling.predict`).
+manifest or the device's runtimes cannot run is skipped with why (:class:`~edgemask.profiling.records.SkippedJob`); with
+``sample_clients`` only a spread of clients is measured and the rest predicted (:mod:`edgemask.profiling.predict`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from edgemask.errors import ConfigError
 from edgemask.manifest import MANIFEST, load_artifact
 from edgemask.targets import artifact_format
-from profiling.campaign.config import DENSE_CLIENT, FORMATS
-from profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
+from edgemask.profiling.campaign.config import DENSE_CLIENT, FORMATS
+from edgemask.profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
 
 
 def read_manifest(path: str | Path) -> ArtifactInfo:
@@ -111,11 +111,11 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
 
 def sampled(config: CampaignConfig, infos: Mapping[str, ArtifactInfo]) -> set[str]:
     """The artifacts a campaign measures: all, or with ``sample_clients = K`` per run its dense baseline and K
-    compacted clients spread over their total kept units (:func:`profiling.predict.choose_sample`, seeded with
+    compacted clients spread over their total kept units (:func:`edgemask.profiling.predict.choose_sample`, seeded with
     ``sample_seed``); the rest stay in the plan's artifacts, to be predicted."""
     if not config.sample_clients:
         return set(infos)
-    from profiling.predict import choose_sample, kept_totals
+    from edgemask.profiling.predict import choose_sample, kept_totals
 
     keep = {a for a, i in infos.items() if i.kind != "compacted"}
     for run in sorted({i.run_id for i in infos.values()}):

@@ -1,6 +1,6 @@
 """Run a campaign: one call at a time (the campaign's lock), resumed from its store (measured jobs skipped, jobs
 failed too often given up, a changed artifact refused), every board held before the first job, one worker thread
-per device (:mod:`profiling.campaign.worker`)."""
+per device (:mod:`edgemask.profiling.campaign.worker`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from edgemask.errors import ConfigError, EdgemaskError
-from profiling.campaign.boards import BoardHooks, BoardLock, Connect, take_boards
-from profiling.campaign.plan import CampaignPlan, plan_campaign
-from profiling.campaign.worker import Benchmark, DeviceWorker, FailedJob
-from profiling.records import CampaignConfig, Job, SkippedJob
+from edgemask.profiling.campaign.boards import BoardHooks, BoardLock, Connect, take_boards
+from edgemask.profiling.campaign.plan import CampaignPlan, plan_campaign
+from edgemask.profiling.campaign.worker import Benchmark, DeviceWorker, FailedJob
+from edgemask.profiling.records import CampaignConfig, Job, SkippedJob
 
 
 @dataclass(frozen=True)
@@ -37,32 +37,32 @@ class CampaignResult:
 
 
 def _default_benchmark() -> Benchmark:
-    from devices.benchmark import run_benchmark  # devices is imported only when a real campaign runs
+    from edgemask.devices.benchmark import run_benchmark  # devices is imported only when a real campaign runs
 
     return run_benchmark
 
 
 def _default_connect() -> Connect:
-    from devices.connection import open_connection
+    from edgemask.devices.connection import open_connection
 
     return open_connection
 
 
 def _default_board() -> BoardHooks:
-    from devices.board import BOARD
+    from edgemask.devices.board import BOARD
 
     return BOARD
 
 
 def _default_retry_on() -> tuple[type[BaseException], ...]:
-    from devices.errors import DeviceError
+    from edgemask.devices.errors import DeviceError
 
     return (DeviceError,)
 
 
 def _default_fatal_on() -> tuple[type[BaseException], ...]:
-    from devices.board import SettingsRefused
-    from devices.errors import HostKeyError
+    from edgemask.devices.board import SettingsRefused
+    from edgemask.devices.errors import HostKeyError
 
     return (HostKeyError, SettingsRefused)
 
@@ -136,7 +136,7 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
                 on_recorded: Callable[[Job], None] | None, board: BoardHooks | None, board_wait_s: float = 0.0,
                 on_wait: Callable[[str], None] | None = None) -> CampaignResult:
 
-    from profiling.store import ResultsStore
+    from edgemask.profiling.store import ResultsStore
 
     if board is None:
         board = _default_board() if benchmark is None else BoardHooks()
@@ -145,7 +145,7 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
     retry_on = retry_on or _default_retry_on()
     fatal_on = fatal_on or _default_fatal_on()
     if inventory is None:
-        from devices.inventory import load_inventory
+        from edgemask.devices.inventory import load_inventory
 
         inv_path = workspace / config.inventory if config.inventory else None
         inventory = load_inventory(inv_path, workspace)

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devices.errors import BoardBusy
-from devices.records import Measurement
+from edgemask.devices.errors import BoardBusy
+from edgemask.devices.records import Measurement
 from edgemask.errors import EdgemaskError
 from edgemask.manifest import load_manifest
-from profiling.campaign.boards import BoardHooks, BoardLock, Connect
-from profiling.records import CampaignConfig, Job
-from profiling.stats import cv
-from profiling.store import DigestChanged
-from profiling.verdict import CV_THRESHOLD
+from edgemask.profiling.campaign.boards import BoardHooks, BoardLock, Connect
+from edgemask.profiling.records import CampaignConfig, Job
+from edgemask.profiling.stats import cv
+from edgemask.profiling.store import DigestChanged
+from edgemask.profiling.verdict import CV_THRESHOLD
 
 Benchmark = Callable[..., Measurement]
 
@@ -236,7 +236,7 @@ class DeviceWorker:
         """The ETDump the runner brought back -> its operator events per profiled run, mapped to the manifest's
         layers with the artifact's ETRecord (profiling.layers.attach_etdump); the ETDump itself is kept beside
         the store as ``etdump/<sha256>.etdp``."""
-        from profiling.layers import attach_etdump
+        from edgemask.profiling.layers import attach_etdump
 
         man = load_manifest(artifact_dir)
         keep = Path(self.store.path).parent / "etdump" if getattr(self.store, "path", None) else None

@@ -24,8 +24,8 @@ from typing import Callable
 import pytest
 
 from test_cli_safety import train_toml, tree
-from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.simulation import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgemask"))
 from lock_holder import hold_lock  # noqa: E402
@@ -51,8 +51,8 @@ def campaign(path: Path, name: str = "c", repetitions: int = 1, threads=(1,), cl
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
-    from export import export_run
-    from profiling.store import ResultsStore
+    from edgemask.export import export_run
+    from edgemask.profiling.store import ResultsStore
 
     ws = tmp_path_factory.mktemp("base") / "ws"
     cfg = TrainConfig(run=RunConfig(run_id="fm"), data=DataConfig(num_clients=2),
@@ -213,7 +213,7 @@ def test_bad_input_is_one_line_and_changes_nothing(base, tmp_path, name):
     try:
         if ctx is not None:
             ctx.__enter__()
-        p = subprocess.run([*case.prefix, sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+        p = subprocess.run([*case.prefix, sys.executable, "-m", "edgemask.cli", *args], capture_output=True, text=True,
                            timeout=600)
     finally:
         if ctx is not None:

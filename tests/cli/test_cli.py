@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.simulation import simulate
 
 
 def edgemask(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgemask.cli", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=600)
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from edgemask.fileio import sha256_file
 from test_cli import assert_clean_failure, edgemask
-from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.simulation import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgemask"))  # the lock holder tests/edgemask uses too
 from lock_holder import hold_lock  # noqa: E402
@@ -106,7 +106,7 @@ def test_client_file_without_mask_metadata_is_not_exported_as_the_dense_model(fe
     f = ws / "runs" / "fm2" / "clients" / "client-000.safetensors"
     assert any(k.startswith("mask.") for k in load_file(str(f)))  # a masked client: dense would be wrong
     save_file(load_file(str(f)), str(f))  # same tensors, metadata dropped
-    from trainer.run_dir import write_digests
+    from edgemask.trainer.run_dir import write_digests
 
     write_digests(ws / "runs" / "fm2")  # vouched for anew: the metadata check behind the digests still holds
     p = edgemask("export", "--workspace", str(ws), "--run", "fm2", "--formats", "onnx")
@@ -133,7 +133,7 @@ def check_artifacts(root: Path, expected: set[str]) -> None:
 def test_two_concurrent_exports_of_a_run_leave_whole_artifacts_or_one_clean_refusal(fedmask_ws, tmp_path, wait):
     ws = tmp_path / "ws"
     shutil.copytree(fedmask_ws / "runs", ws / "runs")
-    cmd = [sys.executable, "-m", "cli", "export", "--workspace", str(ws), "--run", "fm", "--formats",
+    cmd = [sys.executable, "-m", "edgemask.cli", "export", "--workspace", str(ws), "--run", "fm", "--formats",
            "onnx", *(["--wait", wait] if wait != "0" else [])]  # without --wait: leave at once
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(600), *p.communicate()) for p in procs]
@@ -198,7 +198,7 @@ def test_full_disk_is_one_line_and_loses_no_finished_run(small_disk, tmp_path):
 def test_sqlite_disk_full_hidden_by_a_failed_rollback_is_one_line(small_disk):
     """The profiling store's COMMIT fails on a full disk and its ROLLBACK then raises "cannot rollback": the
     command line finds "database or disk is full" in the chain and says it in one line."""
-    from cli.main import _environment_failure
+    from edgemask.cli.main import _environment_failure
 
     db = sqlite3.connect(small_disk / "results.sqlite", isolation_level=None)
     db.execute("CREATE TABLE t (x BLOB)")

@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
     ws = tmp_path / "ws"
-    p = subprocess.run([sys.executable, "-m", "cli", "demo", "--workspace", str(ws), "--rounds", "3"],
+    p = subprocess.run([sys.executable, "-m", "edgemask.cli", "demo", "--workspace", str(ws), "--rounds", "3"],
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "mean pers. acc" in p.stdout and "returned mask" in p.stdout and "fedmask" in p.stdout and "fedavg" in p.stdout
@@ -67,7 +67,7 @@ def test_demo_end_to_end(tmp_path):
     assert p.stdout.rstrip().splitlines()[-1].startswith("stage wall time")
     assert re.search(r"^replayed on local \(onnx, 1 thread\(s\), 10 Mbit/s assumed.*time to [\d.]+ % mean "
                      r"accuracy: fedavg [\d.]+ s \(\d+ rounds.*\); fedmask [\d.]+ s", p.stdout, re.M), p.stdout[-2000:]
-    from profiling.store import load_results
+    from edgemask.profiling.store import load_results
 
     df = load_results(results)
     assert df["ok"].all()

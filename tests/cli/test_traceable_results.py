@@ -23,10 +23,10 @@ import pytest
 from edgemask.fileio import sha256_file
 from test_cli import assert_clean_failure, edgemask
 from test_cli_safety import train_toml, tree
-from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.simulation import simulate
 
-CLI = [sys.executable, "-m", "cli"]
+CLI = [sys.executable, "-m", "edgemask.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +162,9 @@ def check_artifacts_compute_the_run(ws: Path, run_id: str) -> None:
     import torch
 
     from edgemask.manifest import load_artifact, load_sample_io
-    from export.formats import ExportSettings
-    from export.pipeline import input_hash
-    from trainer.run_dir import load_run
+    from edgemask.export.formats import ExportSettings
+    from edgemask.export.pipeline import input_hash
+    from edgemask.trainer.run_dir import load_run
 
     run = load_run(ws / "runs" / run_id)
     for cid in run.client_ids:

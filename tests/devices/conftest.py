@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/devices/artifacts.py
 
-from devices.inventory import DeviceSpec  # noqa: E402
+from edgemask.devices.inventory import DeviceSpec  # noqa: E402
 from sshd_common import SSHD, SSHD_OPTIONS, keygen, wait_for_banner  # noqa: E402,F401  (keygen: test_ssh uses it)
 INSTALL_HINT = "run `sh tests/fleet/install.sh` (installs openssh-server and openssh-client) and rerun"
 

@@ -15,15 +15,15 @@ import pytest
 from artifacts import make_artifact
 from processes import runner_pids, wait_until
 
-from devices.benchmark import run_benchmark
-from devices.board import BOARD, SettingsRefused, reap_strays
-from devices.connection import open_connection
-from devices.deploy import deploy_runner
-from devices.errors import RunTimeout
-from devices.inventory import local_device
-from devices.records import Measurement, RunnerSettings
-from profiling.campaign import parse_campaign, run_campaign
-from profiling.store import ResultsStore
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.board import BOARD, SettingsRefused, reap_strays
+from edgemask.devices.connection import open_connection
+from edgemask.devices.deploy import deploy_runner
+from edgemask.devices.errors import RunTimeout
+from edgemask.devices.inventory import local_device
+from edgemask.devices.records import Measurement, RunnerSettings
+from edgemask.profiling.campaign import parse_campaign, run_campaign
+from edgemask.profiling.store import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = RunnerSettings(warmup_runs=1, warmup_seconds=0.0, min_runs=10, min_seconds=60.0, idle_seconds=0.0)
@@ -50,10 +50,10 @@ def test_an_ssh_timeout_leaves_no_runner_on_the_board(board):
 _HOST = """
 import json, sys
 from pathlib import Path
-from devices.benchmark import run_benchmark
-from devices.connection import open_connection
-from devices.inventory import DeviceSpec
-from devices.records import RunnerSettings
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import open_connection
+from edgemask.devices.inventory import DeviceSpec
+from edgemask.devices.records import RunnerSettings
 kw = json.loads(sys.argv[1])
 kw.update(key_file=Path(kw["key_file"]), known_hosts=Path(kw["known_hosts"]), runtimes=tuple(kw["runtimes"]))
 spec = DeviceSpec(**kw)

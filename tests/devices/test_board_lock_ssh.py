@@ -17,11 +17,11 @@ import pytest
 from artifacts import make_artifact
 from processes import runner_pids, wait_until
 
-from devices.benchmark import run_benchmark
-from devices.board import BOARD, BoardHold, reap_strays
-from devices.connection import open_connection
-from devices.errors import BoardBusy, DeviceError
-from devices.records import RunnerSettings
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.board import BOARD, BoardHold, reap_strays
+from edgemask.devices.connection import open_connection
+from edgemask.devices.errors import BoardBusy, DeviceError
+from edgemask.devices.records import RunnerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def _profile(ws: Path, inv: Path, tmp_path: Path, name: str, reps: int, seconds:
     toml = tmp_path / f"{name}.toml"
     toml.write_text(pf.real_campaign_toml(name, seconds=seconds, repetitions=reps, device="stand-in"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "cli", "profile", "--workspace", str(ws), "--campaign",
+    return subprocess.Popen([sys.executable, "-m", "edgemask.cli", "profile", "--workspace", str(ws), "--campaign",
                              str(toml), "--inventory", str(inv), *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
 

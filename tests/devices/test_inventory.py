@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import KIND_PROFILES, load_inventory
+from edgemask.devices.inventory import KIND_PROFILES, load_inventory
 from edgemask.errors import ConfigError
 
 GOOD = """

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from artifacts import make_artifact
 
-from devices.benchmark import run_benchmark
-from devices.connection import LocalConnection, open_connection
-from devices.deploy import deploy, remote_path
-from devices.errors import DeviceError, RunTimeout
-from devices.inventory import DeviceSpec, local_device
-from devices.records import RunnerSettings
-from devices.runner_app import RUNNER_PACKAGE, runner_path, runner_sources
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import LocalConnection, open_connection
+from edgemask.devices.deploy import deploy, remote_path
+from edgemask.devices.errors import DeviceError, RunTimeout
+from edgemask.devices.inventory import DeviceSpec, local_device
+from edgemask.devices.records import RunnerSettings
+from edgemask.devices.runner_app import RUNNER_PACKAGE, runner_path, runner_sources
 from edgemask.errors import CorruptFileError, EdgemaskError, UnknownNameError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, load_manifest, write_manifest, write_sample_io
-from profiling import stats
+from edgemask.profiling import stats
 
 FAST = RunnerSettings(warmup_runs=2, warmup_seconds=0.0, min_runs=30, min_seconds=0.05, idle_seconds=0.1)
 
@@ -230,8 +230,8 @@ def test_an_int8_file_is_checked_against_its_own_host_deviation(local, tmp_path,
     import numpy as np
     import torch
 
-    from devices.benchmark import INT8_MARGIN
-    from export.formats import FORMATS, ExportSettings, FormatContext
+    from edgemask.devices.benchmark import INT8_MARGIN
+    from edgemask.export.formats import FORMATS, ExportSettings, FormatContext
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
@@ -284,7 +284,7 @@ def test_samples_are_calibrated_to_last_sample_min_ms(local, tmp_path, monkeypat
 
 
 def test_inferences_per_sample_follows_the_warm_up_latency():
-    from devices.remote.runner.benchmark import inferences_per_sample
+    from edgemask.devices.remote.runner.benchmark import inferences_per_sample
 
     assert inferences_per_sample(10.0, 0.55) == 19  # ceil(10 / 0.55): 19 × 0.55 = 10.45 ms >= 10 ms
     assert inferences_per_sample(10.0, 2.5) == 4 and inferences_per_sample(10.0, 12.0) == 1

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from devices.connection import LocalConnection
-from devices.deploy import deploy_runner
-from devices.inventory import local_device
-from devices.records import RunnerSettings
-from devices.remote.runner import options
-from devices.remote.runner.cli import build_parser
-from devices.runner_app import ARCHIVE_PACKAGE, RUNNER_PACKAGE, build_runner, runner_sources, runner_zipapp
+from edgemask.devices.connection import LocalConnection
+from edgemask.devices.deploy import deploy_runner
+from edgemask.devices.inventory import local_device
+from edgemask.devices.records import RunnerSettings
+from edgemask.devices.remote.runner import options
+from edgemask.devices.remote.runner.cli import build_parser
+from edgemask.devices.runner_app import ARCHIVE_PACKAGE, RUNNER_PACKAGE, build_runner, runner_sources, runner_zipapp
 
 
 def test_the_zipapp_is_the_same_bytes_from_the_same_sources(tmp_path):
@@ -122,7 +122,7 @@ def test_profiling_off_sends_no_profiling_option():
 
 def test_a_stray_is_a_zipapp_of_this_workdirs_blobs(tmp_path):
     """The stray cleanup knows the runner by its deployed name, now ``<sha256>.pyz`` (``.py``: one deployed before)."""
-    from devices.remote.runner.session import is_our_runner
+    from edgemask.devices.remote.runner.session import is_our_runner
 
     blobs = tmp_path / "blobs"
     blobs.mkdir()

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from artifacts import make_artifact
 
-from devices.remote.runner.benchmark import profile_runs
-from devices.remote.runner.profilers import ETDUMP_MISSING, TFLITE_NO_PROFILER, group_onnxruntime_runs
-from devices.runner_app import runner_path
+from edgemask.devices.remote.runner.benchmark import profile_runs
+from edgemask.devices.remote.runner.profilers import ETDUMP_MISSING, TFLITE_NO_PROFILER, group_onnxruntime_runs
+from edgemask.devices.runner_app import runner_path
 
 
 def _node(name, ts, dur, op="Conv"):
@@ -77,7 +77,7 @@ def test_runtimes_without_a_profiler_say_why(tmp_path):
 def test_executorch_without_event_tracer_says_so(tmp_path):
     """Unit test of executorch_profile alone, with a stand-in program: a runtime built without the event tracer
     writes an empty ETDump (nothing for the host to read)."""
-    from devices.remote.runner.profilers import executorch_profile
+    from edgemask.devices.remote.runner.profilers import executorch_profile
 
     class NoTracer:  # stand-in for executorch.runtime.Program of a build without EXECUTORCH_ENABLE_EVENT_TRACER
         def write_etdump_result_to_file(self, etdump_path, debug_buffer_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.sensors import (
+from edgemask.devices.sensors import (
     HwmonSensor,
     Ina3221Sensor,
     RaplSensor,

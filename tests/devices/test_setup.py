@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from devices.errors import DeviceError
-from devices.inventory import DeviceSpec
-from devices.setup import missing_items, packages_for, pip_installs, satisfies, setup_device, venv_python
+from edgemask.devices.errors import DeviceError
+from edgemask.devices.inventory import DeviceSpec
+from edgemask.devices.setup import missing_items, packages_for, pip_installs, satisfies, setup_device, venv_python
 
 
 def board(kind: str, runtimes: tuple[str, ...], **kw) -> DeviceSpec:
@@ -106,14 +106,14 @@ def test_either_tflite_package_counts():
 
 
 def test_setup_refuses_the_local_device(tmp_path):
-    from devices.inventory import local_device
+    from edgemask.devices.inventory import local_device
 
     with pytest.raises(DeviceError, match="pip install"):
         setup_device(local_device(tmp_path))
 
 
 def test_cli_setup_needs_a_name_and_refuses_local(tmp_path, capsys):
-    from cli.main import main
+    from edgemask.cli.main import main
 
     ws = str(tmp_path / "ws")
     assert main(["devices", "setup", "--workspace", ws]) == 2
@@ -127,7 +127,7 @@ def test_cli_setup_needs_a_name_and_refuses_local(tmp_path, capsys):
 def test_a_pi_gets_torch_from_pytorchs_cpu_index_first():
     # PyPI's aarch64 torch is the CUDA build (+2.8 GB of CUDA wheels): torch alone, first, from the CPU index
     spec = board("rpi4", ("onnxruntime", "tflite", "executorch"))
-    from devices.setup import install_commands
+    from edgemask.devices.setup import install_commands
 
     assert install_commands(spec, packages_for(spec)) == [
         ["--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"],
@@ -165,7 +165,7 @@ class _PipRecorder:
         self.argvs: list[list[str]] = []
 
     def run(self, argv, timeout=None):
-        from devices.connection_base import RunResult
+        from edgemask.devices.connection_base import RunResult
 
         self.argvs.append(list(argv))
         if argv[1:3] == ["-m", "pip"] and "install" in argv:

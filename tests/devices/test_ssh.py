@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from artifacts import make_artifact
 
-from devices.benchmark import run_benchmark
-from devices.connection import open_connection
-from devices.connection_ssh import SSHConnection
-from devices.deploy import deploy, remote_path
-from devices.errors import DeviceError, HostKeyError, RunTimeout
-from devices.probe import check_device
-from devices.records import RunnerSettings
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import open_connection
+from edgemask.devices.connection_ssh import SSHConnection
+from edgemask.devices.deploy import deploy, remote_path
+from edgemask.devices.errors import DeviceError, HostKeyError, RunTimeout
+from edgemask.devices.probe import check_device
+from edgemask.devices.records import RunnerSettings
 
 pytestmark = pytest.mark.fleet
 
@@ -213,7 +213,7 @@ class _LateChannel:
 def test_output_arriving_after_the_exit_status_is_read_to_the_end():
     """The exit status is not the end of the output: a pause after it must not cut stdout short (the old loop
     stopped at the first moment with the exit status in and nothing to read)."""
-    from devices.connection_ssh import OutputDrain
+    from edgemask.devices.connection_ssh import OutputDrain
 
     chunks = [b"a" * 1000, b"b" * 1000, b"c" * 1000]
     drain = OutputDrain(_LateChannel(chunks, gap_s=0.05), idle_s=0.001)

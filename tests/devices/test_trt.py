@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from artifacts import make_artifact
 
-from devices.remote.runner import trt_files
-from devices.runner_app import runner_path
-from profiling.layers import OTHER, layer_of, run_layer_us
-from profiling.trt_profile import split_fused, trt_layer_of
+from edgemask.devices.remote.runner import trt_files
+from edgemask.devices.runner_app import runner_path
+from edgemask.profiling.layers import OTHER, layer_of, run_layer_us
+from edgemask.profiling.trt_profile import split_fused, trt_layer_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fleet"))
 import trtexec_standin  # noqa: E402

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devices.inventory import load_inventory
-from profiling.campaign import load_campaign
+from edgemask.devices.inventory import load_inventory
+from edgemask.profiling.campaign import load_campaign
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

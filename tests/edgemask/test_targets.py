@@ -33,10 +33,10 @@ def test_format_facts_by_hand():
 
 
 def test_the_tx2_cap_is_one_fact_every_stage_reads():
-    from devices.inventory import KIND_PROFILES
-    from devices.setup import packages_for
-    from devices.inventory import DeviceSpec
-    from export.formats.base import DEVICE_PROFILES, ExportSettings
+    from edgemask.devices.inventory import KIND_PROFILES
+    from edgemask.devices.setup import packages_for
+    from edgemask.devices.inventory import DeviceSpec
+    from edgemask.export.formats.base import DEVICE_PROFILES, ExportSettings
 
     assert BOARDS["jetson-tx2"].max_onnx_opset == 15
     assert KIND_PROFILES["jetson-tx2"] is BOARDS["jetson-tx2"]
@@ -49,7 +49,7 @@ def test_the_tx2_cap_is_one_fact_every_stage_reads():
 
 
 def test_unknown_target_lists_the_boards():
-    from export.formats.base import DEVICE_PROFILES
+    from edgemask.export.formats.base import DEVICE_PROFILES
 
     try:
         DEVICE_PROFILES.get("tx1")
@@ -60,8 +60,8 @@ def test_unknown_target_lists_the_boards():
 
 
 def test_export_formats_and_campaign_formats_follow_the_facts():
-    from export.formats import FORMATS as EXPORT_FORMATS
-    from profiling.campaign import FORMATS as CAMPAIGN_FORMATS
+    from edgemask.export.formats import FORMATS as EXPORT_FORMATS
+    from edgemask.profiling.campaign import FORMATS as CAMPAIGN_FORMATS
 
     assert EXPORT_FORMATS.names() == sorted(FORMATS)
     assert CAMPAIGN_FORMATS.names() == sorted(FORMAT_RUNTIME)  # the exported formats and "trt"
@@ -74,6 +74,6 @@ def test_export_formats_and_campaign_formats_follow_the_facts():
 
 def test_the_board_side_runner_agrees_with_the_facts():
     """The runner is stdlib-only and shipped to the board as one file: it keeps its own format -> runtime table."""
-    from devices.remote.runner.runtimes import RUNTIMES
+    from edgemask.devices.remote.runner.runtimes import RUNTIMES
 
     assert {fmt: cls.runtime for fmt, cls in RUNTIMES.items()} == FORMAT_RUNTIME

@@ -88,7 +88,7 @@ def test_train_and_export_print_no_third_party_line(tmp_path):
     out = ""
     for args in (["train", "--config", str(cfg), "--rounds", "1"],
                  ["export", "--run", "demo-fedmask", "--clients", "client-000", "--formats", "onnx,pte", "--int8"]):
-        p = subprocess.run([sys.executable, "-m", "cli", *args, "--workspace", str(ws)], cwd=tmp_path,
+        p = subprocess.run([sys.executable, "-m", "edgemask.cli", *args, "--workspace", str(ws)], cwd=tmp_path,
                            capture_output=True, text=True, timeout=1200)
         assert p.returncode == 0, p.stderr[-3000:]
         out += p.stdout + p.stderr

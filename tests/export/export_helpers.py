@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.models import MaskedModel, build_model, model_sites
+from edgemask.trainer.models import MaskedModel, build_model, model_sites
 
 # name -> (input_shape, num_classes, args): small widths so every model compacts in about a second
 MODEL_CASES = {

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from export.compact import AllDeadLayerError, UnsupportedLayerError, compact, count_flops
-from export.verify import VerificationError, verify_compaction
+from edgemask.export.compact import AllDeadLayerError, UnsupportedLayerError, compact, count_flops
+from edgemask.export.verify import VerificationError, verify_compaction
 from export_helpers import MODEL_CASES, masked_case, random_masks, randomize_norms, sample_input
-from trainer.models import MaskedModel, build_model, model_sites
-from trainer.models.masking import all_ones_masks
+from edgemask.trainer.models import MaskedModel, build_model, model_sites
+from edgemask.trainer.models.masking import all_ones_masks
 
 
 def _max_diff(a, b) -> float:

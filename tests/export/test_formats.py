@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from edgemask.errors import UnknownNameError
-from export.compact import compact
-from export.formats import FORMATS, ExportSettings, FormatContext, FormatUnavailableError
+from edgemask.export.compact import compact
+from edgemask.export.formats import FORMATS, ExportSettings, FormatContext, FormatUnavailableError
 from export_helpers import masked_case, sample_input
-from trainer.models import MaskedModel, build_model, model_sites
+from edgemask.trainer.models import MaskedModel, build_model, model_sites
 from export_helpers import random_masks
 
 

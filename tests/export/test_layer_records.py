@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from export.compact import compact
-from export.formats import FORMATS, ExportSettings, FormatContext
-from export.layers import _dynamo_paths, _scope_paths, layer_records
+from edgemask.export.compact import compact
+from edgemask.export.formats import FORMATS, ExportSettings, FormatContext
+from edgemask.export.layers import _dynamo_paths, _scope_paths, layer_records
 from export_helpers import MODEL_CASES, masked_case, sample_input
 
 # SmallCNN on 1×8×8: conv1 1→16 (3×3, pad 1) at 8×8, max pool 2, conv2 16→32 at 4×4, mean, out 32→10.
@@ -82,7 +82,7 @@ def test_etrecord_beside_the_pte_maps_debug_handles(pruned_cnn, tmp_path):
     events against, and it describes the compacted program (conv1 with its 2 kept filters)."""
     from executorch.devtools.etrecord import parse_etrecord
 
-    from export.layers import write_etrecord
+    from edgemask.export.layers import write_etrecord
 
     masked, res, x = pruned_cnn
     path = write_etrecord(res.module, x, tmp_path / "model.etrecord")

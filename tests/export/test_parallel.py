@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from edgemask.errors import EdgemaskError
-from export import export_run, load_manifest
+from edgemask.export import export_run, load_manifest
 from export_helpers import random_masks
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
-from trainer.data import DataConfig
-from trainer.models import build_model
-from trainer.run_dir import ClientState, write_digests, write_run
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+from edgemask.trainer.data import DataConfig
+from edgemask.trainer.models import build_model
+from edgemask.trainer.run_dir import ClientState, write_digests, write_run
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ import torch
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import Manifest
-from export import export_run, load_manifest, load_sample_io
-from export.formats import FORMATS, ExportSettings
+from edgemask.export import export_run, load_manifest, load_sample_io
+from edgemask.export.formats import FORMATS, ExportSettings
 from export_helpers import random_masks
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
-from trainer.data import DataConfig
-from trainer.models import build_model
-from trainer.run_dir import ClientState, load_run, write_digests, write_run
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+from edgemask.trainer.data import DataConfig
+from edgemask.trainer.models import build_model
+from edgemask.trainer.run_dir import ClientState, load_run, write_digests, write_run
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 import user_models  # noqa: F401 - registers user_resnet and user_mobilenet
-from export.compact import compact
-from export.layers import kept_dead_notes, layer_records
+from edgemask.export.compact import compact
+from edgemask.export.layers import kept_dead_notes, layer_records
 from export_helpers import randomize_norms
-from trainer.models import MaskedModel, build_model, model_sites
-from trainer.models.masking import all_ones_masks
-from trainer.models.registry import NormMapError, norms_after, traced_norms
+from edgemask.trainer.models import MaskedModel, build_model, model_sites
+from edgemask.trainer.models.masking import all_ones_masks
+from edgemask.trainer.models.registry import NormMapError, norms_after, traced_norms
 
 SHAPE = (3, 16, 16)
 

@@ -1,5 +1,5 @@
 """Two models written the way a user writes them, outside the zoo: their own module names, no ``norm_after`` map,
-registered through :data:`trainer.models.registry.MODELS` as the registry's docstring describes.
+registered through :data:`edgemask.trainer.models.registry.MODELS` as the registry's docstring describes.
 
 * ``user_resnet``: a ResNet-style network of basic blocks (conv-bn-relu, conv-bn, identity or projection
   shortcut, residual add), global average pool, linear head.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.models.registry import MODELS
+from edgemask.trainer.models.registry import MODELS
 
 
 class Residual(nn.Module):

@@ -269,7 +269,7 @@ class StandIn:
         return Path(remote) if self.arch == "x86_64" else self.dir / "upper" / remote.lstrip("/")
 
     def spec(self, **kw):
-        from devices.inventory import DeviceSpec
+        from edgemask.devices.inventory import DeviceSpec
 
         known = self.dir / "known_hosts"
         if not known.exists():

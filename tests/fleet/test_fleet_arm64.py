@@ -15,18 +15,18 @@ import pytest
 import torch
 from artifacts import make_artifact
 
-from devices.benchmark import run_benchmark
-from devices.connection import open_connection
-from devices.deploy import remote_path
-from devices.probe import check_device
-from devices.records import RunnerSettings
-from devices.setup import setup_device
-from cli.main import main as edgemask_main
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import open_connection
+from edgemask.devices.deploy import remote_path
+from edgemask.devices.probe import check_device
+from edgemask.devices.records import RunnerSettings
+from edgemask.devices.setup import setup_device
+from edgemask.cli.main import main as edgemask_main
 from edgemask.fileio import sha256_file
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, Manifest, TensorSpec, write_manifest, write_sample_io
-from export.formats import FORMATS, ExportSettings, FormatContext
+from edgemask.export.formats import FORMATS, ExportSettings, FormatContext
 from fleet.standin import write_inventory
-from profiling import stats
+from edgemask.profiling import stats
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 

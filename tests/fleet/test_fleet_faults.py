@@ -12,14 +12,14 @@ import pytest
 from artifacts import make_artifact
 from processes import runner_pids, wait_until
 
-from devices.benchmark import run_benchmark
-from devices.connection import open_connection
-from devices.connection_ssh import SSHConnection
-from devices.deploy import deploy, remote_path
-from devices.errors import DeviceError
-from devices.records import RunnerSettings
-from profiling.campaign import parse_campaign, run_campaign
-from profiling.store import ResultsStore
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import open_connection
+from edgemask.devices.connection_ssh import SSHConnection
+from edgemask.devices.deploy import deploy, remote_path
+from edgemask.devices.errors import DeviceError
+from edgemask.devices.records import RunnerSettings
+from edgemask.profiling.campaign import parse_campaign, run_campaign
+from edgemask.profiling.store import ResultsStore
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 

@@ -13,10 +13,10 @@ import json
 import pytest
 from artifacts import make_artifact
 
-from cli.main import main as edgemask_main
-from devices.benchmark import run_benchmark
-from devices.connection import open_connection
-from devices.records import RunnerSettings
+from edgemask.cli.main import main as edgemask_main
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import open_connection
+from edgemask.devices.records import RunnerSettings
 from fleet.standin import write_inventory
 from fleet.trtexec_standin import install
 

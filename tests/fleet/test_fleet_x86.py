@@ -10,12 +10,12 @@ import time
 import pytest
 from artifacts import make_artifact
 
-from devices.benchmark import run_benchmark
-from devices.connection import open_connection
-from devices.records import RunnerSettings
-from cli.main import main as edgemask_main
+from edgemask.devices.benchmark import run_benchmark
+from edgemask.devices.connection import open_connection
+from edgemask.devices.records import RunnerSettings
+from edgemask.cli.main import main as edgemask_main
 from fleet.standin import write_inventory
-from profiling import stats
+from edgemask.profiling import stats
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import profiling_fakes as pf
-from profiling.campaign import load_campaign, run_campaign
+from edgemask.profiling.campaign import load_campaign, run_campaign
 
 
 _lock = threading.Lock()

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devices.inventory import FORMAT_RUNTIME
-from devices.records import Measurement, RunnerSettings
+from edgemask.devices.inventory import FORMAT_RUNTIME
+from edgemask.devices.records import Measurement, RunnerSettings
 from edgemask.manifest import SAMPLE_IO, ArtifactFile, Manifest, TensorSpec
 from edgemask.manifest import write_manifest as write_manifest_file
 
-from devices.errors import DeviceError, HostKeyError  # noqa: F401  (re-exported for the tests)
+from edgemask.devices.errors import DeviceError, HostKeyError  # noqa: F401  (re-exported for the tests)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def _toml(tmp_path: Path, name: str, reps: int, seconds: float) -> Path:
 
 def _profile(ws: Path, toml: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "cli", "profile", "--workspace", str(ws), "--campaign", str(toml),
+    return subprocess.Popen([sys.executable, "-m", "edgemask.cli", "profile", "--workspace", str(ws), "--campaign", str(toml),
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                             start_new_session=True)
 
@@ -59,7 +59,7 @@ def _finish(*procs: subprocess.Popen) -> None:
 @pytest.mark.parametrize("wait", ["nan", "-1", "inf", "1e9", "soon"])
 def test_wait_is_bounded_at_the_door(tmp_path, wait):
     """A NaN would never time out; refused before anything is read or taken."""
-    from cli.main import main
+    from edgemask.cli.main import main
 
     with pytest.raises(SystemExit) as e:
         main(["profile", "--workspace", str(tmp_path / "ws"), "--campaign", str(tmp_path / "none.toml"),

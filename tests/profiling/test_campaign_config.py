@@ -6,7 +6,7 @@ import pytest
 
 import profiling_fakes as pf
 from edgemask.errors import ConfigError
-from profiling.campaign import Job, load_campaign, parse_campaign, plan_campaign, plan_jobs
+from edgemask.profiling.campaign import Job, load_campaign, parse_campaign, plan_campaign, plan_jobs
 
 
 def _load(tmp_path, text, known=None):
@@ -144,10 +144,10 @@ def test_the_schema_is_derived_from_the_dataclasses():
     """One declaration per setting: the file's fields, kinds and defaults are the dataclasses' (issue #31 item 4)."""
     import dataclasses
 
-    from devices.records import RunnerSettings
+    from edgemask.devices.records import RunnerSettings
     from edgemask.schema import REQUIRED
-    from profiling.campaign.config import _CAMPAIGN, _RUNNER, derive_schema
-    from profiling.records import CampaignConfig
+    from edgemask.profiling.campaign.config import _CAMPAIGN, _RUNNER, derive_schema
+    from edgemask.profiling.records import CampaignConfig
 
     @dataclasses.dataclass(frozen=True)
     class S:

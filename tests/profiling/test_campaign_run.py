@@ -6,9 +6,9 @@ import tomllib
 import pytest
 
 import profiling_fakes as pf
-from devices.records import Measurement
-from profiling.campaign import backoff_delay, parse_campaign, plan_jobs, run_campaign
-from profiling.store import ResultsStore
+from edgemask.devices.records import Measurement
+from edgemask.profiling.campaign import backoff_delay, parse_campaign, plan_jobs, run_campaign
+from edgemask.profiling.store import ResultsStore
 
 
 def _setup(tmp_path, **kw):

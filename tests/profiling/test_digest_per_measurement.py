@@ -8,11 +8,11 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from devices.records import Measurement
-from profiling.records import Job
-from profiling.stats import summarize
-from profiling.store import DigestChanged, ResultsStore
-from profiling.tidy import samples_frame
+from edgemask.devices.records import Measurement
+from edgemask.profiling.records import Job
+from edgemask.profiling.stats import summarize
+from edgemask.profiling.store import DigestChanged, ResultsStore
+from edgemask.profiling.tidy import samples_frame
 
 A, B = "a410bd" + "0" * 58, "278aac" + "1" * 58  # the two files of the probe
 
@@ -85,7 +85,7 @@ def test_a_row_without_digest_is_an_unknown_file_of_its_own(tmp_path):
 
 
 def test_the_report_says_a_setting_was_measured_from_two_files(tmp_path):
-    from profiling.report import write_report
+    from edgemask.profiling.report import write_report
 
     results = tmp_path / "results" / "c"
     results.mkdir(parents=True)
@@ -141,7 +141,7 @@ def test_a_resume_after_a_re_export_is_refused_in_one_line(tmp_path):
     toml.write_text(pf.real_campaign_toml("reexport", seconds=3.0))
     db = ws / "results" / "reexport" / "results.sqlite"
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "cli", "profile", "--workspace", str(ws), "--campaign", str(toml)]
+    argv = [sys.executable, "-m", "edgemask.cli", "profile", "--workspace", str(ws), "--campaign", str(toml)]
 
     def measured() -> list[tuple]:
         if not db.is_file():
@@ -190,7 +190,7 @@ def _campaign(tmp_path, repetitions: int):
     import tomllib
 
     import profiling_fakes as pf
-    from profiling.campaign import parse_campaign
+    from edgemask.profiling.campaign import parse_campaign
 
     ws = tmp_path / "ws"
     if not ws.exists():
@@ -217,7 +217,7 @@ def _manifest_digest(artifact_dir, fmt, variant):
 
 def _run(ws, cfg, bench):
     import profiling_fakes as pf
-    from profiling.campaign import run_campaign
+    from edgemask.profiling.campaign import run_campaign
 
     return run_campaign(cfg, ws, benchmark=bench, progress=False, inventory=pf.fleet("dev-a"),
                         connect=pf.FakeConnect())

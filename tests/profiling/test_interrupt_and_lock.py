@@ -36,7 +36,7 @@ def _workspace(tmp_path: Path, name: str, seconds: float) -> tuple[Path, Path]:
 
 def _profile(ws: Path, toml: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "cli", "profile", "--workspace", str(ws),
+    return subprocess.Popen([sys.executable, "-m", "edgemask.cli", "profile", "--workspace", str(ws),
                              "--campaign", str(toml)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=ROOT, start_new_session=True)
 

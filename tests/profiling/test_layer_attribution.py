@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from profiling.layers import OTHER, LayerRow, coverage, layer_ms, layer_of, layer_table, name_index, run_layer_us
+from edgemask.profiling.layers import OTHER, LayerRow, coverage, layer_ms, layer_of, layer_table, name_index, run_layer_us
 
 LAYERS = [  # manifest records as export writes them (dynamo exporter names)
     {"name": "conv1", "kept": 2, "total": 16, "flops_dense": 18432, "flops_compacted": 2304,
@@ -63,12 +63,12 @@ def test_real_onnx_profile_attributes_every_kernel(tmp_path, opset):
     """A conv net with conv1 keeping 4 of 64 filters, exported for real, profiled in onnxruntime via the runner."""
     import torch
 
-    from devices.remote.runner.benchmark import profile_runs
-    from export.compact import compact
-    from export.formats import FORMATS, ExportSettings, FormatContext
-    from export.layers import layer_records
-    from trainer.models import MaskedModel, build_model, model_sites
-    from trainer.models.masking import all_ones_masks
+    from edgemask.devices.remote.runner.benchmark import profile_runs
+    from edgemask.export.compact import compact
+    from edgemask.export.formats import FORMATS, ExportSettings, FormatContext
+    from edgemask.export.layers import layer_records
+    from edgemask.trainer.models import MaskedModel, build_model, model_sites
+    from edgemask.trainer.models.masking import all_ones_masks
 
     torch.manual_seed(0)
     base = build_model("cnn", (3, 128, 128), 10, widths=(64, 128)).eval()
@@ -132,7 +132,7 @@ def _frames(pte_reason: str, fc_us: float = 10.0):
 
 
 def test_breakdowns_from_store_frames_and_the_reason_where_none():
-    from profiling.layers import breakdowns
+    from edgemask.profiling.layers import breakdowns
 
     reason = "this ExecuTorch runtime wrote no ETDump"
     [bd], notes = breakdowns(*_frames(reason))

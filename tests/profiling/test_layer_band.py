@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiling.layers import COARSE_MS, UNCHANGED_BAND, LayerBreakdown, LayerRow, layer_table, suspect_reason
+from edgemask.profiling.layers import COARSE_MS, UNCHANGED_BAND, LayerBreakdown, LayerRow, layer_table, suspect_reason
 
 LAYERS = [  # conv1 unchanged, conv2 pruned (its FLOPs fall), out unchanged
     {"name": "conv1", "kept": 16, "total": 16, "flops_dense": 1000, "flops_compacted": 1000},
@@ -48,13 +48,13 @@ def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(t
     import torch
     from torch import nn
 
-    from devices.remote.runner.benchmark import profile_runs
-    from export.compact import compact
-    from export.formats import FORMATS, ExportSettings, FormatContext
-    from export.layers import layer_records
-    from profiling.layers import layer_ms, name_index
-    from trainer.models import MaskedModel, model_sites
-    from trainer.models.masking import all_ones_masks
+    from edgemask.devices.remote.runner.benchmark import profile_runs
+    from edgemask.export.compact import compact
+    from edgemask.export.formats import FORMATS, ExportSettings, FormatContext
+    from edgemask.export.layers import layer_records
+    from edgemask.profiling.layers import layer_ms, name_index
+    from edgemask.trainer.models import MaskedModel, model_sites
+    from edgemask.trainer.models.masking import all_ones_masks
 
     class Net(nn.Module):
         def __init__(self):

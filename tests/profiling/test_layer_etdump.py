@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from profiling.layers import OTHER, attach_etdump, map_delegate_events
+from edgemask.profiling.layers import OTHER, attach_etdump, map_delegate_events
 
 # a DELEGATE_CALL's module hierarchy as the Inspector gives it from the ETRecord: node name -> nn_module_stack
 HIER = {
@@ -54,13 +54,13 @@ def test_real_etdump_of_a_conv_net_maps_every_xnnpack_operator(tmp_path):
     end-to-end time, and the hand-computed FLOP bounds come out."""
     import torch
 
-    from devices.remote.runner.benchmark import profile_runs
-    from export.compact import compact
-    from export.formats import FORMATS, ExportSettings, FormatContext
-    from export.layers import layer_records
-    from profiling.layers import coverage, layer_ms, layer_table
-    from trainer.models import MaskedModel, build_model, model_sites
-    from trainer.models.masking import all_ones_masks
+    from edgemask.devices.remote.runner.benchmark import profile_runs
+    from edgemask.export.compact import compact
+    from edgemask.export.formats import FORMATS, ExportSettings, FormatContext
+    from edgemask.export.layers import layer_records
+    from edgemask.profiling.layers import coverage, layer_ms, layer_table
+    from edgemask.trainer.models import MaskedModel, build_model, model_sites
+    from edgemask.trainer.models.masking import all_ones_masks
 
     torch.manual_seed(0)
     base = build_model("cnn", (3, 128, 128), 10, widths=(64, 128)).eval()

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from export import export_run
-from profiling.campaign import parse_campaign, run_campaign
-from profiling.report import write_report
-from profiling.store import ResultsStore
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
-from trainer.data import DataConfig
-from trainer.models import build_model, model_sites
-from trainer.models.masking import all_ones_masks
-from trainer.run_dir import ClientState, write_run
+from edgemask.export import export_run
+from edgemask.profiling.campaign import parse_campaign, run_campaign
+from edgemask.profiling.report import write_report
+from edgemask.profiling.store import ResultsStore
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+from edgemask.trainer.data import DataConfig
+from edgemask.trainer.models import build_model, model_sites
+from edgemask.trainer.models.masking import all_ones_masks
+from edgemask.trainer.run_dir import ClientState, write_run
 
 
 @pytest.mark.slow

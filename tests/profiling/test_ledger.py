@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from profiling.ledger import (
+from edgemask.profiling.ledger import (
     RunRecord,
     client_training,
     ledger_frame,
@@ -13,7 +13,7 @@ from profiling.ledger import (
     read_run,
     write_ledger,
 )
-from profiling.trace import read_trace
+from edgemask.profiling.trace import read_trace
 
 SETTING = {"device": "dev", "format": "onnx", "variant": "fp32", "threads": 1}
 
@@ -110,7 +110,7 @@ def test_report_writes_the_ledger_plot_and_traces(tmp_path):
     with the run's summary.json: clients.parquet, the Pareto PNG, the front named in summary.md, a trace."""
     from test_report import LENIENT, _campaign
 
-    from profiling.report import write_report
+    from edgemask.profiling.report import write_report
 
     ws, results = _campaign(tmp_path)
     (ws / "runs" / "run-a" / "summary.json").write_text(json.dumps(

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from profiling.predict import ClientLayers, choose_sample, error_summary, fit, leave_one_out, HeldOut
+from edgemask.profiling.predict import ClientLayers, choose_sample, error_summary, fit, leave_one_out, HeldOut
 
 # three layers of a fixed architecture: out units, kernel; layer l reads layer l-1's kept units (the first: 16)
 SHAPES = {"conv1": (32, 9), "conv2": (64, 9), "fc": (10, 1)}
@@ -77,14 +77,14 @@ def test_sample_spans_the_kept_units_and_follows_its_seed():
 
 @pytest.mark.slow
 def test_a_sampled_campaign_marks_predicted_rows_and_never_counts_them_measured(tmp_path):
-    from export import export_run
-    from profiling.campaign import parse_campaign, plan_campaign, run_campaign
-    from profiling.report import write_report
-    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
-    from trainer.data import DataConfig
-    from trainer.models import build_model, model_sites
-    from trainer.models.masking import all_ones_masks
-    from trainer.run_dir import ClientState, write_run
+    from edgemask.export import export_run
+    from edgemask.profiling.campaign import parse_campaign, plan_campaign, run_campaign
+    from edgemask.profiling.report import write_report
+    from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+    from edgemask.trainer.data import DataConfig
+    from edgemask.trainer.models import build_model, model_sites
+    from edgemask.trainer.models.masking import all_ones_masks
+    from edgemask.trainer.run_dir import ClientState, write_run
 
     ws = tmp_path / "ws"
     cfg = TrainConfig(run=RunConfig(seed=0, run_id="digits-mlp-sample"), data=DataConfig(name="digits",

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from edgemask.errors import ConfigError, CorruptFileError
-from profiling.replay import RunReplay, replay_rounds, replay_table
+from edgemask.profiling.replay import RunReplay, replay_rounds, replay_table
 
 # round 0: a and b train; round 1: a alone. mean accuracy 0.5 after round 0, 0.8 after round 1.
 HISTORY = pd.DataFrame(
@@ -77,8 +77,8 @@ def test_refusals_name_what_is_missing():
 def test_cli_replay_end_to_end_and_refusals(tmp_path, capsys):
     """`edgemask replay` on a run directory and a trace written by the trace writer: the hand-computed figures
     above; a missing trace is one line, exit 2."""
-    from cli.main import main
-    from profiling.trace import write_traces
+    from edgemask.cli.main import main
+    from edgemask.profiling.trace import write_traces
 
     run = tmp_path / "runs" / "run-x"
     run.mkdir(parents=True)

@@ -7,13 +7,13 @@ import tomllib
 import pandas as pd
 import pytest
 
-import profiling
+from edgemask import profiling
 import profiling_fakes as pf
-from devices.records import Measurement
-from profiling.campaign import parse_campaign, plan_jobs, read_manifest
-from profiling.report import summary_table, write_report
-from profiling.store import ResultsStore
-from profiling.verdict import VerdictRules
+from edgemask.devices.records import Measurement
+from edgemask.profiling.campaign import parse_campaign, plan_jobs, read_manifest
+from edgemask.profiling.report import summary_table, write_report
+from edgemask.profiling.store import ResultsStore
+from edgemask.profiling.verdict import VerdictRules
 
 SAMPLES = (1.0, 2.0, 3.0, 4.0, 10.0)
 
@@ -109,7 +109,7 @@ def test_report_says_why_energy_and_history_are_missing(tmp_path):
 
 
 def test_accuracy_curve_from_long_history():
-    from profiling.plots import accuracy_curve
+    from edgemask.profiling.plots import accuracy_curve
 
     h = pd.DataFrame([(0, "client-000", "accuracy", 0.4), (0, "client-001", "accuracy", 0.6),
                       (0, "client-000", "bytes_up", 10.0), (0, "client-001", "bytes_down", 30.0),
@@ -124,7 +124,7 @@ def test_accuracy_curve_from_long_history():
 def test_each_accuracy_measure_of_a_run_is_its_own_named_curve(tmp_path):
     """FedMask scores a client on its local mask and on the mask the server returns (issue #26): the report draws
     both, named, from the history's ``accuracy`` and ``accuracy_returned_mask`` rows."""
-    from profiling.report import _run_curves
+    from edgemask.profiling.report import _run_curves
 
     run = tmp_path / "runs" / "run-m"
     run.mkdir(parents=True)
@@ -156,7 +156,7 @@ def test_fedmasks_dense_baseline_is_named_for_what_it_is(tmp_path):
 
 
 def test_the_summary_names_settings_measured_again_for_their_cv():
-    from profiling.report import verdict_lines
+    from edgemask.profiling.report import verdict_lines
 
     summary = pd.DataFrame({"artifact": ["r/dense", "r/client-000"], "format": ["onnx", "pte"],
                             "device": ["pi", "pi"], "not_checked": ["", ""], "valid": [True, True],

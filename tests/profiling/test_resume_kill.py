@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import profiling_fakes as pf
-from profiling.campaign import parse_campaign, plan_jobs
+from edgemask.profiling.campaign import parse_campaign, plan_jobs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

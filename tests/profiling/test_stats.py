@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from profiling import stats
-from profiling.verdict import VerdictRules
+from edgemask.profiling import stats
+from edgemask.profiling.verdict import VerdictRules
 
 SAMPLES = [1.0, 2.0, 3.0, 4.0, 10.0]
 

@@ -7,10 +7,10 @@ import sqlite3
 import pytest
 
 import profiling_fakes as pf
-from devices.records import Measurement, RunnerSettings
+from edgemask.devices.records import Measurement, RunnerSettings
 from edgemask.errors import EdgemaskError
-from profiling.campaign import Job, read_manifest
-from profiling.store import ResultsStore
+from edgemask.profiling.campaign import Job, read_manifest
+from edgemask.profiling.store import ResultsStore
 
 
 def _measurement(**kw):
@@ -91,7 +91,7 @@ def test_resume_with_other_runner_settings_is_refused(tmp_path):
     import dataclasses
     import tomllib
 
-    from profiling.campaign import parse_campaign
+    from edgemask.profiling.campaign import parse_campaign
 
     cfg = parse_campaign(tomllib.loads(pf.campaign_toml()))
     with ResultsStore.open(tmp_path / "r.sqlite") as store:

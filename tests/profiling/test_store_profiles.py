@@ -8,10 +8,10 @@ import tomllib
 import pytest
 
 import profiling_fakes as pf
-from devices.records import Measurement, RunnerSettings
+from edgemask.devices.records import Measurement, RunnerSettings
 from edgemask.errors import ConfigError
-from profiling.campaign import Job, parse_campaign
-from profiling.store import ResultsStore
+from edgemask.profiling.campaign import Job, parse_campaign
+from edgemask.profiling.store import ResultsStore
 
 PROFILE = {"available": True, "profiler": "onnxruntime enable_profiling", "blocks": [], "runs": [
     {"end_to_end_ms": 0.5, "total_us": 450.0, "ops": [["relu_nchwc", "Conv", 300.0, "CPUExecutionProvider"],

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 import profiling_fakes as pf
-from devices.records import Measurement
-from profiling.campaign import parse_campaign, plan_jobs, read_manifest
-from profiling.report import write_report
-from profiling.store import ResultsStore
+from edgemask.devices.records import Measurement
+from edgemask.profiling.campaign import parse_campaign, plan_jobs, read_manifest
+from edgemask.profiling.report import write_report
+from edgemask.profiling.store import ResultsStore
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 ID_COLUMNS = ["run_id", "client_id", "algorithm", "kind", "model", "dataset", "format", "variant", "device",

@@ -9,8 +9,8 @@ import pytest
 from test_ledger import RESULTS, _runs
 
 from edgemask.errors import ConfigError, CorruptFileError
-from profiling.ledger import ledger_frame
-from profiling.trace import FEDSCALE_FILE, read_trace, write_traces
+from edgemask.profiling.ledger import ledger_frame
+from edgemask.profiling.trace import FEDSCALE_FILE, read_trace, write_traces
 
 
 def _fedscale_load_client_profile(file_path):

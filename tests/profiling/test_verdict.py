@@ -13,12 +13,12 @@ import tomllib
 import pytest
 
 import profiling_fakes as pf
-from devices.benchmark import measurement_from_runner
-from devices.sensors import decode_throttled
-from profiling.campaign import parse_campaign, plan_jobs, read_manifest
-from profiling.stats import summarize
-from profiling.store import ResultsStore
-from profiling.verdict import INVALID, VALID, VerdictRules, throttled_during
+from edgemask.devices.benchmark import measurement_from_runner
+from edgemask.devices.sensors import decode_throttled
+from edgemask.profiling.campaign import parse_campaign, plan_jobs, read_manifest
+from edgemask.profiling.stats import summarize
+from edgemask.profiling.store import ResultsStore
+from edgemask.profiling.verdict import INVALID, VALID, VerdictRules, throttled_during
 
 STEADY = [2.0, 2.1, 1.9, 2.0] * 15  # 60 runs, mean 2, sample std sqrt(0.3 / 59): CV 3.6 %
 

@@ -6,10 +6,10 @@ import torch
 
 import pytest
 
-from trainer.accounting import (ForwardFlops, dense_reference, forward_flops, forward_flops_many,
+from edgemask.trainer.accounting import (ForwardFlops, dense_reference, forward_flops, forward_flops_many,
                                 forward_flops_split, forward_flops_split_many, kept_counts, layer_positions)
-from trainer.models import build_model, model_sites
-from trainer.models.masking import all_ones_masks
+from edgemask.trainer.models import build_model, model_sites
+from edgemask.trainer.models.masking import all_ones_masks
 
 
 def test_a_column_fed_by_a_dead_unit_costs_nothing():
@@ -125,9 +125,9 @@ def test_many_clients_at_once_count_what_each_counts_alone(name, shape, args):
 def test_measuring_positions_leaves_the_model_in_its_mode_so_round_0_trains_in_training_mode():
     # simulate() measures layer positions before round 0; it once left the model in eval mode, so round 0 trained
     # with batch norm's running statistics (never updated) instead of each batch's
-    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-    from trainer.data import DataConfig
-    from trainer.simulation import simulate
+    from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+    from edgemask.trainer.data import DataConfig
+    from edgemask.trainer.simulation import simulate
 
     model = build_model("tiny_mobilenet", (1, 8, 8), 10, width=4, expand=2)
     sites = model_sites(model)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import allocator
+from edgemask.trainer import allocator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # written, then all freed; page faults per step, after one step to grow the heap.
 FAULTS = """
 import ctypes, resource
-from trainer.allocator import tune_host_allocator
+from edgemask.trainer.allocator import tune_host_allocator
 state = tune_host_allocator()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

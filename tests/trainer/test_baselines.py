@@ -7,22 +7,22 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import batched_ops
-from trainer.accounting import tensor_bytes
-from trainer.algorithms import ALGORITHMS
-from trainer.records import LocalTask
-from trainer.algorithms.perfedavg import FoMamlLoss
-from trainer.batched import local_train_batched
-from trainer.algorithms.topk import top_k_sparsify
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.local_training import evaluate, local_train
-from trainer.engines import engine_for
-from trainer.masks import packed_nbytes
-from trainer.models import head_names
-from trainer.run_dir import load_run
-from trainer.sampling import batch_order
-from trainer.simulation import simulate
+from edgemask.trainer import batched_ops
+from edgemask.trainer.accounting import tensor_bytes
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.records import LocalTask
+from edgemask.trainer.algorithms.perfedavg import FoMamlLoss
+from edgemask.trainer.batched import local_train_batched
+from edgemask.trainer.algorithms.topk import top_k_sparsify
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.local_training import evaluate, local_train
+from edgemask.trainer.engines import engine_for
+from edgemask.trainer.masks import packed_nbytes
+from edgemask.trainer.models import head_names
+from edgemask.trainer.run_dir import load_run
+from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.simulation import simulate
 
 from test_batched import lend, named  # a test's own functions and model as registered names
 
@@ -90,7 +90,7 @@ def test_uploads_computed_together_are_each_clients_own(name):
     # client_updates sparsifies / binarizes / updates the control variates of all clients' stacked tensors at
     # once; a list of one client gives each alone. Two equal instances, fed the same trained results for two rounds
     # (Top-k's residuals and SCAFFOLD's c_i carry over).
-    from trainer.simulation import train_clients
+    from edgemask.trainer.simulation import train_clients
 
     together_algo, alone_algo = make(name, clients=4, batched=True), make(name, clients=4, batched=True)
     ids = list(together_algo.client_ids)
@@ -134,7 +134,7 @@ def test_bnn_forward_uses_plus_minus_one_weights_and_one_bit_uploads(monkeypatch
 
 
 def test_bnn_straight_through_gradient_is_cancelled_outside_one():
-    from trainer.algorithms.bnn_fedavg import binarize_ste
+    from edgemask.trainer.algorithms.bnn_fedavg import binarize_ste
 
     w = torch.tensor([-2.0, -0.5, 0.3, 1.5], requires_grad=True)
     b = binarize_ste(w, scale=False)
@@ -165,7 +165,7 @@ def test_bnn_shadow_weights_are_clipped_to_one_after_every_step(monkeypatch):
             torch.testing.assert_close(b.trained[w], s.trained[w], rtol=1e-5, atol=1e-5)
         assert float(s.trained["fc1.bias"].abs().max()) > 1.0  # biases are not binarized, hence not clipped
     # the straight-through gradient still flows through the clipped weights (|W| ≤ 1 includes the boundary)
-    from trainer.algorithms.bnn_fedavg import binarize_ste
+    from edgemask.trainer.algorithms.bnn_fedavg import binarize_ste
 
     w = torch.tensor([-1.0, 1.0], requires_grad=True)
     binarize_ste(w, scale=False).sum().backward()

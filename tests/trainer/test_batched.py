@@ -13,16 +13,16 @@ from torch import nn
 from torch.func import functional_call
 
 from edgemask.errors import EdgemaskError
-from trainer import batched_ops
-from trainer.algorithms import ALGORITHMS
-from trainer.records import LocalTask
-from trainer.batched import compatible_groups, local_train_batched, step_indices, step_plans
-from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from trainer.data import DataConfig
-from trainer.local_training import local_train
-from trainer.sampling import batch_order
-from trainer.simulation import simulate
-from trainer.task_functions import Fn, ModelSpec, model_context, task_function
+from edgemask.trainer import batched_ops
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.records import LocalTask
+from edgemask.trainer.batched import compatible_groups, local_train_batched, step_indices, step_plans
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.data import DataConfig
+from edgemask.trainer.local_training import local_train
+from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.simulation import simulate
+from edgemask.trainer.task_functions import Fn, ModelSpec, model_context, task_function
 
 TOL = 1e-5
 
@@ -224,7 +224,7 @@ def test_chunks_and_groups_give_the_same_result():
 def test_a_chunk_that_runs_out_of_memory_is_trained_again_in_halves(monkeypatch):
     # A device whose memory holds 2 clients' stacked training (the estimate said all 7 fit): a unit test of the
     # retry, so the allocator's failure is a stand-in raised by the stacked loop itself.
-    from trainer import batched
+    from edgemask.trainer import batched
 
     torch.manual_seed(4)
     model = nn.Linear(6, 3)
@@ -362,7 +362,7 @@ def test_batched_round_loop_matches_sequential(algorithm, model, monkeypatch):
 
 def _built(algorithm: str, model: str):
     """The algorithm built and set up for the small batched run, or the test skipped where it does not fit it."""
-    from trainer.simulation import build_algorithm
+    from edgemask.trainer.simulation import build_algorithm
 
     try:
         return build_algorithm(_config(algorithm, True, model))
@@ -375,7 +375,7 @@ def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
     # On a CUDA device a task that captured a CPU tensor in its closures would fall back to the sequential loop.
     # The "meta" device mixes with the CPU tensors exactly as CUDA would, so the probe (one vmapped step on the
     # device) catches such a task here without a GPU: every phase of every algorithm must pass it.
-    from trainer.batched import _probe
+    from edgemask.trainer.batched import _probe
 
     algo = _built(algorithm, model)
     algo.setup()
@@ -398,8 +398,8 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
     # captured CPU tensor fails as it would on CUDA.
     from torch.func import vmap
 
-    from trainer.batched import _evaluate_stacked, eval_groups
-    from trainer.simulation import train_clients
+    from edgemask.trainer.batched import _evaluate_stacked, eval_groups
+    from edgemask.trainer.simulation import train_clients
 
     algo = _built(algorithm, model)
     trained = train_clients(algo, algo.client_ids, 0)  # one round: personal state where the algorithm keeps one
@@ -415,7 +415,7 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
 
 def test_device_is_cuda_only_when_present():
     from edgemask.errors import ConfigError
-    from trainer.batched import resolve_device
+    from edgemask.trainer.batched import resolve_device
 
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("cuda").type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -454,7 +454,7 @@ def test_per_step_noise_is_each_clients_own_stream_in_both_loops():
 
 
 def test_chunk_size_counts_a_constant_every_client_shares_once():
-    from trainer.batched import clients_per_chunk
+    from edgemask.trainer.batched import clients_per_chunk
 
     frozen = torch.zeros(1000)  # 4,000 bytes, held by every client (FedMask's frozen weights)
     task = LocalTask({"m": torch.zeros(250)}, lend(), constants={"w": frozen})

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from trainer import batched
-from trainer.algorithms import EvalModel
-from trainer.batched import evaluate_many
-from trainer.local_training import evaluate
-from trainer.models import build_model
+from edgemask.trainer import batched
+from edgemask.trainer.algorithms import EvalModel
+from edgemask.trainer.batched import evaluate_many
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.models import build_model
 
 MODELS = [("mlp", (1, 8, 8), {"hidden": (16, 12)}), ("cnn", (1, 8, 8), {"widths": (4, 6)}),
           ("tiny_mobilenet", (1, 8, 8), {"width": 4, "expand": 2}),  # batch norm: per-client running statistics
@@ -78,10 +78,10 @@ def test_models_of_different_kinds_are_grouped_apart():
 @pytest.mark.parametrize("model", ["mlp", "tiny_mobilenet"])
 def test_per_fedavgs_adaptation_steps_together_are_each_clients_own(model):
     # Per-FedAvg evaluates w_i = w - α ∇f(w; D_i^train): all clients' steps in one batched call, or one by one
-    from trainer.algorithms.perfedavg import adapt
-    from trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
-    from trainer.data import DataConfig
-    from trainer.simulation import build_algorithm
+    from edgemask.trainer.algorithms.perfedavg import adapt
+    from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+    from edgemask.trainer.data import DataConfig
+    from edgemask.trainer.simulation import build_algorithm
 
     args = {"mlp": {"hidden": [16, 12]}, "tiny_mobilenet": {"width": 4, "expand": 2}}[model]
     cfg = TrainConfig(run=RunConfig(seed=1), data=DataConfig(name="digits", num_clients=5, partition="dirichlet",

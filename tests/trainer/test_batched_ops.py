@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch._C._functorch import _unwrap_batched, is_batchedtensor, maybe_current_level
 from torch.func import grad, vmap
 
-from trainer import batched_ops
-from trainer.batched_ops import BATCHED_OPS, BatchedLayers, vmap_clients
+from edgemask.trainer import batched_ops
+from edgemask.trainer.batched_ops import BATCHED_OPS, BatchedLayers, vmap_clients
 
 C, N = 3, 5  # clients, samples per client
 

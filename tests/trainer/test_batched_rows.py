@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.aggregation import stack_rows
-from trainer.algorithms import ALGORITHMS
-from trainer.batched import _rows, local_train_batched
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.records import LocalResult
-from trainer.sampling import batch_orders
+from edgemask.trainer.aggregation import stack_rows
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.batched import _rows, local_train_batched
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.records import LocalResult
+from edgemask.trainer.sampling import batch_orders
 
 
 def _fedavg(clients: int = 4):

@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 import torch
 
-from trainer.algorithms import ALGORITHMS, Algorithm
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.engines import BatchedEngine, SequentialEngine, engine_for
-from trainer.local_training import evaluate
-from trainer.records import EvalModel
-from trainer.simulation import build_algorithm, train_clients
+from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.engines import BatchedEngine, SequentialEngine, engine_for
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.records import EvalModel
+from edgemask.trainer.simulation import build_algorithm, train_clients
 
 
 def _cfg(batched: bool) -> TrainConfig:

@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.fedmask import FedMask, binary_ste
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.engines import engine_for
-from trainer.local_training import evaluate
-from trainer.masks import binarize, masked_model
-from trainer.models.masking import effective_params
-from trainer.simulation import simulate
-from trainer.task_program import program
+from edgemask.trainer.algorithms.fedmask import FedMask, binary_ste
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.engines import engine_for
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.masks import binarize, masked_model
+from edgemask.trainer.models.masking import effective_params
+from edgemask.trainer.simulation import simulate
+from edgemask.trainer.task_program import program
 
 
 def cfg(rounds=1, clients=2, per_client=40, participation=1.0, **args) -> TrainConfig:
@@ -171,7 +171,7 @@ def test_ic_cifar10_config_gives_25_training_samples_per_device_at_20_plus_5():
 
     import numpy as np
 
-    from trainer.data.partition import partition, train_test_split
+    from edgemask.trainer.data.partition import partition, train_test_split
 
     d = TrainConfig.load(Path(__file__).parents[2] / "configs" / "ic-cifar10-fedmask.toml").data
     y = np.repeat(np.arange(10), 6000)

@@ -9,19 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.accounting import tensor_bytes
-from trainer.aggregation import personalization_preserving
-from trainer.algorithms.fedmask import FedMask, group_lasso
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.data.base import ClientData, FederatedDataset
-from trainer.local_training import local_train
-from trainer.masks import binarize, pack_bits, packed_nbytes
-from trainer.models.masking import MaskSite, effective_params
-from trainer.records import ClientUpdate
-from trainer.sampling import batch_order
-from trainer.engines import engine_for
-from trainer.task_program import program
+from edgemask.trainer.accounting import tensor_bytes
+from edgemask.trainer.aggregation import personalization_preserving
+from edgemask.trainer.algorithms.fedmask import FedMask, group_lasso
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.data.base import ClientData, FederatedDataset
+from edgemask.trainer.local_training import local_train
+from edgemask.trainer.masks import binarize, pack_bits, packed_nbytes
+from edgemask.trainer.models.masking import MaskSite, effective_params
+from edgemask.trainer.records import ClientUpdate
+from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.engines import engine_for
+from edgemask.trainer.task_program import program
 
 
 def cfg(algo="fedmask", model="mlp", clients=2, per_client=40, model_args=None, **args) -> TrainConfig:
@@ -123,7 +123,7 @@ def test_every_client_starts_from_the_one_global_mask_under_partial_participatio
 
 def test_uploads_computed_together_are_each_clients_own():
     # client_updates binarizes all clients' stacked scores at once (Eq. 3); a list of one client gives each alone
-    from trainer.simulation import train_clients
+    from edgemask.trainer.simulation import train_clients
 
     c = cfg(clients=3, prune_rate=0.2, prune_last=2, lambda_r=0.002)
     algo = FedMask(c, build_dataset(c.data, c.run.seed), engine_for(c.training))

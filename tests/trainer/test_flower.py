@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from edgemask.errors import EdgemaskError
-from trainer.algorithms import ALGORITHMS
-from trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
-from trainer.config import TrainConfig
-from trainer.flower import SETTING_FIELDS, ClientSide, TaskMessage
-from trainer.local_training import local_train
-from trainer.sampling import batch_order
-from trainer.simulation import SimulationResult, build_algorithm, simulate
-from trainer.task_functions import Fn, ModelSpec
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.flower import SETTING_FIELDS, ClientSide, TaskMessage
+from edgemask.trainer.local_training import local_train
+from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.simulation import SimulationResult, build_algorithm, simulate
+from edgemask.trainer.task_functions import Fn, ModelSpec
 
 from test_batched import TOL, _config, _max_diff  # the tiny digits run: 4 clients, 2 rounds, participation 0.75
 
@@ -63,7 +63,7 @@ def test_every_task_field_travels():
 def _fresh_node_trains(task: LocalTask, data, order) -> LocalResult:
     """``task`` trained as a Flower node trains it: rebuilt from its records (tensors and JSON), its model built
     from the spec in this process (the server's model context dropped), the sequential loop."""
-    from trainer import task_functions
+    from edgemask.trainer import task_functions
 
     msg, _ = TaskMessage.from_records(TaskMessage.of("c", 0, 0, task).to_records("x = 1\n"))
     lent = task_functions._CONTEXTS.pop(task.model)  # as on a node: no algorithm's model to borrow
@@ -140,8 +140,8 @@ def test_clients_without_an_algorithm_train_as_simulate(algorithm):
 
 
 def test_without_flower_the_engine_says_how_to_install_it(monkeypatch, tmp_path, capsys):
-    from cli.main import main
-    from trainer.flower import require_flwr
+    from edgemask.cli.main import main
+    from edgemask.trainer.flower import require_flwr
 
     monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError
     with pytest.raises(EdgemaskError, match=r"pip install -e \.\[flower\]"):
@@ -173,7 +173,7 @@ class StandInGrid:
     def send_and_receive(self, messages, *, timeout=None):
         from flwr.app import Context, Error, Message, RecordDict
 
-        from trainer.flower import client_app
+        from edgemask.trainer.flower import client_app
 
         replies = []
         for m in messages:
@@ -201,7 +201,7 @@ def flower_messages():
 
 
 def test_records_carry_tensors_dtypes_and_settings_exactly(flower_messages):
-    from trainer.flower import result_from_records, result_records
+    from edgemask.trainer.flower import result_from_records, result_records
 
     task = LocalTask({"w": torch.randn(3, 2), "o:x": torch.randn(0)}, ModelSpec.of("mlp", (6,), 3),
                      constants={"g:w": torch.randn(3, 2)}, buffers={"n": torch.tensor(7)},
@@ -226,8 +226,8 @@ def test_deployed_server_app_writes_simulates_run(algorithm, flower_messages, tm
     that hold 2 clients each (index mod 2): the run directory's history and state are simulate()'s."""
     from flwr.app import Context, RecordDict
 
-    from trainer.flower import server_app
-    from trainer.run_dir import Run
+    from edgemask.trainer.flower import server_app
+    from edgemask.trainer.run_dir import Run
 
     cfg = _config(algorithm, True)
     path = tmp_path / "c.toml"
@@ -254,11 +254,11 @@ def test_deployed_server_app_writes_simulates_run(algorithm, flower_messages, tm
 
 
 def test_client_errors_and_missing_nodes_name_the_node_and_the_fix(flower_messages, tmp_path):
-    from trainer.flower import FlowerTrainer, client_nodes
+    from edgemask.trainer.flower import FlowerTrainer, client_nodes
 
     from flwr.app import Context, RecordDict
 
-    from trainer.flower import server_app
+    from edgemask.trainer.flower import server_app
 
     with pytest.raises(EdgemaskError, match=r"needs the training config: set config = "):
         server_app(StandInGrid(1), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
@@ -285,7 +285,7 @@ def test_client_errors_and_missing_nodes_name_the_node_and_the_fix(flower_messag
 def ray_runs(tmp_path_factory):
     """FedAvg, FedMask and Ditto in one Flower simulation (one Ray start-up), 2 workers."""
     pytest.importorskip("flwr")
-    from trainer.flower import simulate_flower
+    from edgemask.trainer.flower import simulate_flower
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TMPDIR", str(tmp_path_factory.mktemp("ray")))  # Ray's sockets and logs

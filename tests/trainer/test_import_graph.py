@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # the project's import-graph reader, shared with tests/test_architecture.py
 from import_graph import find_cycle, graph as _graph, imports as _imports, modules  # noqa: E402
 
-LOOPS = {"trainer.simulation", "trainer.engines", "trainer.batched", "trainer.local_training", "trainer.flower"}
-ENGINES = {"trainer.engines", "trainer.batched", "trainer.batched_ops", "trainer.local_training"}
+LOOPS = {f"edgemask.trainer.{m}" for m in ("simulation", "engines", "batched", "local_training", "flower")}
+ENGINES = {f"edgemask.trainer.{m}" for m in ("engines", "batched", "batched_ops", "local_training")}
 
 
 MODULES = modules(ROOT, ("trainer",))
@@ -37,9 +37,9 @@ def test_find_cycle_finds_a_planted_cycle_and_no_other():
 
 
 def test_imports_sees_function_level_imports_and_skips_type_checking_ones():
-    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.records import LocalTask\n"
-           "def f():\n    from trainer.batched import local_train_batched\n")
-    assert imports(src, "trainer.x", False) == {"trainer.batched"}
+    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from edgemask.trainer.records import LocalTask\n"
+           "def f():\n    from edgemask.trainer.batched import local_train_batched\n")
+    assert imports(src, "edgemask.trainer.x", False) == {"edgemask.trainer.batched"}
 
 
 def test_trainer_imports_are_acyclic():
@@ -49,7 +49,7 @@ def test_trainer_imports_are_acyclic():
 
 def test_no_algorithm_imports_a_training_loop():
     g = graph()
-    offenders = {m: sorted(g[m] & LOOPS) for m in g if m.startswith("trainer.algorithms") and g[m] & LOOPS}
+    offenders = {m: sorted(g[m] & LOOPS) for m in g if m.startswith("edgemask.trainer.algorithms") and g[m] & LOOPS}
     assert not offenders
 
 
@@ -64,7 +64,8 @@ def test_no_engine_imports_an_algorithm_or_the_round_loop():
             if d not in reach[m]:
                 reach[m].add(d)
                 todo += g.get(d, ())
-    offenders = {m: sorted(d for d in deps if d.startswith("trainer.algorithms") or d == "trainer.simulation")
+    offenders = {m: sorted(d for d in deps
+                           if d.startswith("edgemask.trainer.algorithms") or d == "edgemask.trainer.simulation")
                  for m, deps in reach.items()}
     assert offenders == {m: [] for m in ENGINES}
 

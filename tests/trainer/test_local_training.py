@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from trainer.losses import cross_entropy
+from edgemask.trainer.losses import cross_entropy
 
 
 def test_cross_entropy_by_hand():
@@ -41,10 +41,10 @@ def test_per_sample_is_pytorchs_bits_and_the_mean_is_what_vmap_computes():
 def test_weight_decay_never_moves_frozen_elements_in_either_loop(momentum):
     # LocalTask: elements with grad_keep 0 are frozen. torch.optim.SGD(weight_decay=...) would add wd·p inside
     # step(), after the gradients were masked, and decay them; both loops use d = (∇ + wd·p) ⊙ keep instead.
-    from trainer.records import LocalTask
-    from trainer.batched import local_train_batched
-    from trainer.local_training import local_train
-    from trainer.sampling import batch_order
+    from edgemask.trainer.records import LocalTask
+    from edgemask.trainer.batched import local_train_batched
+    from edgemask.trainer.local_training import local_train
+    from edgemask.trainer.sampling import batch_order
 
     def forward(p, c, x, b):  # w is trained by the data; v only decays (its data gradient is exactly 0)
         return x @ p["w"] + 0.0 * p["v"].sum()

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from edgemask.errors import ConfigError, UnknownNameError
-from trainer.config import TrainConfig
-from trainer.masks import binarize, pack_bits, packed_nbytes, unpack_bits
-from trainer.models import MaskedModel, build_model, model_sites
-from trainer.models.masking import any_nonzero, effective_params, unit_alive
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.masks import binarize, pack_bits, packed_nbytes, unpack_bits
+from edgemask.trainer.models import MaskedModel, build_model, model_sites
+from edgemask.trainer.models.masking import any_nonzero, effective_params, unit_alive
 
 
 def test_pack_bits_uses_one_bit_per_element():
@@ -174,8 +174,8 @@ def test_algorithm_and_model_args_read_like_training(tmp_path, section, lines, m
 def test_a_config_built_in_code_is_checked_when_its_algorithm_is_built():
     """``TrainConfig(...)`` is not read from a file: the algorithm's ``Args`` and the model builder check it, in the
     same words, naming the algorithm or the model where a file would be named."""
-    from trainer.config import AlgorithmConfig, DataConfig, ModelConfig
-    from trainer.simulation import build_algorithm
+    from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig
+    from edgemask.trainer.simulation import build_algorithm
 
     data = DataConfig(num_clients=2, samples_per_client=20)
     with pytest.raises(ConfigError) as e:
@@ -197,7 +197,7 @@ def test_every_algorithm_argument_has_a_type_toml_can_check():
     from dataclasses import fields
 
     from edgemask.schema import ANY, schema_of
-    from trainer.algorithms import ALGORITHMS
+    from edgemask.trainer.algorithms import ALGORITHMS
 
     for name in ALGORITHMS.names():
         args = ALGORITHMS.get(name).Args
@@ -221,10 +221,10 @@ CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").gl
 def test_every_shipped_config_loads_and_validates(path):
     """Every training config in configs/ passes the loader (sections, fields, names), its algorithm's argument check and
     its model builder's signature; the embedded datasets (no files needed) are built."""
-    from trainer.algorithms import ALGORITHMS
-    from trainer.algorithms.base import parse_args
-    from trainer.data import build_dataset
-    from trainer.models import MODELS
+    from edgemask.trainer.algorithms import ALGORITHMS
+    from edgemask.trainer.algorithms.base import parse_args
+    from edgemask.trainer.data import build_dataset
+    from edgemask.trainer.models import MODELS
 
     cfg = TrainConfig.load(path)
     parse_args(ALGORITHMS.get(cfg.algorithm.name).Args, cfg.algorithm.args, cfg.algorithm.name)
@@ -250,7 +250,7 @@ def test_the_schema_declares_every_config_field_and_no_other():
     """A field added to a section's dataclass but not to its schema would be refused as unknown in every file."""
     from dataclasses import fields
 
-    from trainer.config import _SCHEMAS, _SECTIONS
+    from edgemask.trainer.config import _SCHEMAS, _SECTIONS
 
     assert set(_SCHEMAS) == set(_SECTIONS)
     for name, typ in _SECTIONS.items():

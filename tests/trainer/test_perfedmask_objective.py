@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.algorithms.perfedmask import pmask_objective, solve_pmask
+from edgemask.trainer.algorithms.perfedmask import pmask_objective, solve_pmask
 
 
 def test_printed_objective_weighs_every_layer_one_by_hand():

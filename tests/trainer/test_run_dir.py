@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
-from trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
-from trainer.local_training import evaluate
-from trainer.run_dir import ClientState, load_client, load_run, save_client, write_digests, write_run
-from trainer.simulation import simulate
+from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, TrainConfig, TrainingConfig
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.run_dir import ClientState, load_client, load_run, save_client, write_digests, write_run
+from edgemask.trainer.simulation import simulate
 
 
 def small_config(algo: str, **args) -> TrainConfig:
@@ -169,7 +169,7 @@ def test_write_run_replaces_a_run_whole_and_leaves_no_temporary(tmp_path):
 
 
 def test_run_lock_refuses_a_second_writer_and_clears_a_killed_ones_temporaries(tmp_path):
-    from trainer.run_dir import run_lock
+    from edgemask.trainer.run_dir import run_lock
 
     path = tmp_path / "runs" / "r"
     path.parent.mkdir(parents=True)
@@ -187,7 +187,7 @@ def test_run_lock_refuses_a_second_writer_and_clears_a_killed_ones_temporaries(t
 def test_a_writer_killed_between_its_renames_loses_no_run(tmp_path):
     """atomic_dir renames the old run aside, then the new one in: a kill between the two leaves the old run as
     ``.r.<random>.old`` and no ``r``. The next writer, under the lock, renames it back instead of removing it."""
-    from trainer.run_dir import run_lock
+    from edgemask.trainer.run_dir import run_lock
 
     path = tmp_path / "runs" / "r"
     _write(path)

@@ -1,8 +1,8 @@
 """history.parquet's samples_seen: what each sampled client's local training processed in a round (the replay's
 FedScale batch × local steps, profiling/replay.py)."""
 
-from trainer.config import TrainConfig
-from trainer.simulation import simulate
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.simulation import simulate
 
 
 def test_samples_seen_is_every_epoch_of_the_clients_training_split():

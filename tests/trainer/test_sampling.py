@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.aggregation import weighted_average
-from trainer.sampling import _mix, _mix_array, batch_order, batch_orders, clients_per_round, sampling_schedule
+from edgemask.trainer.aggregation import weighted_average
+from edgemask.trainer.sampling import _mix, _mix_array, batch_order, batch_orders, clients_per_round, sampling_schedule
 
 
 def test_splitmix64_matches_the_published_first_outputs():
@@ -69,8 +69,8 @@ def test_clients_per_round_rounds_down_and_takes_at_least_one(n, k, per_round):
 def test_the_disk_room_check_counts_the_clients_the_sampler_draws(tmp_path, monkeypatch):
     """The room check's history estimate takes the sampler's count: 4 clients at participation 0.7 train 2 a
     round, so 3 rounds are 3 × (2·12 + 2·4 + 4) = 108 rows (with round(): 3 clients a round, 144 rows)."""
-    import trainer.simulation as simulation
-    from trainer.config import TrainConfig
+    import edgemask.trainer.simulation as simulation
+    from edgemask.trainer.config import TrainConfig
 
     cfg = TrainConfig.from_dict({"data": {"name": "digits", "num_clients": 4, "samples_per_client": 20},
                                  "model": {"name": "mlp", "args": {"hidden": [8]}},
@@ -85,7 +85,7 @@ def test_the_disk_room_check_counts_the_clients_the_sampler_draws(tmp_path, monk
 
 @pytest.mark.parametrize("n", [3, 40])
 def test_weighted_average_by_hand_in_chunks(n, monkeypatch):
-    import trainer.aggregation as agg
+    import edgemask.trainer.aggregation as agg
 
     monkeypatch.setattr(agg, "STACK_ELEMENTS", 8)  # 4-element tensors: two clients per chunk
     ts = [torch.full((2, 2), float(i)) for i in range(n)]
@@ -95,7 +95,7 @@ def test_weighted_average_by_hand_in_chunks(n, monkeypatch):
 
 
 def test_weighted_average_of_rows_of_one_stacked_tensor_reads_them_in_place():
-    from trainer.aggregation import _as_stacked
+    from edgemask.trainer.aggregation import _as_stacked
 
     stacked = torch.arange(24, dtype=torch.float32).view(4, 3, 2)  # four clients' (3, 2) tensors, one storage
     rows = list(stacked.unbind(0))

@@ -8,14 +8,14 @@ The hooks, in the order the round loop calls them:
 
 * ``setup()`` — once, before round 0 (e.g. FedMask's one-shot pruning on every client);
 * ``round_clients(rnd, sampled)`` — who trains this round (default: the sampled ones; Standalone: everyone);
-* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`~trainer.records.LocalTask`;
+* ``local_task(cid, rnd)`` — what client ``cid`` trains this round: a :class:`~edgemask.trainer.records.LocalTask`;
 * ``next_phases(rnd, phase, results)`` — another local-training phase in the same round for each client, given
   its previous phase's result (GradLTN's pruning iterations, FedRep's head-then-body, Ditto's personal model);
   ``None`` ends that client's round (default: one phase);
 * ``client_updates(rnd, results)`` — the round's trained tensors become the uploads
-  (:class:`~trainer.records.ClientUpdate`, costed in bytes);
+  (:class:`~edgemask.trainer.records.ClientUpdate`, costed in bytes);
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
-* ``eval_models(cids)`` — each client's personalized model for evaluation (:class:`~trainer.records.EvalModel`),
+* ``eval_models(cids)`` — each client's personalized model for evaluation (:class:`~edgemask.trainer.records.EvalModel`),
   or ``{measure: models}`` when the algorithm reports several (FedMask: the local and the returned mask; the first
   is the ``accuracy``, the others ``accuracy_<measure>``);
 * ``eval_masks(cid)`` / ``train_masks(cid)`` — the client's binary masks, for its kept parameters and its training
@@ -30,11 +30,11 @@ Optional hooks, whose defaults do nothing special:
 * ``summary_extra()`` — the algorithm's own entries in ``summary.json``.
 
 The defaults implement FedAvg. An algorithm builds its hooks from plain functions over tensors, each in the module it
-belongs to: uploads costed in bytes (:func:`trainer.accounting.fedavg_upload`,
-:func:`~trainer.accounting.partial_upload`), the server's averages (:func:`trainer.aggregation.average_state`,
-:func:`~trainer.aggregation.average_buffers`), masked models (:func:`trainer.masks.masked_model`); the model itself
+belongs to: uploads costed in bytes (:func:`edgemask.trainer.accounting.fedavg_upload`,
+:func:`~edgemask.trainer.accounting.partial_upload`), the server's averages (:func:`edgemask.trainer.aggregation.average_state`,
+:func:`~edgemask.trainer.aggregation.average_buffers`), masked models (:func:`edgemask.trainer.masks.masked_model`); the model itself
 runs as ``self.model_context.call(params, buffers, x)``, a client's data is ``self.dataset.client(cid)``, and local
-training outside the rounds goes through ``self.engine`` (:class:`~trainer.records.Engine`).
+training outside the rounds goes through ``self.engine`` (:class:`~edgemask.trainer.records.Engine`).
 docs/adding-an-algorithm.md walks through FedProx.
 """
 
@@ -48,15 +48,15 @@ from torch import nn
 
 from edgemask.registry import Registry
 from edgemask.schema import read_dataclass
-from trainer.accounting import fedavg_upload, tensor_bytes
-from trainer.aggregation import average_buffers, average_state
-from trainer.data.base import FederatedDataset
-from trainer.models import build_model, model_sites
-from trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
-from trainer.task_functions import ModelSpec, model_context
+from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
+from edgemask.trainer.aggregation import average_buffers, average_state
+from edgemask.trainer.data.base import FederatedDataset
+from edgemask.trainer.models import build_model, model_sites
+from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.task_functions import ModelSpec, model_context
 
 if TYPE_CHECKING:  # an annotation only: the config validates algorithm names against ALGORITHMS
-    from trainer.config import TrainConfig
+    from edgemask.trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Algorithm:
 
     What a hook reads (set here, plain data): ``cfg``, ``args`` (the parsed ``Args``), ``dataset``, ``engine``,
     ``model`` (the architecture, in the round loop's mode), ``model_spec`` and ``model_context`` (what a
-    :class:`~trainer.records.LocalTask` names as its model; ``model_context.call(params, buffers, x)`` runs it),
+    :class:`~edgemask.trainer.records.LocalTask` names as its model; ``model_context.call(params, buffers, x)`` runs it),
     ``sites`` (its mask sites), ``client_ids``, ``global_params`` / ``global_buffers`` (the server's model) and
     ``dense_bytes`` (that model with its buffers on the wire: FedAvg's downlink, fixed for the run)."""
 
@@ -137,7 +137,7 @@ class Algorithm:
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """The round's uploads, one per ``(client, result)``, in order (FedAvg:
-        :func:`~trainer.accounting.fedavg_upload`)."""
+        :func:`~edgemask.trainer.accounting.fedavg_upload`)."""
         return [fedavg_upload(cid, res, self.dense_bytes) for cid, res in results]
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:

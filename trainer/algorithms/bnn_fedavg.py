@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
-from trainer.aggregation import average_buffers, average_state, stack_rows, weighted_average
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.records import ClientUpdate, LocalResult, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.accounting import FLOAT_BYTES, mask_bytes, tensor_bytes
+from edgemask.trainer.aggregation import average_buffers, average_state, stack_rows, weighted_average
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.accounting import fedavg_upload
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.losses import with_proximal
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.accounting import fedavg_upload
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.losses import with_proximal
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 AISTATS 2017): every client trains the whole model for E epochs; the server averages by sample count.
 All of it is the base class's default hooks."""
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 
 
 @ALGORITHMS.register("fedavg")

@@ -41,14 +41,14 @@ import numpy as np
 import torch
 
 from edgemask.schema import setting
-from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.aggregation import average_state, personalization_preserving, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.masks import binarize, masked_model
-from trainer.models.masking import MaskSite, effective_params
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
-from trainer.sampling import batch_order
+from edgemask.trainer.accounting import mask_bytes, tensor_bytes
+from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.masks import binarize, masked_model
+from edgemask.trainer.models.masking import MaskSite, effective_params
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.sampling import batch_order
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
 
@@ -152,7 +152,7 @@ class MaskedTask:
                 buffers: dict[str, torch.Tensor]) -> torch.Tensor:
         """The frozen weights under the forward masks (Eq. 2; binary by Eq. 3 and §3.3, or soft by Eq. 6). With
         binary masks a unit whose row is all zero is dead in that step: its bias and batch-norm affine are gated
-        to zero (:func:`~trainer.models.masking.effective_params`), as at inference and in export."""
+        to zero (:func:`~edgemask.trainer.models.masking.effective_params`), as at inference and in export."""
         eff = effective_params(self.params_with_o(tr, c), self.forward_masks(tr, c), self.sites)
         return self.m.call(eff, buffers, x)
 

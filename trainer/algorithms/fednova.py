@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from trainer.accounting import fedavg_upload, tensor_bytes
-from trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.records import ClientUpdate, LocalResult
+from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
+from edgemask.trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.records import ClientUpdate, LocalResult
 
 NORM_KEY = "fednova:a_norm"  # the upload's ‖a_i‖₁ (a float32 scalar)
 

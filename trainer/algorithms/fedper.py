@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from trainer.accounting import partial_upload
-from trainer.aggregation import average_buffers, average_state
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.models.registry import head_names
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.accounting import partial_upload
+from edgemask.trainer.aggregation import average_buffers, average_state
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.models.registry import head_names
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @ALGORITHMS.register("fedper")

@@ -36,14 +36,14 @@ import torch
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.aggregation import average_buffers
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.losses import cross_entropy, with_proximal
-from trainer.models.masking import MaskSite
-from trainer.models.registry import head_names
-from trainer.records import ClientUpdate, LocalResult, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.accounting import mask_bytes, tensor_bytes
+from edgemask.trainer.aggregation import average_buffers
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.losses import cross_entropy, with_proximal
+from edgemask.trainer.models.masking import MaskSite
+from edgemask.trainer.models.registry import head_names
+from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 Tensors = dict[str, torch.Tensor]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.losses import with_proximal
-from trainer.records import LocalTask
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.losses import with_proximal
+from edgemask.trainer.records import LocalTask
 
 
 @dataclass(frozen=True)

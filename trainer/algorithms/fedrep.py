@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.base import ALGORITHMS
-from trainer.algorithms.fedper import FedPer
-from trainer.records import LocalResult, LocalTask
+from edgemask.trainer.algorithms.base import ALGORITHMS
+from edgemask.trainer.algorithms.fedper import FedPer
+from edgemask.trainer.records import LocalResult, LocalTask
 
 
 @dataclass(frozen=True)

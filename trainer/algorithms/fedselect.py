@@ -37,10 +37,10 @@ from safetensors import SafetensorError
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from trainer.accounting import mask_bytes, tensor_bytes
-from trainer.aggregation import average_buffers, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.accounting import mask_bytes, tensor_bytes
+from edgemask.trainer.aggregation import average_buffers, stack_rows
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 Tensors = dict[str, torch.Tensor]
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.aggregation import average_buffers, mask_weighted_average
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.masks import masked_model
-from trainer.models.masking import MaskSite, effective_params
-from trainer.models.registry import head_names
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.aggregation import average_buffers, mask_weighted_average
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.masks import masked_model
+from edgemask.trainer.models.masking import MaskSite, effective_params
+from edgemask.trainer.models.registry import head_names
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from edgemask.schema import setting
-from trainer.accounting import fedavg_upload, tensor_bytes
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.aggregation import average_state
-from trainer.models import head_names
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.aggregation import average_state
+from edgemask.trainer.models import head_names
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgemask.errors import ConfigError
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.losses import cross_entropy
-from trainer.models.stateless import stateless_call
-from trainer.records import ClientUpdate, LocalResult, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.losses import cross_entropy
+from edgemask.trainer.models.stateless import stateless_call
+from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 GLOBAL, PREV = "moon:glob:", "moon:prev:"  # the constants' prefixes: w^t and w_i^{t−1} (parameters and buffers)
 

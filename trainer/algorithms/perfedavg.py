@@ -28,10 +28,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.losses import cross_entropy
-from trainer.records import ClientState, EvalModel, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.losses import cross_entropy
+from edgemask.trainer.records import ClientState, EvalModel, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ Vectors", ICLR 2023; the poster's equations).
   solved exactly as a mixed-integer linear program (:func:`solve_pmask`, HiGHS through ``scipy.optimize.milp``).
 * Local update: w_n = w_g − η m_n ⊙ Σ ∇f_n — masked parameters are frozen (``grad_keep``), not removed.
 * Aggregation: w_g ← Σ_n k_n ⊙ w_n with (k_n)_l = (m_n)_l / Σ_n' (m_n')_l over the round's devices
-  (:func:`trainer.aggregation.mask_weighted_average`); an element no device trained keeps its value.
+  (:func:`edgemask.trainer.aggregation.mask_weighted_average`); an element no device trained keeps its value.
 * After training every device fine-tunes its head φ_n on its data (``finetune_task``); accuracy is reported
   before and after, with each device's trainable parameters and forward/backward FLOPs (the poster's tables).
 
@@ -37,12 +37,12 @@ import torch
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from trainer.accounting import fedavg_upload, forward_flops, layer_positions, tensor_bytes
-from trainer.aggregation import average_buffers, mask_weighted_average
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.models.registry import head_names
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
-from trainer.task_functions import Fn
+from edgemask.trainer.accounting import fedavg_upload, forward_flops, layer_positions, tensor_bytes
+from edgemask.trainer.aggregation import average_buffers, mask_weighted_average
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.models.registry import head_names
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn
 
 FROZEN = "frozen:"  # the fine-tuning task's constants: the body, by parameter name
 

@@ -16,7 +16,7 @@ buffers are averaged as FedAvg does (they are statistics, not iterates).
 Momentum and weight decay: the paper analyses plain SGD. Weight decay is part of g_i here (SCAFFOLD corrects the
 decayed objective). With momentum ρ = ``training.momentum`` the correction enters the momentum buffer like the
 gradient, and y_i − x is no longer η_l·K times the mean corrected gradient but η_l·‖a‖₁ times a weighted mean,
-‖a‖₁ = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) (FedNova's normalizer, :func:`trainer.aggregation.momentum_norm`).
+‖a‖₁ = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) (FedNova's normalizer, :func:`edgemask.trainer.aggregation.momentum_norm`).
 Option II then divides by η_l‖a‖₁ instead of η_l K, so c_i⁺ stays an estimate of the local gradient, not one
 inflated up to 1/(1 − ρ) times; with ρ = 0 it is exactly the paper's K.
 
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.accounting import tensor_bytes
-from trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.records import ClientUpdate, LocalResult, LocalTask
-from trainer.task_functions import Fn, ModelContext, task_function
+from edgemask.trainer.accounting import tensor_bytes
+from edgemask.trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
+from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
 C_PREFIX, CI_PREFIX, DC_PREFIX = "scaffold:c:", "scaffold:ci:", "scaffold:dc:"
 

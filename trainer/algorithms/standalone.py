@@ -11,8 +11,8 @@ starts from the same seeded initial weights; evaluation uses its own model.
 
 from __future__ import annotations
 
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 
 @ALGORITHMS.register("standalone")

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.accounting import tensor_bytes, topk_bytes
-from trainer.aggregation import average_buffers, stack_rows
-from trainer.algorithms.base import ALGORITHMS, Algorithm
-from trainer.records import ClientUpdate, LocalResult
+from edgemask.trainer.accounting import tensor_bytes, topk_bytes
+from edgemask.trainer.aggregation import average_buffers, stack_rows
+from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.records import ClientUpdate, LocalResult
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ Registered: ``digits`` and ``synthetic`` (no files needed); ``cifar10``, ``mnist
 ``femnist``, ``shakespeare`` and ``har`` (read from local copies in their standard formats, never downloaded).
 """
 
-from trainer.data.base import (DATASETS, ClientData, DataConfig, DatasetMissingError, FederatedDataset,
+from edgemask.trainer.data.base import (DATASETS, ClientData, DataConfig, DatasetMissingError, FederatedDataset,
                                build_dataset, client_id)
-from trainer.data import embedded  # noqa: F401  (registers digits)
-from trainer.data import synthetic, cifar, mnist, cifar_mnist, medmnist, leaf, har  # noqa: F401  (register)
+from edgemask.trainer.data import embedded  # noqa: F401  (registers digits)
+from edgemask.trainer.data import synthetic, cifar, mnist, cifar_mnist, medmnist, leaf, har  # noqa: F401  (register)
 
 __all__ = ["DATASETS", "ClientData", "DataConfig", "DatasetMissingError", "FederatedDataset", "build_dataset",
            "client_id"]

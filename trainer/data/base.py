@@ -16,7 +16,7 @@ import torch
 from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
 from edgemask.schema import setting
-from trainer.data.partition import PARTITIONERS
+from edgemask.trainer.data.partition import PARTITIONERS
 
 
 class DatasetMissingError(EdgemaskError):

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
-from trainer.data.base import ClientData, DataConfig, client_id
-from trainer.data.partition import partition, split_like, take_per_class, train_test_split
+from edgemask.trainer.data.base import ClientData, DataConfig, client_id
+from edgemask.trainer.data.partition import partition, split_like, take_per_class, train_test_split
 
 
 def fedselect_counts(cfg: DataConfig) -> tuple[int, int] | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.data.base import DATASETS, ClientData, DataConfig, FederatedDataset, client_id
-from trainer.data.partition import partition, train_test_split
+from edgemask.trainer.data.base import DATASETS, ClientData, DataConfig, FederatedDataset, client_id
+from edgemask.trainer.data.partition import partition, train_test_split
 
 
 def split_into_clients(x: np.ndarray, y: np.ndarray, cfg: DataConfig, seed: int) -> tuple[ClientData, ...]:

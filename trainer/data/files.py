@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.data.base import DatasetMissingError
+from edgemask.trainer.data.base import DatasetMissingError
 
 
 def dataset_root(root: str | Path | None, dataset: str, hint: str, field: str = "data.root") -> Path:

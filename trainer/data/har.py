@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from edgemask.errors import CorruptFileError
-from trainer.data.base import DATASETS, DataConfig, FederatedDataset
-from trainer.data.clients import natural_clients, pooled_clients
-from trainer.data.files import dataset_root, find_file
-from trainer.data.partition import train_test_split
+from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.clients import natural_clients, pooled_clients
+from edgemask.trainer.data.files import dataset_root, find_file
+from edgemask.trainer.data.partition import train_test_split
 
 NUM_FEATURES = 561
 HINT = ("the UCI HAR text files (train/X_train.txt, train/y_train.txt, train/subject_train.txt and test/ "

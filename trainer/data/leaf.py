@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from edgemask.errors import ConfigError, CorruptFileError
-from trainer.data.base import DATASETS, DataConfig, DatasetMissingError, FederatedDataset
-from trainer.data.clients import natural_clients, pick_users
-from trainer.data.files import dataset_root, find_dir
+from edgemask.trainer.data.base import DATASETS, DataConfig, DatasetMissingError, FederatedDataset
+from edgemask.trainer.data.clients import natural_clients, pick_users
+from edgemask.trainer.data.files import dataset_root, find_dir
 
 # LEAF's Shakespeare vocabulary (leaf/models/utils/language_utils.py): 80 characters, index = position.
 ALL_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError, CorruptFileError
-from trainer.data.base import DATASETS, DataConfig, FederatedDataset
-from trainer.data.clients import clients_with_test_pool, natural_clients
-from trainer.data.files import dataset_root, find_file
-from trainer.data.partition import partition
-from trainer.data.transforms import normalize, resize, to_channels
+from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.clients import clients_with_test_pool, natural_clients
+from edgemask.trainer.data.files import dataset_root, find_file
+from edgemask.trainer.data.partition import partition
+from edgemask.trainer.data.transforms import normalize, resize, to_channels
 
 PARTS = (("pathmnist", 9), ("octmnist", 4), ("tissuemnist", 8))  # FedPeWS's order, with class counts
 KEYS = ("train_images", "train_labels", "test_images", "test_labels")

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from edgemask.errors import CorruptFileError
-from trainer.data.base import DATASETS, DataConfig, FederatedDataset
-from trainer.data.clients import pooled_clients
-from trainer.data.files import dataset_root, find_file
-from trainer.data.transforms import MNIST_MEAN, MNIST_STD, normalize
+from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.clients import pooled_clients
+from edgemask.trainer.data.files import dataset_root, find_file
+from edgemask.trainer.data.transforms import MNIST_MEAN, MNIST_STD, normalize
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",

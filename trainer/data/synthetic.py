@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
-from trainer.data.base import DATASETS, DataConfig, FederatedDataset
-from trainer.data.clients import clients_with_test_pool
-from trainer.data.partition import partition
+from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.clients import clients_with_test_pool
+from edgemask.trainer.data.partition import partition
 
 NUM_CLASSES = 4
 GRID = (-3.0, -1.0, 1.0, 3.0)

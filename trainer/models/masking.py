@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainer.models.stateless import stateless_call
+from edgemask.trainer.models.stateless import stateless_call
 
 
 @dataclass(frozen=True)

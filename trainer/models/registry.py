@@ -9,7 +9,7 @@ ExecuTorch's XNNPACK lowering trips on those) and these optional attributes:
   needed: :func:`norms_after` finds each masked layer's batch norm in the ``torch.fx`` graph of the model.
 
 A dead unit (mask row all zero) must output exactly zero, so the batch norm that reads it is gated too
-(γ = β = 0 for that channel; :func:`trainer.models.masking.effective_params`): ungated, the unit would still emit
+(γ = β = 0 for that channel; :func:`edgemask.trainer.models.masking.effective_params`): ungated, the unit would still emit
 ``β − γ·μ/σ``, and compaction could not remove it. To register a model of your own::
 
     @MODELS.register("my_net")
@@ -33,7 +33,7 @@ from torch import nn
 from edgemask.errors import EdgemaskError
 from edgemask.registry import Registry
 from edgemask.schema import check_call
-from trainer.models.masking import MaskSite, find_sites
+from edgemask.trainer.models.masking import MaskSite, find_sites
 
 ModelBuilder = Callable[..., nn.Module]
 MODELS: Registry[ModelBuilder] = Registry("model")

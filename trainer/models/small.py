@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from trainer.models.registry import MODELS
+from edgemask.trainer.models.registry import MODELS
 
 
 class MLP(nn.Module):

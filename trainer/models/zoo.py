@@ -1,9 +1,9 @@
 """The papers' models: VGG16 and ResNet18 (CIFAR variants), FedMask's HAR MLP and character LSTM, FedPeWS's MLP
 and CNN, and a tiny MobileNetV2-style net (depthwise conv + inverted residual).
 
-Conventions (see :mod:`trainer.models.registry`): named-attribute layers (no numbered ``nn.Sequential`` conv+bn
+Conventions (see :mod:`edgemask.trainer.models.registry`): named-attribute layers (no numbered ``nn.Sequential`` conv+bn
 children), ``head`` (classifier modules), and ``norm_after`` (layer path -> the batch norm right after it): the
-trace finds the same pairs by itself (:func:`trainer.models.registry.norms_after`); the maps stay as overrides the
+trace finds the same pairs by itself (:func:`edgemask.trainer.models.registry.norms_after`); the maps stay as overrides the
 trace checks, so a forward edited out of step with its map fails loudly.
 """
 
@@ -14,8 +14,8 @@ import math
 import torch
 from torch import nn
 
-from trainer.models.registry import MODELS
-from trainer.models.small import MLP
+from edgemask.trainer.models.registry import MODELS
+from edgemask.trainer.models.small import MLP
 
 # VGG16 for 32×32 inputs: 13 conv 3×3 (+BN+ReLU), "M" = 2×2 max pool.
 VGG16_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")

@@ -13,7 +13,7 @@ other relatively and nothing else of ours; valid on Python 3.6 (Jetson TX2, JetP
     python3 runner.pyz --set-governors '{"*": "performance"}'   # or {"cpu0": "ondemand", ...} to restore
     python3 runner.pyz --jetson-clocks store|apply|restore --state-file FILE
 
-(``python -m devices.remote.runner ...`` runs the same on the host.)
+(``python -m edgemask.devices.remote.runner ...`` runs the same on the host.)
 
 With ``--watch-stdin`` the runner exits as soon as its stdin reaches end-of-file or its parent process changes:
 the host keeps stdin open for as long as it waits, so a runner whose session is gone (a timeout that closed the

@@ -1,4 +1,4 @@
-"""``python -m devices.remote.runner ...`` on the host; the zipapp's own ``__main__.py`` does the same on a board."""
+"""``python -m edgemask.devices.remote.runner ...`` on the host; the zipapp's own ``__main__.py`` does the same on a board."""
 
 import sys
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algorithms import ALGORITHMS, ClientUpdate
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.task_functions import Fn
-from trainer.task_program import program
+from edgemask.trainer.algorithms import ALGORITHMS, ClientUpdate
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.task_functions import Fn
+from edgemask.trainer.task_program import program
 
 
 def _algo(name: str, args: dict, hidden=(6, 4), clients: int = 2):
@@ -66,8 +66,8 @@ def test_fedpews_fixed_masks_cover_hidden_neurons_once():
 
 def test_perfedmask_frozen_layers_do_not_move():
     algo = _algo("perfedmask", {"budgets": [1.0, 0.5]}, hidden=(8, 8))
-    from trainer.local_training import local_train
-    from trainer.sampling import batch_order
+    from edgemask.trainer.local_training import local_train
+    from edgemask.trainer.sampling import batch_order
 
     cid = algo.client_ids[1]
     d = algo.dataset.client(cid)

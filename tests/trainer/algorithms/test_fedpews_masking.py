@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.algorithms import ALGORITHMS
-from trainer.algorithms.fedpews import bernoulli_ste
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.algorithms.fedpews import bernoulli_ste
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
 
 
 def _algo():

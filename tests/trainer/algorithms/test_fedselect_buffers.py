@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import TrainConfig
-from trainer.local_training import evaluate
-from trainer.run_dir import load_run
-from trainer.simulation import simulate
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.run_dir import load_run
+from edgemask.trainer.simulation import simulate
 
 
 def test_fedselect_evaluates_and_saves_each_client_with_its_own_batch_norm_statistics(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.algorithms import ALGORITHMS, Algorithm
+from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
 
 RETIRED = ("client_update", "next_phase", "eval_model", "eval_forward", "evaluates_batched")
 

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.accounting import tensor_bytes
-from trainer.algorithms import ALGORITHMS
-from trainer.aggregation import momentum_norm
-from trainer.algorithms.fednova import NORM_KEY, normalized_average
-from trainer.algorithms.moon import contrastive_loss, representation_call
-from trainer.algorithms.scaffold import DC_PREFIX, client_control_update
-from trainer.batched import local_train_batched
-from trainer.config import TrainConfig
-from trainer.data import build_dataset
-from trainer.local_training import evaluate, local_train
-from trainer.run_dir import load_run
-from trainer.sampling import batch_order
-from trainer.simulation import simulate
-from trainer.task_program import program
+from edgemask.trainer.accounting import tensor_bytes
+from edgemask.trainer.algorithms import ALGORITHMS
+from edgemask.trainer.aggregation import momentum_norm
+from edgemask.trainer.algorithms.fednova import NORM_KEY, normalized_average
+from edgemask.trainer.algorithms.moon import contrastive_loss, representation_call
+from edgemask.trainer.algorithms.scaffold import DC_PREFIX, client_control_update
+from edgemask.trainer.batched import local_train_batched
+from edgemask.trainer.config import TrainConfig
+from edgemask.trainer.data import build_dataset
+from edgemask.trainer.local_training import evaluate, local_train
+from edgemask.trainer.run_dir import load_run
+from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.simulation import simulate
+from edgemask.trainer.task_program import program
 
 
 def cfg(algo, clients=2, per_client=40, rounds=1, model="mlp", model_args=None, args=None, data=None,

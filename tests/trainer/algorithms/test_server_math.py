@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.aggregation import mask_weighted_average
-from trainer.algorithms.fedpews import bernoulli_ste, fixed_partition, server_update
-from trainer.algorithms.fedselect import shared_average, top_candidates
-from trainer.algorithms.perfedmask import pmask_objective, solve_pmask
-from trainer.losses import proximal_term
+from edgemask.trainer.aggregation import mask_weighted_average
+from edgemask.trainer.algorithms.fedpews import bernoulli_ste, fixed_partition, server_update
+from edgemask.trainer.algorithms.fedselect import shared_average, top_candidates
+from edgemask.trainer.algorithms.perfedmask import pmask_objective, solve_pmask
+from edgemask.trainer.losses import proximal_term
 
 
 # -- PerFedMask -------------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_gradltn_keeps_exactly_the_largest_fraction_of_candidates():
 
 
 def test_gradltn_of_many_clients_at_once_is_each_clients_own():
-    from trainer.algorithms.fedselect import top_candidates_many
+    from edgemask.trainer.algorithms.fedselect import top_candidates_many
 
     torch.manual_seed(0)
     K = 5
@@ -171,7 +171,7 @@ def test_fedprox_gradient_includes_mu_times_distance():
 
 # -- rounds to a target accuracy (FedPeWS Table 2) --------------------------------------------------------
 def test_rounds_to_target_counts_from_one_on_the_global_accuracy():
-    from trainer.simulation import global_summary
+    from edgemask.trainer.simulation import global_summary
 
     hist = [{"round": r, "client": "server", "metric": "global_accuracy", "value": v}
             for r, v in enumerate([0.3, 0.6, 0.95, 0.8, 0.99])]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from edgemask.errors import ConfigError, CorruptFileError
-from trainer.data import DataConfig, DatasetMissingError, build_dataset
-from trainer.data.leaf import ALL_LETTERS
+from edgemask.trainer.data import DataConfig, DatasetMissingError, build_dataset
+from edgemask.trainer.data.leaf import ALL_LETTERS
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -372,14 +372,14 @@ def test_digits_read_from_scikit_learns_file_equal_load_digits():
 
     from sklearn.datasets import load_digits
 
-    from trainer.data.embedded import load_digits_arrays
+    from edgemask.trainer.data.embedded import load_digits_arrays
 
     images, target = load_digits_arrays()
     ref = load_digits()
     assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target) and target.dtype == np.int64
     assert images.shape == (1797, 8, 8) and np.bincount(target).tolist() == np.bincount(ref.target).tolist()
     # read without importing scikit-learn (its import is most of a small run's start-up)
-    out = subprocess.run([sys.executable, "-c", "import sys; from trainer.data.embedded import load_digits_arrays; "
+    out = subprocess.run([sys.executable, "-c", "import sys; from edgemask.trainer.data.embedded import load_digits_arrays; "
                           "load_digits_arrays(); print('sklearn' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

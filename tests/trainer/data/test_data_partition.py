@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from edgemask.errors import ConfigError
-from trainer.data.partition import dirichlet, pathological, split_like, take_per_class, train_test_split
+from edgemask.trainer.data.partition import dirichlet, pathological, split_like, take_per_class, train_test_split
 
 
 def _labels(num_classes=10, per_class=100):

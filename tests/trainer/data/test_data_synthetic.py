@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from edgemask.errors import ConfigError
-from trainer.data import DataConfig, build_dataset
-from trainer.data.synthetic import GRID, LAYOUT, clusters
+from edgemask.trainer.data import DataConfig, build_dataset
+from edgemask.trainer.data.synthetic import GRID, LAYOUT, clusters
 
 
 def _build(num_clients=4, partition="natural", seed=0, **options):
@@ -92,6 +92,6 @@ def test_fedselect_counts_are_refused_with_a_global_test_set():
 def test_bayes_accuracy_matches_the_papers_best_so_the_target_is_reachable():
     # FedPeWS Table 2: FedAvg ends at 99.94 ± 0.05 % on Synthetic-32K, with a 99 % target; the layout must allow it
     # and still be hard (not separable by far): between 99.8 % and 99.99 %
-    from trainer.data.synthetic import bayes_accuracy
+    from edgemask.trainer.data.synthetic import bayes_accuracy
 
     assert 0.998 <= bayes_accuracy() <= 0.9999

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from trainer.models import build_model
-from trainer.models import stateless
-from trainer.models.stateless import stateless_call
+from edgemask.trainer.models import build_model
+from edgemask.trainer.models import stateless
+from edgemask.trainer.models.stateless import stateless_call
 
 
 def _own(model):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.models import build_model
+from edgemask.trainer.models import build_model
 
 
 def test_fedpews_cnn_is_table_5():
