@@ -13,8 +13,9 @@ of the ratio within the same round.
 "train" times local training only (for ours: ``simulation.train_clients``, i.e. ``local_task`` + orders +
 training + results); "round" adds the uploads and the server's aggregate.
 
-All loops run under the allocator settings ``simulate()`` makes (:mod:`edgemask.trainer.allocator`); ``--default-allocator``
-keeps glibc's defaults, under which every loop pays page faults for memory the heap gave back the step before.
+All loops run under the allocator settings ``simulate()`` makes (:mod:`edgemask.trainer.allocator`);
+``--default-allocator`` keeps glibc's defaults, under which every loop pays page faults for memory the heap gave back
+the step before.
 
     python benchmarks/bench_batched.py [--rounds 40] [--models mlp,cnn] [--threads N] [--epochs E]
                                        [--default-allocator]

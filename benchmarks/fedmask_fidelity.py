@@ -7,8 +7,8 @@ Each setting is ``name:key=value,key=value`` over ``[algorithm.args]`` (and ``mo
 * acc local / acc returned: mean accuracy over clients on the device's last locally trained mask and on the mask
   the server sends back, m^T ⊙ m_k (summary.json ``mean_accuracies``);
 * density: mean fraction of mask elements kept (``mask_density``);
-* removable %: output units export's compaction removes (:func:`edgemask.export.compact.compact`), over every masked layer
-  but the head, mean over clients whose model is not cut; params %: the compacted model's parameters / dense;
+* removable %: output units export's compaction removes (:func:`edgemask.export.compact.compact`), over every masked
+  layer but the head, mean over clients whose model is not cut; params %: the compacted model's parameters / dense;
 * MB: bytes up + down over the run, ClientPruning's upload included; FLOPs ×: ``vs_fedavg.flops_train_structured``
   (whole dead units free), elem FLOPs ×: ``vs_fedavg.flops_train`` (every zero element free).
 

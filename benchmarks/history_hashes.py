@@ -11,9 +11,10 @@ temporary workspace, and the table prints sha256 digests of what it wrote:
 * ``clients``: every ``clients/<id>.safetensors``' tensors, clients in order.
 
 Engines: ``sequential`` (``training.batched = false``), ``batched`` (``true``), and ``flower`` — each phase's tasks
-sent through :class:`edgemask.trainer.flower.TaskMessage` (settings through JSON) to a :class:`edgemask.trainer.flower.ClientSide`
-that holds only the data, as a Flower node trains them (no Ray: Flower's transport is left out, what it carries is
-not). A refactor that keeps every digest keeps every number the trainer stores.
+sent through :class:`edgemask.trainer.flower.TaskMessage` (settings through JSON) to a
+:class:`edgemask.trainer.flower.ClientSide` that holds only the data, as a Flower node trains them (no Ray: Flower's
+transport is left out, what it carries is not). A refactor that keeps every digest keeps every number the trainer
+stores.
 
     python benchmarks/history_hashes.py [--algorithms fedavg,fedmask] [--engines sequential,batched,flower]
                                         [--check benchmarks/history_hashes.expected.txt]

@@ -1,9 +1,9 @@
 """The interface to a device: run a command, put a file, get a file, close.
 
 Two implementations: :class:`edgemask.devices.connection_local.LocalConnection` (this machine) and
-:class:`edgemask.devices.connection_ssh.SSHConnection` (SSH, paramiko); :func:`edgemask.devices.connection.open_connection` picks one
-for a device. Nothing else in `devices` knows which one it holds. Commands are argv lists, never shell strings: the
-SSH implementation quotes every argument for the remote shell.
+:class:`edgemask.devices.connection_ssh.SSHConnection` (SSH, paramiko);
+:func:`edgemask.devices.connection.open_connection` picks one for a device. Nothing else in `devices` knows which one it
+holds. Commands are argv lists, never shell strings: the SSH implementation quotes every argument for the remote shell.
 """
 
 from __future__ import annotations

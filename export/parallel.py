@@ -1,10 +1,10 @@
 """Export several clients at once: one worker process per job, each exporting whole clients.
 
-The pool changes nothing of what one client's export does (:func:`edgemask.export.pipeline.export_client`): each client is
-still compacted, verified against its masked model, written under a temporary name unique to its process and
+The pool changes nothing of what one client's export does (:func:`edgemask.export.pipeline.export_client`): each client
+is still compacted, verified against its masked model, written under a temporary name unique to its process and
 renamed into place, so ``--jobs 4`` writes the same artifacts (the same model-file and ``sample_io.npz`` digests)
-as ``--jobs 1``. The caller (:func:`edgemask.export.pipeline.export_run`) holds the run's export lock for the whole pool and
-decides which clients are unchanged before any worker starts; workers never take the lock themselves.
+as ``--jobs 1``. The caller (:func:`edgemask.export.pipeline.export_run`) holds the run's export lock for the whole pool
+and decides which clients are unchanged before any worker starts; workers never take the lock themselves.
 
 Workers are started with ``spawn``, not ``fork``: a forked child inherits torch's OpenMP pool from a parent that
 may already have used it (a known hang), and a spawned one starts clean. Each worker loads the run directory once
@@ -50,8 +50,8 @@ def _one(export_client: Callable, cid: str | None, dest: str, formats: Sequence[
 def export_pending(export_client: Callable, run, todo: Sequence[tuple[str | None, Path]], formats: Sequence[str],
                    settings, limit: float, etrecord: bool, jobs: int, done: Callable[[], None] = lambda: None) -> None:
     """Export each ``(client id or None for the dense baseline, destination)`` in ``todo``; ``jobs`` at a time,
-    each with ``export_client`` (:func:`edgemask.export.pipeline.export_client`, passed in: a module-level function, so a
-    worker process imports it by name, and this module imports nothing of the pipeline).
+    each with ``export_client`` (:func:`edgemask.export.pipeline.export_client`, passed in: a module-level function, so
+    a worker process imports it by name, and this module imports nothing of the pipeline).
 
     ``jobs <= 1`` (or one client to do) runs them here, one after another, on ``run`` as loaded; otherwise in a
     pool of ``min(jobs, len(todo))`` spawned processes. ``done`` is called once per finished client (progress).

@@ -13,8 +13,8 @@ computation, each task field read as :mod:`edgemask.trainer.task_program` says:
   client has run out of steps);
 * loss: client c's loss is the mean cross-entropy over its real samples (+ its regularizer), the total loss
   the *sum* over active clients, so each client's gradient is exactly its own; the forward is ``vmap``
-  (:func:`~edgemask.trainer.batched_ops.vmap_clients`) over the task's forward function, the cross-entropy one op over the
-  flattened ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
+  (:func:`~edgemask.trainer.batched_ops.vmap_clients`) over the task's forward function, the cross-entropy one op over
+  the flattened ``(C·B)`` batch, weighted by ``1/n_c`` on client c's real samples and summed per client;
 * SGD with momentum and weight decay written on the stacked tensors, equal to the sequential loop per client
   (``d = (g + wd·p) ⊙ keep``, so frozen elements never move; ``buf = d`` on the first step, ``buf = μ·buf + d``
   after; ``p -= lr·buf``); a client with no real batch at step ``s`` takes no step at all (no decay, no momentum).
@@ -51,7 +51,8 @@ from edgemask.trainer.local_training import evaluate, local_train
 from edgemask.trainer.losses import cross_entropy
 from edgemask.trainer.records import EvalModel, LocalResult, LocalTask
 from edgemask.trainer.sampling import step_plan
-from edgemask.trainer.task_program import TaskProgram, direction, draw_noise, kind, noise_generator, program, tensor_rate
+from edgemask.trainer.task_program import (TaskProgram, direction, draw_noise, kind, noise_generator, program,
+                                           tensor_rate)
 
 CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory

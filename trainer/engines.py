@@ -1,17 +1,17 @@
-"""The two local-training engines behind one interface (:class:`~edgemask.trainer.records.Engine`), chosen once per run from
-``[training]`` (:func:`engine_for`); nothing else asks which one runs.
+"""The two local-training engines behind one interface (:class:`~edgemask.trainer.records.Engine`), chosen once per run
+from ``[training]`` (:func:`engine_for`); nothing else asks which one runs.
 
 * :class:`SequentialEngine` — one client after another (:func:`edgemask.trainer.local_training.local_train`,
-  :func:`~edgemask.trainer.local_training.evaluate`): the reference, one client's tensors alive at a time, so the round loop
-  hands it one client per call (:meth:`~SequentialEngine.groups`);
+  :func:`~edgemask.trainer.local_training.evaluate`): the reference, one client's tensors alive at a time, so the round
+  loop hands it one client per call (:meth:`~SequentialEngine.groups`);
 * :class:`BatchedEngine` — a call's clients stacked and trained or evaluated together on ``training.device``
-  (:func:`edgemask.trainer.batched.local_train_batched`, :func:`~edgemask.trainer.batched.evaluate_many`), the same results within
-  float rounding; the round loop hands it a round's clients at once. Its results are plain dicts of views of
-  its stacked tensors' rows, which the server's average reads as the one tensor they lie in
+  (:func:`edgemask.trainer.batched.local_train_batched`, :func:`~edgemask.trainer.batched.evaluate_many`), the same
+  results within float rounding; the round loop hands it a round's clients at once. Its results are plain dicts of views
+  of its stacked tensors' rows, which the server's average reads as the one tensor they lie in
   (:func:`edgemask.trainer.aggregation.stack_rows`).
 
-The round loop (:mod:`edgemask.trainer.simulation`) trains and evaluates through the engine; an algorithm that trains outside
-the rounds (FedMask's pruning epoch, Per-FedAvg's adaptation step) uses the one it was built with
+The round loop (:mod:`edgemask.trainer.simulation`) trains and evaluates through the engine; an algorithm that trains
+outside the rounds (FedMask's pruning epoch, Per-FedAvg's adaptation step) uses the one it was built with
 (``Algorithm.engine``) and never imports this module (tests/trainer/test_import_graph.py).
 """
 

@@ -8,8 +8,8 @@ evaluation, history and run directory — with a ``train_phase`` (:class:`Flower
 ``(client, task)`` pairs to the nodes holding the clients and waits for the trained tensors. What crosses the network
 is a :class:`TaskMessage`: the task itself, which is data (:class:`~edgemask.trainer.records.LocalTask`) — its tensors
 (trainable, constants, buffers, grad_keep) and its settings (epochs, lr, lrs, max_steps, batches_per_step, noise,
-seed, the model spec and the names and settings of its registered functions, :mod:`edgemask.trainer.task_functions`) — plus
-the run's config as TOML. The ClientApp builds no algorithm: it rebuilds the task from the message, takes its
+seed, the model spec and the names and settings of its registered functions, :mod:`edgemask.trainer.task_functions`) —
+plus the run's config as TOML. The ClientApp builds no algorithm: it rebuilds the task from the message, takes its
 client's data from the dataset the config names (built once per process, :class:`ClientSide`: a Ray actor keeps it
 for the whole run; a deployment's SuperNode starts a process per message, which builds it again), and runs
 :func:`~edgemask.trainer.local_training.local_train` in the batch orders the round loop uses.
@@ -155,7 +155,8 @@ class ClientSide:
 
     def train(self, msg: TaskMessage) -> LocalResult:
         """The client's local training on its own data, in the batch orders of
-        :func:`edgemask.trainer.simulation.train_phase_on_host` (the client's shuffle stream for the message's phase)."""
+        :func:`edgemask.trainer.simulation.train_phase_on_host` (the client's shuffle stream for the message's
+        phase)."""
         cid = msg.client_id
         if cid not in self.index:
             raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")
@@ -225,8 +226,8 @@ def make_client_app() -> "ClientApp":
 # -- the server side --------------------------------------------------------------------------------------------
 
 class FlowerTrainer:
-    """A :data:`~edgemask.trainer.simulation.PhaseTrainer` that sends each ``(cid, task)`` to the Flower node holding the
-    client and returns the replies' results in the pairs' order. Nodes are found on the first call.
+    """A :data:`~edgemask.trainer.simulation.PhaseTrainer` that sends each ``(cid, task)`` to the Flower node holding
+    the client and returns the replies' results in the pairs' order. Nodes are found on the first call.
     ``reply_timeout`` (s, ``None``: none) bounds each phase's wait."""
 
     def __init__(self, grid: "Grid", node_timeout: float = 600.0, reply_timeout: float | None = None) -> None:
@@ -355,9 +356,9 @@ def _log_progress(done: int, total: int, metrics: dict[str, float]) -> None:
 def simulate_flower(configs: Sequence[TrainConfig], workers: int | None = None,
                     progress: Callable[[int, int, dict[str, float]], None] | None = None,
                     verbose: bool = False, runs_root: Path | None = None) -> list[SimulationResult]:
-    """Each config's :func:`~edgemask.trainer.simulation.simulate` with its local training on Flower's simulation engine:
-    one Ray start-up for all, one virtual node per client (of the config with most), ``workers`` Ray CPUs (default:
-    this host's, at most the clients) so that many clients train at a time, one torch thread each. With
+    """Each config's :func:`~edgemask.trainer.simulation.simulate` with its local training on Flower's simulation
+    engine: one Ray start-up for all, one virtual node per client (of the config with most), ``workers`` Ray CPUs
+    (default: this host's, at most the clients) so that many clients train at a time, one torch thread each. With
     ``runs_root``, a run that will not fit under it is refused before its first round."""
     require_flwr()
     import logging

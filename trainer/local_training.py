@@ -14,8 +14,8 @@ from edgemask.trainer.task_program import direction, noise_generator, program, s
 def local_train(task: LocalTask, x: torch.Tensor, y: torch.Tensor, orders: list[np.ndarray],
                 batch_size: int, momentum: float = 0.0, weight_decay: float = 0.0) -> LocalResult:
     """Run ``task.epochs`` epochs over the client's samples in the given per-epoch orders (:func:`step_plan`),
-    each field read as :mod:`edgemask.trainer.task_program` says: loss per step the mean cross-entropy of the forward (or
-    the task's own loss) + its regularizers; SGD's direction (∇ + wd·p) ⊙ keep (:func:`direction`), then the
+    each field read as :mod:`edgemask.trainer.task_program` says: loss per step the mean cross-entropy of the forward
+    (or the task's own loss) + its regularizers; SGD's direction (∇ + wd·p) ⊙ keep (:func:`direction`), then the
     projection."""
     prog = program(task)
     k = task.batches_per_step

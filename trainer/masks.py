@@ -48,9 +48,10 @@ def packed_nbytes(numel: int) -> int:
 def masked_model(context: ModelContext, weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
                  buffers: dict[str, torch.Tensor]) -> EvalModel:
     """The ``weights`` (the global ones) under a client's ``masks`` (Eq. 2,
-    :func:`~edgemask.trainer.models.masking.effective_params`) on ``context``'s model, as an :class:`EvalModel`. Its ``params`` hold the weights too (under their names; the
-    masks under :data:`MASK_PREFIX` + the weight's name): every client holds the very same weight tensors, so
-    stacking them is a broadcast view, and they move to the evaluation device with the masks."""
+    :func:`~edgemask.trainer.models.masking.effective_params`) on ``context``'s model, as an :class:`EvalModel`. Its
+    ``params`` hold the weights too (under their names; the masks under :data:`MASK_PREFIX` + the weight's name): every
+    client holds the very same weight tensors, so stacking them is a broadcast view, and they move to the evaluation
+    device with the masks."""
     return EvalModel({**weights, **{MASK_PREFIX + k: m for k, m in masks.items()}}, buffers, masked_forward(context))
 
 

@@ -29,10 +29,10 @@ class LocalTask:
     """What one client trains in one round: tensors, settings and the names of its functions — plain data.
 
     ``model`` is the architecture the functions run (:class:`~edgemask.trainer.task_functions.ModelSpec`); ``forward``,
-    ``regularizers``, ``loss`` and ``project`` name registered functions (:class:`~edgemask.trainer.task_functions.Fn`: a
-    name and plain settings; :mod:`edgemask.trainer.task_functions` lists their signatures). The forward maps the trainable
-    tensors and a batch ``(B, *input_shape)`` to logits ``(B, classes)``; the regularizers add to the data loss
-    (e.g. FedMask's group lasso, Eq. 10), summed in order; ``buffers`` (batch-norm running statistics) are updated
+    ``regularizers``, ``loss`` and ``project`` name registered functions (:class:`~edgemask.trainer.task_functions.Fn`:
+    a name and plain settings; :mod:`edgemask.trainer.task_functions` lists their signatures). The forward maps the
+    trainable tensors and a batch ``(B, *input_shape)`` to logits ``(B, classes)``; the regularizers add to the data
+    loss (e.g. FedMask's group lasso, Eq. 10), summed in order; ``buffers`` (batch-norm running statistics) are updated
     in place by the forward pass. Everything that differs between clients is in ``trainable``, ``constants`` or
     ``buffers``, so tasks whose model, function names and settings are equal and whose tensors agree in names,
     shapes and dtypes are one kind of task, stacked by the batched engine; and a task crosses a network as its
@@ -121,8 +121,8 @@ class EvalModel:
     As with :class:`LocalTask`, everything that differs between clients is in ``params`` and ``buffers`` and the
     function (one object for every client of a kind, e.g. a bound method) captures no tensor, so the loop can
     stack clients and evaluate them together on the training device (:func:`edgemask.trainer.batched.evaluate_many`). A
-    tensor every client shares (the global weights of a masked model, :func:`edgemask.trainer.masks.masked_model`) goes in
-    ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
+    tensor every client shares (the global weights of a masked model, :func:`edgemask.trainer.masks.masked_model`) goes
+    in ``params`` too: held by all, it is stacked as one broadcast view, not copied."""
 
     params: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
@@ -169,8 +169,8 @@ class ClientUpdate:
 
 
 class Engine(Protocol):
-    """How this host trains and evaluates clients (:mod:`edgemask.trainer.engines`: one after another, or stacked), chosen
-    once per run. ``train``: ``tasks[i]`` on ``data[i] = (x, y)`` in ``orders[i]`` (one sample order per epoch),
+    """How this host trains and evaluates clients (:mod:`edgemask.trainer.engines`: one after another, or stacked),
+    chosen once per run. ``train``: ``tasks[i]`` on ``data[i] = (x, y)`` in ``orders[i]`` (one sample order per epoch),
     one :class:`LocalResult` per task, in order; ``evaluate``: ``(accuracy, mean cross-entropy)`` of each
     ``models[i]`` on ``data[i]``; ``groups``: the clients the round loop hands one call (all of them, or one at a
     time); ``together``: whether a call's clients train together. An algorithm that trains outside the rounds

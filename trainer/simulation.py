@@ -62,8 +62,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
              ready: Callable[[Algorithm], None] | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
     ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
-    trains them with the run's engine (:mod:`edgemask.trainer.engines`). ``ready(algo)`` is called once the algorithm is set
-    up, before the first round (``train`` checks there that the run will fit on disk).
+    trains them with the run's engine (:mod:`edgemask.trainer.engines`). ``ready(algo)`` is called once the algorithm is
+    set up, before the first round (``train`` checks there that the run will fit on disk).
 
     History rows (long format): per round × sampled client, what :meth:`RoundCosts.record` lists; per evaluated
     round × client: ``accuracy``, ``test_loss`` (and ``accuracy_<name>``, ``test_loss_<name>`` of further
@@ -108,7 +108,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
 
 class RoundCosts:
     """A round's communication and computation per trained client, and the run's totals (:attr:`totals`), with
-    FedAvg's cost on the same model as the ratios' denominators (:func:`~edgemask.trainer.accounting.dense_reference`)."""
+    FedAvg's cost on the same model as the ratios' denominators
+    (:func:`~edgemask.trainer.accounting.dense_reference`)."""
 
     def __init__(self, algo: Algorithm) -> None:
         self.algo = algo
@@ -225,8 +226,8 @@ def summarize(cfg: TrainConfig, algo: Algorithm, hist: list[dict[str, Any]], tot
 
 def phase_stream(client_index: int, num_clients: int, phase: int) -> int:
     """The index that names a client's shuffle stream (:func:`edgemask.trainer.sampling.batch_orders`) and random stream
-    (:func:`edgemask.trainer.sampling.client_seed`) in local-training phase ``phase``: the client's index, plus ``phase``
-    times the number of clients."""
+    (:func:`edgemask.trainer.sampling.client_seed`) in local-training phase ``phase``: the client's index, plus
+    ``phase`` times the number of clients."""
     return client_index + phase * num_clients
 
 
@@ -258,10 +259,10 @@ def train_on_data(cfg: TrainConfig, engine: Engine, rnd: int, data: list[Any], s
 def train_clients(algo: Algorithm, cids: list[str], rnd: int,
                   train_phase: PhaseTrainer | None = None) -> list[tuple[str, LocalResult]]:
     """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phases``) included; the result's
-    ``samples_seen`` sums the phases. The clients go in the engine's groups (:meth:`~edgemask.trainer.records.Engine.groups`:
-    the batched engine's one group trains each phase's clients together, the sequential one trains a client's
-    every phase before the next client's) or, with a ``train_phase``, all together, wherever it trains them: the
-    same results."""
+    ``samples_seen`` sums the phases. The clients go in the engine's groups
+    (:meth:`~edgemask.trainer.records.Engine.groups`: the batched engine's one group trains each phase's clients
+    together, the sequential one trains a client's every phase before the next client's) or, with a ``train_phase``, all
+    together, wherever it trains them: the same results."""
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
         seed_tasks(algo, rnd, phase, pairs)
         return (train_phase or train_phase_on_host)(algo, rnd, phase, pairs)

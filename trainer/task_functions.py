@@ -1,7 +1,7 @@
-"""The functions a :class:`~edgemask.trainer.records.LocalTask` names: its forward, regularizers, loss and projection are
-registered entries, named in the task by a :class:`Fn` (a name and plain settings), not callables the engines must
-compare. A task is then tensors + settings + names: plain data that crosses a network (:mod:`edgemask.trainer.flower`) and
-is rebuilt where it trains, and two tasks are one kind (stacked by the batched engine) iff their names, settings,
+"""The functions a :class:`~edgemask.trainer.records.LocalTask` names: its forward, regularizers, loss and projection
+are registered entries, named in the task by a :class:`Fn` (a name and plain settings), not callables the engines must
+compare. A task is then tensors + settings + names: plain data that crosses a network (:mod:`edgemask.trainer.flower`)
+and is rebuilt where it trains, and two tasks are one kind (stacked by the batched engine) iff their names, settings,
 model and tensor layouts agree.
 
 A registered entry is a *factory*: ``factory(model: ModelContext, **settings) -> function``, called once per
@@ -90,8 +90,9 @@ class Fn:
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture a task's functions run: :func:`~edgemask.trainer.models.build_model`'s arguments and the seed of
-    the initial weights (``torch.manual_seed(seed)`` before the build, as :class:`~edgemask.trainer.algorithms.base.Algorithm`
-    builds its model), so a node builds the very model the server holds from these plain values."""
+    the initial weights (``torch.manual_seed(seed)`` before the build, as
+    :class:`~edgemask.trainer.algorithms.base.Algorithm` builds its model), so a node builds the very model the server
+    holds from these plain values."""
 
     name: str
     input_shape: tuple[int, ...]

@@ -1,6 +1,6 @@
-"""What each :class:`~edgemask.trainer.records.LocalTask` field means to local training, written once for both engines (the
-one-client loop :func:`edgemask.trainer.local_training.local_train` and the stacked one, :mod:`edgemask.trainer.batched`); a new field
-is given its meaning here.
+"""What each :class:`~edgemask.trainer.records.LocalTask` field means to local training, written once for both engines
+(the one-client loop :func:`edgemask.trainer.local_training.local_train` and the stacked one,
+:mod:`edgemask.trainer.batched`); a new field is given its meaning here.
 
 One step of a task, per client:
 

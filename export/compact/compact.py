@@ -40,7 +40,8 @@ from torch import nn
 
 from edgemask.errors import EdgemaskError
 from edgemask.export.compact.flops import count_flops, count_params
-from edgemask.export.compact.graph import StackedLSTM, fold_batch_norms, get_module, output_layers, set_module, split_lstm
+from edgemask.export.compact.graph import (StackedLSTM, fold_batch_norms, get_module, output_layers, set_module,
+                                           split_lstm)
 from edgemask.export.compact.handlers import HANDLERS, handler_for
 from edgemask.trainer.models.masking import MaskedModel, unit_alive
 

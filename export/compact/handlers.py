@@ -4,8 +4,8 @@ A handler says, for its layer kind:
 
 * ``out_units(module)``: how many output units (rows, filters, hidden units) it has;
 * ``zero_units(name, module, dead)``: which output units are *exactly zero whatever the input* — ``dead`` is the
-  masks' verdict (:func:`edgemask.trainer.models.masking.unit_alive`), and the baked weights must prove it (rows and bias
-  zero), so a mask/weight disagreement keeps the unit rather than changing the output;
+  masks' verdict (:func:`edgemask.trainer.models.masking.unit_alive`), and the baked weights must prove it (rows and
+  bias zero), so a mask/weight disagreement keeps the unit rather than changing the output;
 * ``zero_inputs(module, rows)``: which input units (columns, input channels) the layer never reads — their
   columns in the baked weights are zero in every row that stays (``rows``: bool per output unit). Group lasso
   (FedMask Eq. 9) drives mask columns to zero as well as rows; a unit no consumer reads can go;

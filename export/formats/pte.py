@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from edgemask.fileio import atomic_path, write_bytes_atomic
-from edgemask.export.formats.base import FORMATS, ExportFormatError, Format, FormatContext, pt2e_quantized, quiet_exporters
+from edgemask.export.formats.base import (FORMATS, ExportFormatError, Format, FormatContext, pt2e_quantized,
+                                          quiet_exporters)
 
 
 def _lower(program_module: nn.Module, example: torch.Tensor, etrecord: Path | None = None) -> bytes:

@@ -1,7 +1,7 @@
 """Profiling campaigns, in rooms that import one way (``tests/test_architecture.py`` checks it):
 
-- ``config``: ``campaign.toml`` -> a checked :class:`~edgemask.profiling.records.CampaignConfig` (the schema derived from
-  the dataclasses);
+- ``config``: ``campaign.toml`` -> a checked :class:`~edgemask.profiling.records.CampaignConfig` (the schema derived
+  from the dataclasses);
 - ``plan``: the config and the artifacts' manifests -> :class:`~edgemask.profiling.records.Job`s, skipped combinations
   and why, the sampled clients;
 - ``boards``: what a campaign does to a board around its jobs, and the lock that makes the board its own;

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from edgemask.profiling.layers import OTHER, LayerRow, coverage, layer_ms, layer_of, layer_table, name_index, run_layer_us
+from edgemask.profiling.layers import (OTHER, LayerRow, coverage, layer_ms, layer_of, layer_table, name_index,
+                                       run_layer_us)
 
 LAYERS = [  # manifest records as export writes them (dynamo exporter names)
     {"name": "conv1", "kept": 2, "total": 16, "flops_dense": 18432, "flops_compacted": 2304,

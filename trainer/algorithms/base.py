@@ -15,9 +15,9 @@ The hooks, in the order the round loop calls them:
 * ``client_updates(rnd, results)`` — the round's trained tensors become the uploads
   (:class:`~edgemask.trainer.records.ClientUpdate`, costed in bytes);
 * ``aggregate(rnd, updates)`` — the server's update from the round's uploads;
-* ``eval_models(cids)`` — each client's personalized model for evaluation (:class:`~edgemask.trainer.records.EvalModel`),
-  or ``{measure: models}`` when the algorithm reports several (FedMask: the local and the returned mask; the first
-  is the ``accuracy``, the others ``accuracy_<measure>``);
+* ``eval_models(cids)`` — each client's personalized model for evaluation
+  (:class:`~edgemask.trainer.records.EvalModel`), or ``{measure: models}`` when the algorithm reports several (FedMask:
+  the local and the returned mask; the first is the ``accuracy``, the others ``accuracy_<measure>``);
 * ``eval_masks(cid)`` / ``train_masks(cid)`` — the client's binary masks, for its kept parameters and its training
   FLOPs (default: none, dense);
 * ``client_state(cid)`` / ``shared_state()`` — what the run directory stores.
@@ -31,11 +31,11 @@ Optional hooks, whose defaults do nothing special:
 
 The defaults implement FedAvg. An algorithm builds its hooks from plain functions over tensors, each in the module it
 belongs to: uploads costed in bytes (:func:`edgemask.trainer.accounting.fedavg_upload`,
-:func:`~edgemask.trainer.accounting.partial_upload`), the server's averages (:func:`edgemask.trainer.aggregation.average_state`,
-:func:`~edgemask.trainer.aggregation.average_buffers`), masked models (:func:`edgemask.trainer.masks.masked_model`); the model itself
-runs as ``self.model_context.call(params, buffers, x)``, a client's data is ``self.dataset.client(cid)``, and local
-training outside the rounds goes through ``self.engine`` (:class:`~edgemask.trainer.records.Engine`).
-docs/adding-an-algorithm.md walks through FedProx.
+:func:`~edgemask.trainer.accounting.partial_upload`), the server's averages
+(:func:`edgemask.trainer.aggregation.average_state`, :func:`~edgemask.trainer.aggregation.average_buffers`), masked
+models (:func:`edgemask.trainer.masks.masked_model`); the model itself runs as ``self.model_context.call(params,
+buffers, x)``, a client's data is ``self.dataset.client(cid)``, and local training outside the rounds goes through
+``self.engine`` (:class:`~edgemask.trainer.records.Engine`). docs/adding-an-algorithm.md walks through FedProx.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ class Algorithm:
 
     What a hook reads (set here, plain data): ``cfg``, ``args`` (the parsed ``Args``), ``dataset``, ``engine``,
     ``model`` (the architecture, in the round loop's mode), ``model_spec`` and ``model_context`` (what a
-    :class:`~edgemask.trainer.records.LocalTask` names as its model; ``model_context.call(params, buffers, x)`` runs it),
-    ``sites`` (its mask sites), ``client_ids``, ``global_params`` / ``global_buffers`` (the server's model) and
+    :class:`~edgemask.trainer.records.LocalTask` names as its model; ``model_context.call(params, buffers, x)`` runs
+    it), ``sites`` (its mask sites), ``client_ids``, ``global_params`` / ``global_buffers`` (the server's model) and
     ``dense_bytes`` (that model with its buffers on the wire: FedAvg's downlink, fixed for the run)."""
 
     name: ClassVar[str] = "base"

@@ -24,7 +24,8 @@ from edgemask.trainer.data.cifar import load_cifar10
 from edgemask.trainer.data.clients import clients_with_test_pool
 from edgemask.trainer.data.mnist import load_mnist
 from edgemask.trainer.data.partition import partition
-from edgemask.trainer.data.transforms import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, normalize, resize, to_channels
+from edgemask.trainer.data.transforms import (CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, normalize, resize,
+                                              to_channels)
 
 TRAIN_PER_CLASS = 400
 TEST_PER_CLASS = 200

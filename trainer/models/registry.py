@@ -9,8 +9,8 @@ ExecuTorch's XNNPACK lowering trips on those) and these optional attributes:
   needed: :func:`norms_after` finds each masked layer's batch norm in the ``torch.fx`` graph of the model.
 
 A dead unit (mask row all zero) must output exactly zero, so the batch norm that reads it is gated too
-(γ = β = 0 for that channel; :func:`edgemask.trainer.models.masking.effective_params`): ungated, the unit would still emit
-``β − γ·μ/σ``, and compaction could not remove it. To register a model of your own::
+(γ = β = 0 for that channel; :func:`edgemask.trainer.models.masking.effective_params`): ungated, the unit would still
+emit ``β − γ·μ/σ``, and compaction could not remove it. To register a model of your own::
 
     @MODELS.register("my_net")
     def my_net(input_shape, num_classes, **args) -> nn.Module:

@@ -3,8 +3,8 @@ and CNN, and a tiny MobileNetV2-style net (depthwise conv + inverted residual).
 
 Conventions (see :mod:`edgemask.trainer.models.registry`): named-attribute layers (no numbered ``nn.Sequential`` conv+bn
 children), ``head`` (classifier modules), and ``norm_after`` (layer path -> the batch norm right after it): the
-trace finds the same pairs by itself (:func:`edgemask.trainer.models.registry.norms_after`); the maps stay as overrides the
-trace checks, so a forward edited out of step with its map fails loudly.
+trace finds the same pairs by itself (:func:`edgemask.trainer.models.registry.norms_after`); the maps stay as overrides
+the trace checks, so a forward edited out of step with its map fails loudly.
 """
 
 from __future__ import annotations
