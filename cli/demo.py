@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from edgemask.targets import DEFAULT_EXPORT_FORMATS
 from edgemask.workspace import Workspace
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -36,7 +37,7 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
     from edgemask.trainer.config import TrainConfig
     from edgemask.trainer.simulation import train
 
-    formats = formats or ["onnx", "pte"]
+    formats = formats or list(DEFAULT_EXPORT_FORMATS)
     ws.root.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     runs = {}

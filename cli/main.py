@@ -16,7 +16,7 @@ from pathlib import Path
 from edgemask.cli.progress import progress_printer
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.fileio import disk_full
-from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
+from edgemask.targets import BOARDS, DEFAULT_EXPORT_FORMATS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
 from edgemask.workspace import Workspace
 
 
@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = add("demo", "train FedAvg and FedMask on digits, export, profile on the local device, report", cmd_demo)
     d.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
-    d.add_argument("--formats", default="onnx,pte", help="export formats (default: onnx,pte)")
+    formats = ",".join(DEFAULT_EXPORT_FORMATS)
+    d.add_argument("--formats", default=formats, help=f"export formats (default: {formats})")
 
     t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
     t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")
@@ -264,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
     e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")
     e.add_argument("--clients", default="all", help="'all' or a comma-separated list of client ids")
-    e.add_argument("--formats", default="onnx,pte", help="comma-separated formats: " + ", ".join(
+    e.add_argument("--formats", default=formats, help="comma-separated formats: " + ", ".join(
                    f"{f.name} ({f.title})" for f in FORMAT_FACTS.values()))
     tx2 = BOARDS["jetson-tx2"]
     e.add_argument("--target", default=None, help=f"device profile for format options (e.g. {tx2.kind}: ONNX "

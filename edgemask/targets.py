@@ -46,6 +46,9 @@ FORMATS: dict[str, FormatFacts] = {
     "pte": FormatFacts("pte", "executorch", ".pte", "ExecuTorch, XNNPACK"),
     "tflite": FormatFacts("tflite", "tflite", ".tflite", "LiteRT; needs the tflite extra"),
 }
+# What export writes unless told otherwise (`edgemask export` / `edgemask demo` --formats, export_run): the one
+# declaration of that default
+DEFAULT_EXPORT_FORMATS: tuple[str, ...] = ("onnx", "pte")
 # Formats a board builds itself from an exported file (export writes nothing for them).
 BOARD_BUILT_FORMATS: dict[str, FormatFacts] = {
     "trt": FormatFacts("trt", "tensorrt", ".onnx", "TensorRT FP16 engine, built on the board from the ONNX",

@@ -26,6 +26,7 @@ from edgemask.errors import EdgemaskError
 from edgemask.fileio import atomic_dir, exclusive_lock, remove_stale_temporaries, sha256_file
 from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manifest, TensorSpec, load_artifact,
                                write_manifest, write_sample_io)
+from edgemask.targets import DEFAULT_EXPORT_FORMATS
 from edgemask.workspace import check_name
 from edgemask.export.compact import compact
 from edgemask.export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
@@ -157,7 +158,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
 
 
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
-               formats: Sequence[str] = ("onnx", "pte"), progress: bool = True,
+               formats: Sequence[str] = DEFAULT_EXPORT_FORMATS, progress: bool = True,
                settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
                wait_s: float = 0.0, etrecord: bool = False, workers: int = 1) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.

@@ -124,3 +124,19 @@ def test_train_sequential_flag_runs_the_reference_loop_with_the_same_result(tmp_
         assert ("batched = false" in config) == bool(flag)  # the run records which loop trained it
     assert runs["batched"]["mean_accuracy"] == pytest.approx(runs["sequential"]["mean_accuracy"], abs=1e-9)
     assert runs["batched"]["bytes_up"] == runs["sequential"]["bytes_up"]
+
+
+def test_the_default_export_formats_are_declared_once():
+    """`edgemask export`, `edgemask demo` and export_run write the same formats unless told otherwise: they read
+    edgemask.targets.DEFAULT_EXPORT_FORMATS (issue #31 item 4); a literal default in one of them would drift."""
+    import inspect
+
+    from edgemask.cli.main import build_parser
+    from edgemask.export.pipeline import export_run
+    from edgemask.targets import DEFAULT_EXPORT_FORMATS, FORMATS
+
+    assert DEFAULT_EXPORT_FORMATS == ("onnx", "pte") and set(DEFAULT_EXPORT_FORMATS) <= set(FORMATS)
+    parser = build_parser()
+    for argv in (["export", "--run", "r"], ["demo"]):
+        assert parser.parse_args(argv).formats == "onnx,pte"
+    assert inspect.signature(export_run).parameters["formats"].default is DEFAULT_EXPORT_FORMATS
