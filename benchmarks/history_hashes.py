@@ -63,24 +63,6 @@ def config(algo: str, batched: bool) -> TrainConfig:
     })
 
 
-def _flower_phases(cfg: TrainConfig):
-    """A ``train_phase`` that trains as a Flower node does: the task through a TaskMessage round trip."""
-    from edgemask.trainer.flower import ClientSide, TaskMessage
-
-    side = ClientSide(cfg)
-
-    def train_phase(algo, rnd, phase, pairs):
-        out = []
-        for cid, task in pairs:
-            msg = TaskMessage.of(cid, rnd, phase, task)
-            msg.settings = json.loads(json.dumps(msg.settings))
-            msg.tensors = {f: {k: v.clone() for k, v in d.items()} for f, d in msg.tensors.items()}
-            out.append(side.train(msg))
-        return out
-
-    return train_phase
-
-
 def digest_frame(df: pd.DataFrame) -> str:
     h = hashlib.sha256()
     for col in df.columns:
@@ -120,10 +102,11 @@ def digest_tensors(paths: list[Path]) -> str:
 
 
 def run_one(algo: str, engine: str, root: Path) -> tuple[str, str, str, str]:
+    from edgemask.trainer.flower import loopback_phases  # flower.py imports Flower itself only when used
     from edgemask.trainer.simulation import simulate
 
     cfg = config(algo, engine == "batched")
-    res = simulate(cfg, train_phase=_flower_phases(cfg) if engine == "flower" else None)
+    res = simulate(cfg, train_phase=loopback_phases(cfg) if engine == "flower" else None)
     out = res.write(root / f"{algo}-{engine}")
     return (digest_frame(pd.read_parquet(out / "history.parquet")), digest_summary(out / "summary.json"),
             digest_tensors([out / "model.safetensors"]), digest_tensors(sorted((out / "clients").glob("*"))))

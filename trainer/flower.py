@@ -48,7 +48,8 @@ from edgemask.trainer.data import build_dataset
 from edgemask.trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
 from edgemask.trainer.run_dir import run_lock
 from edgemask.trainer.engines import SequentialEngine
-from edgemask.trainer.simulation import SimulationResult, phase_stream, room_check, simulate, train_on_data
+from edgemask.trainer.simulation import (PhaseTrainer, SimulationResult, phase_stream, room_check, simulate,
+                                         train_on_data)
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message, RecordDict
@@ -164,6 +165,26 @@ class ClientSide:
         (res,) = train_on_data(self.cfg, SequentialEngine(), msg.round, [self.dataset.client(cid)], [stream],
                                [msg.task()])  # one message, one client: the sequential engine
         return res
+
+
+def loopback_phases(cfg: TrainConfig) -> PhaseTrainer:
+    """A ``train_phase`` for :func:`~edgemask.trainer.simulation.simulate` that trains each task as a Flower node
+    does, in this process: through a :class:`TaskMessage` (settings through JSON, tensors copied) to a
+    :class:`ClientSide` holding only the config's dataset. Flower's transport is left out, what it carries is not
+    (tests/trainer/test_flower.py, benchmarks/history_hashes.py)."""
+    side = ClientSide(cfg)
+
+    def train_phase(algo: Algorithm, rnd: int, phase: int,
+                    pairs: Sequence[tuple[str, LocalTask]]) -> list[LocalResult]:
+        out = []
+        for cid, task in pairs:
+            msg = TaskMessage.of(cid, rnd, phase, task)
+            msg.settings = json.loads(json.dumps(msg.settings))
+            msg.tensors = {f: {k: v.clone() for k, v in d.items()} for f, d in msg.tensors.items()}
+            out.append(side.train(msg))
+        return out
+
+    return train_phase
 
 
 _CLIENT_SIDE: dict[str, ClientSide] = {}  # per process: the run's config (TOML) -> its ClientSide (the latest only)

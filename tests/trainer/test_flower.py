@@ -15,8 +15,7 @@ import torch
 from edgemask.errors import EdgemaskError
 from edgemask.trainer.algorithms import ALGORITHMS
 from edgemask.trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
-from edgemask.trainer.config import TrainConfig
-from edgemask.trainer.flower import SETTING_FIELDS, ClientSide, TaskMessage
+from edgemask.trainer.flower import SETTING_FIELDS, ClientSide, TaskMessage, loopback_phases
 from edgemask.trainer.local_training import local_train
 from edgemask.trainer.sampling import batch_order
 from edgemask.trainer.simulation import SimulationResult, build_algorithm, simulate
@@ -108,21 +107,6 @@ def test_a_node_without_the_named_function_says_which_exist(flower_messages):
         ClientSide(cfg).train(msg)
 
 
-def loopback(cfg: TrainConfig):
-    """A train_phase that sends each task through TaskMessage (settings through JSON) to a client side that holds
-    only the config's dataset, as a Flower node does."""
-    side = ClientSide(cfg)
-
-    def train_phase(algo, rnd, phase, pairs):
-        out = []
-        for cid, task in pairs:
-            msg = TaskMessage.of(cid, rnd, phase, task)
-            msg.settings = json.loads(json.dumps(msg.settings))
-            msg.tensors = {f: {k: v.clone() for k, v in d.items()} for f, d in msg.tensors.items()}
-            out.append(side.train(msg))
-        return out
-
-    return train_phase
 
 
 @pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a in ("bnn_fedavg", "fedrep", "fedselect")
@@ -135,7 +119,7 @@ def test_clients_without_an_algorithm_train_as_simulate(algorithm):
     except EdgemaskError as e:  # an algorithm that needs another model or dataset than this small run's
         pytest.skip(f"{algorithm} does not run on digits/mlp: {e}")
     cfg = _config(algorithm, False)
-    side_phases = loopback(cfg)
+    side_phases = loopback_phases(cfg)
     assert_same_run(ref, simulate(cfg, train_phase=side_phases))
 
 
