@@ -145,6 +145,7 @@ def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
     ("algorithm.args", "p = 1.0", "[algorithm.args] p: 1.0 is out of range; use a value between 0 and 1, both "
                                   "excluded"),
     ("algorithm.args", "L = 0", "[algorithm.args] L: 0 is out of range; use a value >= 1"),
+    ("algorithm.args", "mu = -0.1", "[algorithm.args] mu: -0.1 is out of range; use a value >= 0"),
     ("algorithm.args", "warmup_fraction = 1.5", "[algorithm.args] warmup_fraction: 1.5 is out of range; use a value "
                                                 "between 0 and 1"),
     ("algorithm.args", "objective = 'tight'", "[algorithm.args] objective: unknown value 'tight'; valid names: bound, "
@@ -160,7 +161,7 @@ def test_config_rejects_unknown_names_with_valid_ones(tmp_path):
     ("model.args", "hidden = 8", "[model.args] hidden: must be a list, not 8; write a list in [ ]"),
 ])
 def test_algorithm_and_model_args_read_like_training(tmp_path, section, lines, message):
-    algorithm = {"mu = 'fast'": "fedprox", "muu = 0.1": "fedprox", "head_epochs = true": "fedrep", "p = 1.0":
+    algorithm = {"mu = 'fast'": "fedprox", "muu = 0.1": "fedprox", "mu = -0.1": "fedprox", "head_epochs = true": "fedrep", "p = 1.0":
                  "fedselect", "L = 0": "fedselect", "warmup_fraction = 1.5": "lg_fedavg",
                  "objective = 'tight'": "perfedmask", "base = 'scaffold'": "fedpews",
                  "rates = [1.0, 'half']": "heterofl"}.get(lines, "fedavg")

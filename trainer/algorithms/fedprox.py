@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgemask.schema import setting
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.losses import with_proximal
 from edgemask.trainer.records import LocalTask
@@ -13,7 +14,7 @@ from edgemask.trainer.records import LocalTask
 
 @dataclass(frozen=True)
 class FedProxArgs:
-    mu: float = 0.01  # μ (FedPeWS Table 6 tuned 0.01 from {0.001, 0.01, 0.1, 0.5})
+    mu: float = setting(0.01, minimum=0)  # μ ≥ 0 (Eq. 2; FedPeWS Table 6 tuned 0.01 from {0.001, 0.01, 0.1, 0.5})
 
 
 @ALGORITHMS.register("fedprox")
