@@ -46,7 +46,7 @@ from edgemask.profiling.trt_profile import trt_layer_of
 
 OTHER = "(other)"
 REALIZED_FLAG = 0.5  # flag layers realizing less than half their FLOP bound
-COARSE_MS = 0.01  # onnxruntime's trace has whole microseconds: below this a layer's time is coarse
+COARSE_MS = 0.01  # onnxruntime's trace and XNNPACK's operator timer count whole microseconds: below this, coarse
 # An unchanged layer (flops_dense == flops_compacted) measuring a speedup outside this band makes its comparison
 # suspect. 0.8-1.25x: symmetric in log (1/1.25 = 0.8); unchanged VGG16 layers on an idle machine measured
 # 0.98-1.09x at 1 thread (issue 28); layers under COARSE_MS are exempt (whole-microsecond times).
@@ -283,7 +283,11 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
 
 
 # -- ExecuTorch: ETDump events to layers ------------------------------------------------------------------------
-ET_FRAME_EVENTS = frozenset({"DELEGATE_CALL", "Method::execute", "Method::init", "Program::load_method"})
+# Frames around operators, not operators. OPERATOR_CALL wraps each kernel call outside a delegate (the
+# ``native_call_<op>`` event inside it) and is "the perf of the previous operator + framework tax of making said
+# operator call" (the Inspector's EventBlock.to_dataframe): counting it too would count that operator twice.
+ET_FRAME_EVENTS = frozenset({"DELEGATE_CALL", "OPERATOR_CALL", "Method::execute", "Method::init",
+                             "Program::load_method"})
 # aten op (an ETRecord node name's prefix) -> the XNNPACK operator kind (its event name's prefix) it becomes
 ATEN_TO_XNN = (("aten_convolution", "Convolution"), ("aten_linear", "Fully Connected"),
                ("aten_addmm", "Fully Connected"), ("aten_mm", "Fully Connected"))

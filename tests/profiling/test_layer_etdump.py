@@ -91,13 +91,18 @@ def test_real_etdump_of_a_conv_net_maps_every_xnnpack_operator(tmp_path):
             assert all(op[3] == "XnnpackBackend" for op in run["ops"] if op[0] in idx)
             assert {op[3] for op in run["ops"]} <= {"XnnpackBackend", "portable"}
             assert run["total_us"] > 0  # Method::execute
+            # each operator once: the OPERATOR_CALL frame around a portable kernel is not a second operator
+            assert not {op[1] for op in run["ops"]} & {"OPERATOR_CALL", "DELEGATE_CALL", "Method::execute"}
+            assert any(op[1].startswith("native_call_mean") for op in run["ops"])  # the pooling, outside XNNPACK
         ms[tag] = layer_ms(got["runs"], idx)
         # the run least disturbed by the host: a preempted run's end-to-end time grows while its operators' do
         # not, so on a busy host the median of 8 runs fell under 0.9 (CI, once in two runs); the best run still shows
         # whether the operator events account for the run
         covered[tag] = max(coverage(r) for r in got["runs"])
     rows = {r.layer: r for r in layer_table(recs["compacted"], ms["dense"], ms["compacted"])}
-    assert all(r.dense_ms > 0 and r.compacted_ms > 0 for r in rows.values())
+    # XNNPACK times its operators in whole microseconds: the 128x10 classifier reads 0 or 1 us, so only >= 0
+    assert all(rows[k].dense_ms > 0 and rows[k].compacted_ms > 0 for k in ("conv1", "conv2"))
+    assert rows["out"].dense_ms >= 0 and rows["out"].compacted_ms >= 0
     assert {k: r.flop_bound for k, r in rows.items()} == {"conv1": 16.0, "conv2": 16.0, "out": 1.0}
     assert OTHER in ms["dense"]  # the layout transposes and pooling: no layer's
     assert covered["dense"] >= 0.9 and covered["compacted"] >= 0.9, covered
