@@ -40,11 +40,14 @@ def test_an_unchanged_layer_outside_the_band_marks_the_comparison_suspect():
     assert LayerRow("x", 1, 1, 0, 0, 1.0, 2.0).unchanged is False  # no FLOPs recorded: not judged
 
 
+ROUNDS = 8  # at most; at least 2
+
+
 @pytest.mark.slow
 def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(tmp_path):
     """A conv net whose last conv keeps 4 of 64 filters; the first two convs are unchanged. Dense and compacted
     profiled by the runner at 2 threads, interleaved over rounds (the best of each layer's per-round medians, as
-    benchmarks/bench_layers.py does): every unchanged layer measures within the band."""
+    benchmarks/bench_layers.py does; up to ROUNDS): every unchanged layer measures within the band."""
     import torch
     from torch import nn
 
@@ -71,7 +74,7 @@ def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(t
     sites = model_sites(base)
     masks = all_ones_masks(base, tuple(s for s in sites if s.name != "out"))
     masks["conv3.weight"][4:] = 0
-    x = torch.randn(1, 3, 64, 64)
+    x = torch.randn(1, 3, 128, 128)  # conv1 ~0.15 ms at 2 threads: a few us of jitter, a few %
     recs, paths = {}, {}
     for tag, m in (("dense", {}), ("compacted", masks)):
         res = compact(MaskedModel(base, sites, m), x)
@@ -79,12 +82,16 @@ def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(t
         FORMATS.get("onnx").write(res.module, paths[tag], FormatContext(x, ExportSettings()))
         recs[tag] = layer_records(base, res.module, (x,), res.layers, {paths[tag].name: paths[tag]})
     best = {"dense": {}, "compacted": {}}
-    for _ in range(3):
+    for done in range(1, ROUNDS + 1):
         for tag in best:
             prof = profile_runs("onnx", str(paths[tag]), [x.numpy()], 2, 5, 15)
             for k, v in layer_ms(prof["runs"], name_index(recs[tag], paths[tag].name)).items():
                 best[tag][k] = min(best[tag].get(k, float("inf")), v)
-    rows = {r.layer: r for r in layer_table(recs["compacted"], best["dense"], best["compacted"])}
+        rows = {r.layer: r for r in layer_table(recs["compacted"], best["dense"], best["compacted"])}
+        # the best of each layer's medians settles once both profiles had an undisturbed round: a loaded host (CI,
+        # once: conv1 at 1.38x after 3 rounds) needs more rounds; a real difference stays out of band in all of them
+        if done >= 2 and suspect_reason(list(rows.values())) is None:
+            break
     assert [k for k, r in rows.items() if r.unchanged] == ["conv1", "conv2"]
     for k in ("conv1", "conv2"):
         assert UNCHANGED_BAND[0] <= rows[k].speedup <= UNCHANGED_BAND[1], (k, rows[k])
