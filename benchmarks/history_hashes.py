@@ -19,7 +19,14 @@ stores.
     python benchmarks/history_hashes.py [--algorithms fedavg,fedmask] [--engines sequential,batched,flower]
                                         [--check benchmarks/history_hashes.expected.txt]
 
-``--check FILE``: compare with a table printed before (exit 1 naming the rows that differ).
+``--check FILE``: compare with a table printed before (exit 1 naming the rows that differ). The digests hold for
+one machine: MKL and oneDNN pick their kernels by instruction set, so the same commit writes other last bits on
+another CPU (all 60 rows). The table's first line names the machine; a check against a table from another machine
+exits 2 without judging. To compare a change on a new machine, print the table at the base commit there first::
+
+    git worktree add /tmp/base <base-commit>
+    (cd /tmp/base && python benchmarks/history_hashes.py > /tmp/base.txt)
+    python benchmarks/history_hashes.py --check /tmp/base.txt
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -101,6 +109,17 @@ def digest_tensors(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def machine() -> str:
+    """What the float kernels depend on: torch's version, its CPU capability and the CPU's vector extensions."""
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith(("flags", "Features")))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    vector = sorted(f for f in flags.split(":")[-1].split() if f.startswith(("avx", "amx", "fma", "sse", "asimd", "sve")))
+    return (f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {platform.machine()} "
+            f"{hashlib.sha256(' '.join(vector).encode()).hexdigest()[:12]}")
+
+
 def run_one(algo: str, engine: str, root: Path) -> tuple[str, str, str, str]:
     from edgemask.trainer.flower import loopback_phases  # flower.py imports Flower itself only when used
     from edgemask.trainer.simulation import simulate
@@ -113,13 +132,21 @@ def run_one(algo: str, engine: str, root: Path) -> tuple[str, str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS.names()))
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--check", type=Path, help="a table printed before: exit 1 if any row differs")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = []
+    rows, here = [], machine()
+    if a.check:
+        there = next((ln.split(":", 1)[1].strip() for ln in a.check.read_text().splitlines()
+                      if ln.startswith("# machine:")), None)
+        if there != here:
+            print(f"{a.check} was written on another machine ({there or 'not named'}; this one: {here}): its "
+                  "digests cannot judge this one; print the base commit's table here (see --help)", file=sys.stderr)
+            return 2
+    print(f"# machine: {here}")
     print(f"{'algorithm':<14} {'engine':<10} {'history':<16} {'summary':<16} {'model':<16} clients")
     with tempfile.TemporaryDirectory() as tmp:
         for algo in a.algorithms.split(","):
