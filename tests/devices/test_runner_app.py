@@ -74,6 +74,10 @@ def test_the_zipapp_runs_alone(tmp_path):
     bad = subprocess.run([sys.executable, "-I", str(pyz), "--format", "onnx"], capture_output=True, text=True,
                          env=env, timeout=60)
     assert bad.returncode == 1 and json.loads(bad.stdout) == {"ok": False, "error": "--model is required"}
+    # a person at the board asks for help: the usage on stdout, exit 0, no error document
+    helped = subprocess.run([sys.executable, "-I", str(pyz), "--help"], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: runner ") and "--profile-layers" in helped.stdout
 
 
 def test_deploy_sends_the_zipapp_under_its_sha256_and_checks_it(tmp_path):

@@ -1,4 +1,5 @@
-"""The command line: one mode per call, one JSON document on stdout (see the package's docstring)."""
+"""The command line: one mode per call, one JSON document on stdout (see the package's docstring); ``--help``, for a
+person at the board, prints the usage instead and exits 0."""
 
 import argparse
 import json
@@ -20,7 +21,7 @@ from .trt import TRTEXEC, TRTEXEC_DEFAULT
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="edgemask remote runner")
+    p = argparse.ArgumentParser(prog="runner", description="edgemask remote runner: one JSON document on stdout")
     p.add_argument("--probe", action="store_true", help="describe this device and exit")
     p.add_argument("--model")
     p.add_argument("--format", choices=sorted(RUNTIMES))
@@ -80,6 +81,10 @@ def _hold_lock(args, out_fd):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        sys.stdout.write(build_parser().format_help())
+        return 0
     # Keep the real stdout for the one JSON document; whatever a runtime prints goes to stderr.
     out_fd = os.dup(1)
     sys.stdout.flush()
