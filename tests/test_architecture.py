@@ -33,6 +33,7 @@ RUNNER = "edgemask.devices.remote.runner"
 RUNNER_ROOMS = {
     "system": set(),
     "errors": set(),
+    "reference": {"errors"},
     "options": set(),
     "sensors": {"system"},
     "parsers": {"sensors"},
@@ -44,8 +45,8 @@ RUNNER_ROOMS = {
     "trt_files": set(),
     "trt": {"errors", "sensors", "system", "trt_files"},
     "runtimes": {"errors", "profilers", "trt"},
-    "trt_benchmark": {"errors", "sensors", "state", "system", "trt", "trt_files"},
-    "benchmark": {"errors", "runtimes", "sensors", "state", "trt_benchmark"},
+    "trt_benchmark": {"errors", "reference", "sensors", "state", "system", "trt", "trt_files"},
+    "benchmark": {"errors", "reference", "runtimes", "sensors", "state", "trt_benchmark"},
     "probe": {"parsers", "runtimes", "sensors", "state", "system", "trt"},
     "cli": {"benchmark", "clocks", "errors", "lock", "options", "probe", "runtimes", "session", "trt"},
     "__main__": {"cli"},

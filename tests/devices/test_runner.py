@@ -146,6 +146,10 @@ def test_wrong_outputs_give_ok_false(local, tmp_path):
     assert "tolerance" in m.error and "0.01 >" in m.error
     looser = run_benchmark(LocalConnection(local), local, art, "onnx", settings=replace(FAST, tolerance=0.02))
     assert looser.ok and 0.009 < looser.output_max_abs_diff < 0.011
+    # a NaN in the comparison fails it too (max(0.0, nan) is 0.0: the check once passed such a model)
+    nan = run_benchmark(LocalConnection(local), local, make_artifact(tmp_path / "nan", perturb_output=float("nan")),
+                        "onnx", settings=FAST)
+    assert not nan.ok and nan.runs == 0 and "differs from sample_io by nan" in nan.error
 
 
 def test_runner_prints_one_strict_json_document(tmp_path):

@@ -26,6 +26,7 @@ The rooms (each imports only the ones listed before it; tests/test_architecture.
 
     system        the board's /sys and /proc files, tools, where this runner lives
     errors        RunFailed, ProfilerMissing
+    reference     sample_io.npz read, a job's outputs checked against the host's
     options       the measurement settings and their defaults (the host's RunnerSettings derives from it)
     sensors       power sensors (registry SENSORS) and the background PowerSampler
     parsers       tegrastats, get_throttled, nvpmodel, meminfo

@@ -9,8 +9,9 @@ import time
 import traceback
 
 from .errors import ProfilerMissing, RunFailed
+from .reference import OutputCheck, read_sample_io
 from .runtimes import RUNTIMES
-from .sensors import PowerSampler, find_sensor, mean_w
+from .sensors import PowerSampler, find_sensor, idle_power_w
 from .state import device_state, rss_kb
 from .trt_benchmark import benchmark_trt
 
@@ -29,8 +30,6 @@ def inferences_per_sample(sample_min_ms, warm_ms):
 
 
 def benchmark(args):
-    import numpy as np
-
     if args.format == "trt":
         return benchmark_trt(args)
 
@@ -40,16 +39,8 @@ def benchmark(args):
     except ImportError as e:
         raise RunFailed("runtime for format %s is not installed on this device: %s" % (args.format, e))
 
-    with np.load(args.sample_io, allow_pickle=False) as npz:
-        for key in ("input", "output"):
-            if key not in npz.files:
-                raise RunFailed("%s has no array %r (has %s)" % (args.sample_io, key, ", ".join(npz.files)))
-        inputs = np.ascontiguousarray(npz["input"], dtype=np.float32)  # (N, *input_shape[1:])
-        expected = np.asarray(npz["output"], dtype=np.float32)  # (N, n_out)
-        labels = npz["label"] if "label" in npz.files else None  # (N,)
+    inputs, expected, labels = read_sample_io(args.sample_io)
     n = inputs.shape[0]
-    if n == 0:
-        raise RunFailed("%s holds no samples" % args.sample_io)
     batches = [inputs[i:i + 1] for i in range(n)]  # each (1, *input_shape[1:])
 
     rss_before, _ = rss_kb()
@@ -62,31 +53,14 @@ def benchmark(args):
     first = rt.run(batches[0])
     first_ms = _ms(t0, time.perf_counter())
 
-    # Check every sample, batch 1, against the host's reference outputs.
-    max_diff = 0.0
-    correct = 0
+    check = OutputCheck(expected, labels)  # every sample, batch 1, against the host's reference outputs
     for i in range(n):
-        out = first if i == 0 else rt.run(batches[i])
-        out = np.asarray(out, dtype=np.float32).reshape(1, -1)
-        ref = expected[i].reshape(1, -1)
-        if out.shape != ref.shape:
-            raise RunFailed("output shape %s differs from sample_io output shape %s" % (out.shape, ref.shape))
-        max_diff = max(max_diff, float(np.max(np.abs(out - ref))))
-        if labels is not None and int(np.argmax(out)) == int(labels[i]):
-            correct += 1
-    if not max_diff <= args.tolerance:  # also catches NaN
-        return {"ok": False, "output_max_abs_diff": max_diff if math.isfinite(max_diff) else None,
-                "error": "output differs from sample_io by %.3g > tolerance %.3g on %d samples"
-                         % (max_diff, args.tolerance, n)}
-    accuracy = correct / float(n) if labels is not None else None
+        check.add(i, first if i == 0 else rt.run(batches[i]))
+    if check.failure(args.tolerance):
+        return check.failure(args.tolerance)
 
     sensor, missing = find_sensor(args.power_sensor)
-    idle_w = None
-    if sensor is not None and args.idle_seconds > 0:
-        idle = PowerSampler(sensor, args.power_rate_hz)
-        idle.start()
-        time.sleep(args.idle_seconds)
-        idle_w = mean_w(idle.stop())
+    idle_w = idle_power_w(sensor, args.idle_seconds, args.power_rate_hz)
 
     # Warm-up: at least warmup_runs runs and at least warmup_seconds.
     k = 0
@@ -133,15 +107,12 @@ def benchmark(args):
         "first_inference_ms": first_ms,
         "peak_rss_kb": int(peak),
         "rss_growth_kb": int(rss_loaded - rss_before),
-        "output_max_abs_diff": max_diff,
-        "output_check_passed": True,
-        "accuracy": accuracy,
-        "samples_checked": n,
         "timed_window_s": window_s,
         "runtime_version": rt.version(),
         "threads": args.threads,
         "state_before": state_before,
     }
+    result.update(check.fields())
     if sensor is not None and power:
         result.update({"power_source": sensor.source, "power_w": power,
                        "power_rate_hz": sampler.achieved_rate_hz, "idle_power_w": idle_w})

@@ -227,3 +227,13 @@ class PowerSampler(object):
 def mean_w(samples):
     """The mean of power samples in W; None when there are none."""
     return sum(samples) / len(samples) if samples else None
+
+
+def idle_power_w(sensor, seconds, rate_hz):
+    """The mean power over ``seconds`` of doing nothing, before a job (None without a sensor or a wait)."""
+    if sensor is None or not seconds > 0:
+        return None
+    idle = PowerSampler(sensor, rate_hz)
+    idle.start()
+    time.sleep(seconds)
+    return mean_w(idle.stop())

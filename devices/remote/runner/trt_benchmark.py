@@ -9,7 +9,8 @@ import time
 import traceback
 
 from .errors import RunFailed
-from .sensors import PowerSampler, find_sensor, mean_w
+from .reference import OutputCheck, read_sample_io
+from .sensors import PowerSampler, find_sensor, idle_power_w, mean_w
 from .state import device_state, rss_kb
 from .system import runner_file
 from .trt import (TRT_FP16_RELATIVE_TOLERANCE, TRTEXEC_DEFAULT, ensure_engine, find_trtexec, gpu_rail_sensor,
@@ -41,15 +42,12 @@ def benchmark_trt(args):
     build = ensure_engine(trtexec, version, args.model, engine_dir)
     engine = build["engine"]
 
-    with np.load(args.sample_io, allow_pickle=False) as npz:
-        inputs = np.ascontiguousarray(npz["input"], dtype=np.float32)
-        expected = np.asarray(npz["output"], dtype=np.float32)
-        labels = npz["label"] if "label" in npz.files else None
+    inputs, expected, labels = read_sample_io(args.sample_io)
     n = inputs.shape[0]
     tolerance = max(args.tolerance, TRT_FP16_RELATIVE_TOLERANCE * float(np.max(np.abs(expected))))
     work = tempfile.mkdtemp(prefix="edgemask-trt-")
     try:
-        max_diff, correct = 0.0, 0
+        check = OutputCheck(expected, labels, "FP16 engine output")
         first_ms = None
         for i in range(n):
             x = os.path.join(work, "input%d.bin" % i)
@@ -66,25 +64,12 @@ def benchmark_trt(args):
             with open(out_json) as f:
                 outputs = parse_trtexec_output(f.read())
             dims, values = list(outputs.values())[0]
-            y = np.asarray(values, dtype=np.float32).reshape(1, -1)
-            ref = expected[i].reshape(1, -1)
-            if y.shape != ref.shape:
-                raise RunFailed("engine output shape %s differs from sample_io output shape %s" % (y.shape, ref.shape))
-            max_diff = max(max_diff, float(np.max(np.abs(y - ref))))
-            if labels is not None and int(np.argmax(y)) == int(labels[i]):
-                correct += 1
-        if not max_diff <= tolerance:
-            return {"ok": False, "output_max_abs_diff": max_diff if math.isfinite(max_diff) else None,
-                    "error": "FP16 engine output differs from sample_io by %.3g > tolerance %.3g on %d samples"
-                             % (max_diff, tolerance, n)}
+            check.add(i, values)
+        if check.failure(tolerance):
+            return check.failure(tolerance)
 
         sensor, missing = find_sensor(args.power_sensor)
-        idle_w = None
-        if sensor is not None and args.idle_seconds > 0:
-            idle = PowerSampler(sensor, args.power_rate_hz)
-            idle.start()
-            time.sleep(args.idle_seconds)
-            idle_w = mean_w(idle.stop())
+        idle_w = idle_power_w(sensor, args.idle_seconds, args.power_rate_hz)
         gpu_sensor = gpu_rail_sensor() if sensor is not None and sensor.name == "ina3221" else None
         samplers = [PowerSampler(s, args.power_rate_hz) for s in (sensor, gpu_sensor) if s is not None]
 
@@ -108,11 +93,10 @@ def benchmark_trt(args):
         result = {
             "ok": True, "latency_ms": latencies, "inferences_per_sample": 1, "load_ms": None,
             "first_inference_ms": first_ms, "peak_rss_kb": int(rss_kb()[1]), "rss_growth_kb": 0,
-            "output_max_abs_diff": max_diff, "output_check_passed": True,
-            "accuracy": correct / float(n) if labels is not None else None, "samples_checked": n,
             "timed_window_s": trace_window_s(queries), "runtime_version": "tensorrt " + version,
             "threads": args.threads, "state_before": state_before,
         }
+        result.update(check.fields())
         compute = sorted(float(q["computeMs"]) for q in queries)
         trt = {"trtexec": trtexec, "tensorrt": version, "output_tolerance": tolerance,
                "gpu_compute_ms_median": compute[len(compute) // 2] if compute else None}
