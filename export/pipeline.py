@@ -118,7 +118,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                 acc = _accuracy(got, labels)
                 if variant == "fp32":
                     d = max_abs_diff(got[:SAMPLES], cmp_out)  # on the sample_io inputs, as a device checks
-                    if d > limit:
+                    if not d <= limit:  # NaN too
                         raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
                                                 f"torch model by {d:.3g} (limit {limit:g})")
                     diffs[fmt.name] = d

@@ -161,6 +161,17 @@ def test_verification_names_the_first_layer_that_parts():
         verify_compaction(masked, res, x)
 
 
+def test_verification_names_the_first_layer_that_gives_nan():
+    # NaN compares false with everything: a check written `d > limit` would pass it by
+    masked = masked_case("fedpews_cnn")
+    x = sample_input("fedpews_cnn", 4)
+    res = compact(masked, x[:1])
+    with torch.no_grad():
+        res.module.conv2.bias[0] = float("nan")
+    with pytest.raises(VerificationError, match="by nan .* first at layer 'conv2'"):
+        verify_compaction(masked, res, x)
+
+
 def test_flop_counter_by_hand():
     m = nn.Sequential()
     m.add_module("conv", nn.Conv2d(2, 3, 3, padding=1))  # 3·8·8 outputs × 2·3·3 MACs = 3456

@@ -13,6 +13,7 @@ from edgemask.fileio import sha256_file
 from edgemask.manifest import Manifest
 from edgemask.export import export_run, load_manifest, load_sample_io
 from edgemask.export.formats import FORMATS, ExportSettings
+from edgemask.export.formats.base import ExportFormatError
 from export_helpers import random_masks
 from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
 from edgemask.trainer.data import DataConfig
@@ -59,6 +60,16 @@ def test_export_run_writes_verified_artifacts(run_dir, tmp_path):
             assert m.flops["compacted"] < m.flops["dense"]
             assert any(layer["kept"] < layer["total"] for layer in m.layers)
     assert not list((tmp_path / "artifacts" / "digits-fedmask-mlp-test").glob(".*partial"))
+
+
+def test_a_runtime_that_answers_nan_fails_the_export(run_dir, tmp_path, monkeypatch):
+    # the runtime's answer replaced by NaN (a stand-in for one call): `d > limit` once let it through
+    onnx = FORMATS.get("onnx")
+    monkeypatch.setattr(type(onnx), "run", lambda self, path, inputs, threads=1: np.full((len(inputs), 10), np.nan))
+    with pytest.raises(ExportFormatError, match=r"onnxruntime output differs from the compacted torch model by nan"):
+        export_run(run_dir, tmp_path / "artifacts", clients=["client-000"], formats=("onnx",),
+                   progress=False)
+    assert not (tmp_path / "artifacts" / "digits-fedmask-mlp-test" / "client-000").exists()
 
 
 def test_unchanged_client_is_skipped_and_changed_one_redone(run_dir, tmp_path):
