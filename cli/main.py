@@ -16,6 +16,7 @@ from pathlib import Path
 from edgemask.cli.progress import progress_printer
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.fileio import disk_full
+from edgemask.schema import check_option
 from edgemask.targets import BOARDS, DEFAULT_EXPORT_FORMATS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
 from edgemask.workspace import Workspace
 
@@ -25,16 +26,16 @@ def _ws(args: argparse.Namespace) -> Workspace:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from edgemask.trainer.config import TrainConfig
+    from edgemask.trainer.config import TrainConfig, TrainingConfig
     from edgemask.trainer.simulation import train
 
     cfg = TrainConfig.load(args.config)
-    _at_least_one(args, "rounds", "train at least one round")
+    overrides = {k: check_option(f"--{k}", v, TrainingConfig, k)
+                 for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
     _at_least_one(args, "flower_workers", "give Ray at least one CPU")
     if args.engine == "flower" and (args.device is not None or args.sequential):
         raise EdgemaskError("--device and --sequential choose how this host trains; with --engine flower each "
                             "Flower client trains on its own CPU, one client per message")
-    overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
     if args.sequential:
         overrides["batched"] = False
     if overrides:
@@ -56,8 +57,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _at_least_one(args: argparse.Namespace, name: str, why: str) -> None:
-    """A count option given below 1 is refused at the door (``--rounds -1`` once ended in a StopIteration
-    traceback, ``--rounds 0`` in an empty run; issue #27)."""
+    """A count option that is no setting of a config (``--flower-workers``) given below 1 is refused at the door
+    (issue #27); an option that overrides a setting is checked by it (:func:`edgemask.schema.check_option`)."""
     value = getattr(args, name, None)
     if value is not None and value < 1:
         raise ConfigError(f"--{name.replace('_', '-')} {value}: must be 1 or more; {why}")
@@ -205,7 +206,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from edgemask.cli.demo import run_demo
 
-    _at_least_one(args, "rounds", "train at least one round")
+    if args.rounds is not None:
+        from edgemask.trainer.config import TrainingConfig
+
+        check_option("--rounds", args.rounds, TrainingConfig, "rounds")
     run_demo(_ws(args), rounds=args.rounds, formats=_name_list("--formats", args.formats))
     return 0
 

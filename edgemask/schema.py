@@ -199,6 +199,13 @@ def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | 
     return dataclasses.field(default=default, default_factory=factory, metadata={_SCHEMA_KEY: checks})
 
 
+def same_setting(cls: type, name: str) -> Any:
+    """Field ``name`` of dataclass ``cls`` as a field of another dataclass, its default and checks those of the one
+    declaration (FedPeWS's ``mu`` is FedProx's ``mu``)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+
+
 def kind_of(annotation: Any) -> tuple[type | tuple[type, ...], type | None]:
     """``(kind, items)`` of a :class:`Field` for a type annotation: ``int`` -> int; ``float | None`` -> float
     (None is "not set", which TOML cannot write); ``tuple[int, ...]``, ``list[float]``, ``Sequence[int]`` -> a list
@@ -276,6 +283,19 @@ def read_dataclass(source: str, name: str, data: Any, cls: type) -> Any:
     the dataclass's default)."""
     schema = schema_of(cls)
     return cls(**Table(source, name, _unset_dropped(data, schema), schema).values())
+
+
+class _Option(Table):
+    """A command-line option standing for one field: its errors read ``--rounds 0: …``, without a table."""
+
+    def _where(self, key: str) -> str:
+        return ""
+
+
+def check_option(option: str, value: Any, cls: type, name: str) -> Any:
+    """``value``, given as command-line ``option`` to override field ``name`` of dataclass ``cls``, checked by that
+    field's one declaration, in the one wording: ``--rounds 0: 0 is out of range; use a value >= 1``."""
+    return _Option(f"{option} {value}", "", {name: value}, {name: schema_of(cls)[name]})[name]
 
 
 def check_call(source: str, name: str, data: Any, fn: Callable[..., Any], skip: int = 0) -> None:

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from edgemask.errors import ConfigError
+from edgemask.trainer.config import device_problem
 from edgemask.trainer.batched_ops import BatchedLayers, vmap_clients
 from edgemask.trainer.local_training import evaluate, local_train
 from edgemask.trainer.losses import cross_entropy
@@ -65,12 +66,10 @@ _PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, b
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``cuda`` (or ``cuda:N``) when asked for and available, the CPU otherwise."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"training.device: unknown device {device!r}; valid: 'cpu', 'cuda', 'cuda:N'")
+    why = device_problem(str(device))  # the setting's own check (trainer.config)
+    if why is not None:
+        raise ConfigError(f"training.device: {why}")
+    dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         return torch.device("cpu")
     return dev

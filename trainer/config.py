@@ -9,6 +9,7 @@ Each setting is declared once, on its dataclass field: its type (the annotation)
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,15 @@ class AlgorithmConfig:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+def device_problem(device: str) -> str | None:
+    """What is wrong with a ``training.device`` (``"…; …"``), or None: ``cpu``, ``cuda`` or ``cuda:N``. A CUDA device
+    on a host without one is not wrong: training falls back to the CPU, with a warning
+    (:func:`edgemask.trainer.batched.resolve_device`)."""
+    if re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        return None
+    return f"unknown device {device!r}; valid: 'cpu', 'cuda', 'cuda:N'"
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     # rounds >= 1: a run of 0 rounds has no trained clients to export (issue #27: `--rounds 0` wrote an empty run)
@@ -48,7 +58,7 @@ class TrainingConfig:
     # fraction of clients sampled per round (FedMask's K): trainer.sampling.clients_per_round of them
     participation: float = setting(1.0, above=0, maximum=1)
     eval_every: int = setting(1, minimum=1)
-    device: str = "cpu"
+    device: str = setting("cpu", check=device_problem)
     batched: bool = True  # train a round's clients together (trainer.batched); false: one after another, the reference
     # υ: report rounds until the global model reaches it (FedPeWS Table 2)
     target_accuracy: float | None = setting(None, above=0, maximum=1)

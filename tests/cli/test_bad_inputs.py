@@ -91,6 +91,12 @@ def _zero_rounds(ws: Path, tmp: Path) -> list[str]:
     return ["train", "--workspace", str(ws), "--config", str(cfg)]
 
 
+def _tpu_device(ws: Path, tmp: Path) -> list[str]:
+    cfg = train_toml(tmp / "t.toml", "r1")
+    cfg.write_text(cfg.read_text().replace("rounds = 1", "rounds = 1\ndevice = \"tpu\""))
+    return ["train", "--workspace", str(ws), "--config", str(cfg)]
+
+
 def _model_arg_typo(ws: Path, tmp: Path) -> list[str]:
     cfg = train_toml(tmp / "t.toml", "r1")
     cfg.write_text(cfg.read_text().replace("args = {hidden = [8]}", "args = {hiden = [8]}"))
@@ -170,9 +176,14 @@ CASES: dict[str, Case] = {
     "run id of 245 characters": Case(_train("r" * 245), ("run.run_id", "245 bytes long", "at most 128 bytes")),
     "newline in a run id": Case(_train("a\nb"), ("run.run_id", "control character '\\n'")),
     "tab in a run id": Case(_train("a\tb"), ("run.run_id", "control character '\\t'")),
-    "train --rounds -1": Case(_train("r1", "--rounds", "-1"), ("--rounds -1: must be 1 or more",)),
-    "train --rounds 0": Case(_train("r1", "--rounds", "0"), ("--rounds 0: must be 1 or more",)),
+    "train --rounds -1": Case(_train("r1", "--rounds", "-1"), ("--rounds -1: -1 is out of range; use a value >= 1",)),
+    "train --rounds 0": Case(_train("r1", "--rounds", "0"), ("--rounds 0: 0 is out of range; use a value >= 1",)),
     "rounds = 0 in the config": Case(_zero_rounds, ("[training] rounds", "0 is out of range")),
+    # the device's valid values are declared once, on the setting: the config, --device and the trainer say the same
+    "device = \"tpu\" in the config": Case(_tpu_device, ("t.toml: [training] device: unknown device 'tpu'; valid: "
+                                                          "'cpu', 'cuda', 'cuda:N'",)),
+    "train --device tpu": Case(_train("r1", "--device", "tpu"),
+                               ("--device tpu: unknown device 'tpu'; valid: 'cpu', 'cuda', 'cuda:N'",)),
     # issue #31: [model.args] was never checked (a TypeError traceback from the model builder); [algorithm.args] had
     # a wording of its own. Both now read like [training].
     "[model.args] hiden = …": Case(_model_arg_typo, ("t.toml: [model.args] hiden: unknown field; did you mean "

@@ -256,3 +256,18 @@ def test_the_schema_declares_every_config_field_and_no_other():
     assert set(_SCHEMAS) == set(_SECTIONS)
     for name, typ in _SECTIONS.items():
         assert set(_SCHEMAS[name]) == {f.name for f in fields(typ)}, name
+
+
+def test_fedpews_mu_is_fedprox_mu_declared_once():
+    """FedPeWS's μ (its FedProx base) takes FedProx's default and limit from FedProx's one declaration: the same
+    value, and a negative one refused by both in the same words."""
+    from edgemask.errors import ConfigError
+    from edgemask.trainer.algorithms.base import parse_args
+    from edgemask.trainer.algorithms.fedpews import FedPeWSArgs
+    from edgemask.trainer.algorithms.fedprox import FedProxArgs
+
+    assert FedPeWSArgs().mu == FedProxArgs().mu == 0.01
+    for typ in (FedProxArgs, FedPeWSArgs):
+        with pytest.raises(ConfigError, match=r"^t.toml: \[algorithm.args\] mu: -0.1 is out of range; use a value "
+                                              r">= 0$"):
+            parse_args(typ, {"mu": -0.1}, "x", "t.toml")

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
-from edgemask.schema import setting
+from edgemask.schema import same_setting, setting
 from edgemask.trainer.accounting import mask_bytes, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.algorithms.fedprox import FedProxArgs
 from edgemask.trainer.losses import cross_entropy, with_proximal
 from edgemask.trainer.models.masking import MaskSite
 from edgemask.trainer.models.registry import head_names
@@ -58,7 +59,7 @@ class FedPeWSArgs:
     init_score: float = 0.0  # s_g^0
     # the optimizer after (and under) the warmup: fedavg | fedprox
     base: str = setting("fedavg", choices=("fedavg", "fedprox"), what="value")
-    mu: float = 0.01  # FedProx's μ when base = "fedprox" (App. C.1: 0.01)
+    mu: float = same_setting(FedProxArgs, "mu")  # FedProx's μ when base = "fedprox" (App. C.1: 0.01)
 
 
 def bernoulli_ste(theta: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
