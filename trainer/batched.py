@@ -45,9 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from edgemask.errors import ConfigError
-from edgemask.trainer.config import device_problem
 from edgemask.trainer.batched_ops import BatchedLayers, vmap_clients
+from edgemask.trainer.devices import resolve_device
 from edgemask.trainer.local_training import evaluate, local_train
 from edgemask.trainer.losses import cross_entropy
 from edgemask.trainer.records import EvalModel, LocalResult, LocalTask
@@ -62,17 +61,6 @@ EVAL_SAMPLES_PER_CALL = 4096  # clients × test samples in one vmapped evaluatio
 EVAL_MEMORY_BUDGET = 256 << 20  # bytes of stacked per-client tensors per evaluation chunk
 _PROBED: dict[Hashable, tuple[int, bool] | str] = {}  # (task signature, batch size, device) -> probe result
 _PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, bytes): see _padded_data
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``cuda`` (or ``cuda:N``) when asked for and available, the CPU otherwise."""
-    why = device_problem(str(device))  # the setting's own check (trainer.config)
-    if why is not None:
-        raise ConfigError(f"training.device: {why}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return torch.device("cpu")
-    return dev
 
 
 def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],

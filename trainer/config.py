@@ -9,7 +9,6 @@ Each setting is declared once, on its dataclass field: its type (the annotation)
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from edgemask.schema import Field, Table, read_dataclass, schema_of, setting
 from edgemask.tomlio import dumps_toml, read_toml
 from edgemask.workspace import check_name
 from edgemask.trainer.data.base import DataConfig
+from edgemask.trainer.devices import device_problem
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,6 @@ class AlgorithmConfig:
 
     name: str = "fedavg"
     args: dict[str, Any] = field(default_factory=dict)
-
-
-def device_problem(device: str) -> str | None:
-    """What is wrong with a ``training.device`` (``"…; …"``), or None: ``cpu``, ``cuda`` or ``cuda:N``. A CUDA device
-    on a host without one is not wrong: training falls back to the CPU, with a warning
-    (:func:`edgemask.trainer.batched.resolve_device`)."""
-    if re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        return None
-    return f"unknown device {device!r}; valid: 'cpu', 'cuda', 'cuda:N'"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from edgemask.trainer.batched import evaluate_many, local_train_batched, resolve_device
+from edgemask.trainer.batched import evaluate_many, local_train_batched
+from edgemask.trainer.devices import resolve_device
 from edgemask.trainer.local_training import evaluate, local_train
 from edgemask.trainer.records import EvalModel, LocalResult, LocalTask
 

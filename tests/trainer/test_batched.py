@@ -415,7 +415,7 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
 
 def test_device_is_cuda_only_when_present():
     from edgemask.errors import ConfigError
-    from edgemask.trainer.batched import resolve_device
+    from edgemask.trainer.devices import resolve_device
 
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("cuda").type == ("cuda" if torch.cuda.is_available() else "cpu")
