@@ -139,9 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows, here = [], machine()
+    table: list[str] = []
     if a.check:
-        there = next((ln.split(":", 1)[1].strip() for ln in a.check.read_text().splitlines()
-                      if ln.startswith("# machine:")), None)
+        try:
+            table = a.check.read_text().splitlines()
+        except OSError as e:
+            print(f"{a.check}: cannot read the table to check against ({e.strerror}); print one first", file=sys.stderr)
+            return 2
+        there = next((ln.split(":", 1)[1].strip() for ln in table if ln.startswith("# machine:")), None)
         if there != here:
             print(f"{a.check} was written on another machine ({there or 'not named'}; this one: {here}): its "
                   "digests cannot judge this one; print the base commit's table here (see --help)", file=sys.stderr)
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(row, flush=True)
                 rows.append(row)
     if a.check:
-        expected = {" ".join(r.split()[:2]): r.split() for r in a.check.read_text().splitlines()
+        expected = {" ".join(r.split()[:2]): r.split() for r in table
                     if r.strip() and not r.startswith(("algorithm", "#"))}
         bad = [r for r in rows if expected.get(" ".join(r.split()[:2])) != r.split()]
         if bad:

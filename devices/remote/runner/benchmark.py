@@ -56,8 +56,9 @@ def benchmark(args):
     check = OutputCheck(expected, labels)  # every sample, batch 1, against the host's reference outputs
     for i in range(n):
         check.add(i, first if i == 0 else rt.run(batches[i]))
-    if check.failure(args.tolerance):
-        return check.failure(args.tolerance)
+    failed = check.failure(args.tolerance)
+    if failed:
+        return failed
 
     sensor, missing = find_sensor(args.power_sensor)
     idle_w = idle_power_w(sensor, args.idle_seconds, args.power_rate_hz)

@@ -65,8 +65,9 @@ def benchmark_trt(args):
                 outputs = parse_trtexec_output(f.read())
             dims, values = list(outputs.values())[0]
             check.add(i, values)
-        if check.failure(tolerance):
-            return check.failure(tolerance)
+        failed = check.failure(tolerance)
+        if failed:
+            return failed
 
         sensor, missing = find_sensor(args.power_sensor)
         idle_w = idle_power_w(sensor, args.idle_seconds, args.power_rate_hz)
