@@ -1,10 +1,11 @@
-"""Mask operations as plain functions: binarize (FedMask Eq. 3), bit packing for transmission and storage, and a
-client's masked model for evaluation (:func:`masked_model`)."""
+"""Mask operations as plain functions: binarize (FedMask Eq. 3), bit packing for transmission and storage
+(:func:`pack_bits`, and in torch on any device :func:`pack_rows` / :func:`unpack_rows`), every client's binary masks
+held as bits (:class:`BitMasks`), and a client's masked model for evaluation (:func:`masked_model`)."""
 
 from __future__ import annotations
 
 import math
-
+from collections.abc import Iterator, MutableMapping
 from typing import Callable
 
 import numpy as np
@@ -15,6 +16,7 @@ from edgemask.trainer.records import EvalModel
 from edgemask.trainer.task_functions import ModelContext
 
 MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (masked_model)
+BITS_PREFIX = "bits:"  # a packed mask's name there (uint8, unpacked in the forward: masked_model)
 THRESHOLD = 0.5  # FedMask §3.3: σ(m^r) is binarized at 0.5 for transmission and inference
 
 
@@ -40,6 +42,87 @@ def unpack_bits(packed: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.from_numpy(bits.astype(np.float32)).reshape(shape)
 
 
+def pack_rows(bits: torch.Tensor, lead: int = 0) -> torch.Tensor:
+    """Binary ``bits`` as packed uint8, the layout of :func:`pack_bits` (big bit order, ⌈n/8⌉ bytes, the last byte
+    zero-padded) on the tensor's own device: ``(*lead_dims, ⌈n/8⌉)`` for the first ``lead`` dims kept (a
+    client's rows, ``lead = 1`` on the clients' stacked ``(K, *shape)``), n the numel of the rest."""
+    head = bits.shape[:lead]
+    flat = bits.detach().reshape(*head, -1).to(torch.uint8)
+    n = flat.shape[-1]
+    if n % 8:
+        flat = torch.nn.functional.pad(flat, (0, 8 - n % 8))
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=flat.device)
+    return (flat.view(*head, -1, 8) << shifts).sum(-1, dtype=torch.uint8)
+
+
+def unpack_rows(packed: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`pack_rows` undone: ``(*lead, ⌈n/8⌉)`` uint8 → ``(*lead, *shape)`` of 0 / 1 in ``dtype``. Elementwise
+    and reshapes only, so it runs under ``vmap`` (a masked model's forward unpacks its client's bits there)."""
+    n = math.prod(shape)
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts) & 1  # (*lead, nb, 8)
+    return bits.reshape(*packed.shape[:-1], -1)[..., :n].reshape(*packed.shape[:-1], *shape).to(dtype)
+
+
+_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
+
+
+def count_ones(packed: torch.Tensor) -> int:
+    """How many elements a packed mask keeps (the padding bits are 0)."""
+    return int(_POPCOUNT.to(packed.device)[packed.long()].sum())
+
+
+class BitMasks(MutableMapping):
+    """Every client's binary masks, ``{cid: {weight: mask}}``, held as packed bits (1 bit per element,
+    :func:`pack_rows`): 32× less host memory than float32 masks (FedMask's IC-CIFAR10 keeps three masks of a VGG16
+    for each of its 400 devices). Reading a client's masks unpacks them to float32 0 / 1; a weight in ``ones``
+    that a client's masks do not hold reads as that one shared tensor (a mask that keeps every element: FedMask's
+    unpruned layers in its pruning structure). Store with ``store[cid] = masks`` (a dict of binary tensors) or,
+    already packed, :meth:`set_packed`."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], ones: dict[str, torch.Tensor] | None = None) -> None:
+        self.shapes = {w: tuple(s) for w, s in shapes.items()}
+        self.ones = dict(ones or {})
+        self._bits: dict[str, dict[str, torch.Tensor]] = {}
+
+    def __getitem__(self, cid: str) -> dict[str, torch.Tensor]:
+        bits = self._bits[cid]
+        return {w: unpack_rows(bits[w], s) if w in bits else self.ones[w] for w, s in self.shapes.items()
+                if w in bits or w in self.ones}
+
+    def __setitem__(self, cid: str, masks: dict[str, torch.Tensor]) -> None:
+        self._bits[cid] = {w: pack_rows(m) for w, m in masks.items() if w not in self.ones or m is not self.ones[w]}
+
+    def __delitem__(self, cid: str) -> None:
+        del self._bits[cid]
+
+    def __contains__(self, cid: object) -> bool:  # without unpacking
+        return cid in self._bits
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._bits)
+
+    def __len__(self) -> int:
+        return len(self._bits)
+
+    def packed(self, cid: str) -> dict[str, torch.Tensor]:
+        """The client's masks as they are held: packed uint8 (a weight read from ``ones`` is absent)."""
+        return self._bits[cid]
+
+    def set_packed(self, cid: str, packed: dict[str, torch.Tensor]) -> None:
+        self._bits[cid] = dict(packed)
+
+    def count(self, cid: str) -> int:
+        """The elements the client's masks keep (a weight read from ``ones`` counts whole)."""
+        bits = self._bits[cid]
+        return sum(count_ones(bits[w]) if w in bits else math.prod(s) for w, s in self.shapes.items()
+                   if w in bits or w in self.ones)
+
+    def nbytes(self) -> int:
+        """Host bytes of the packed masks held."""
+        return sum(t.nbytes for d in self._bits.values() for t in d.values())
+
+
 def packed_nbytes(numel: int) -> int:
     """Bytes to send a binary mask of ``numel`` elements: 1 bit per element, packed."""
     return (numel + 7) // 8
@@ -55,16 +138,29 @@ def masked_model(context: ModelContext, weights: dict[str, torch.Tensor], masks:
     return EvalModel({**weights, **{MASK_PREFIX + k: m for k, m in masks.items()}}, buffers, masked_forward(context))
 
 
+def packed_masked_model(context: ModelContext, weights: dict[str, torch.Tensor], packed: dict[str, torch.Tensor],
+                        buffers: dict[str, torch.Tensor]) -> EvalModel:
+    """:func:`masked_model` with the client's masks as packed bits (:func:`pack_rows`, under :data:`BITS_PREFIX`),
+    unpacked inside the forward: a chunk of stacked clients holds 1 bit per mask element until it runs."""
+    return EvalModel({**weights, **{BITS_PREFIX + k: m for k, m in packed.items()}}, buffers,
+                     masked_forward(context))
+
+
 def masked_forward(context: ModelContext) -> Callable:
     """The :attr:`EvalModel.forward` of :func:`masked_model`: the weights in ``params`` under its masks. One
     function per model context (kept in its cache), so the engines stack every client's masked model together."""
     fn = context.cache.get("masked_forward")
     if fn is None:
         n, sites, call = len(MASK_PREFIX), context.sites, context.call
+        site_of = {w: s for s in sites for w in s.weights}
 
         def fn(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-            weights = {k: v for k, v in params.items() if not k.startswith(MASK_PREFIX)}
+            weights = {k: v for k, v in params.items() if not k.startswith((MASK_PREFIX, BITS_PREFIX))}
             masks = {k[n:]: v for k, v in params.items() if k.startswith(MASK_PREFIX)}
+            for k, v in params.items():
+                if k.startswith(BITS_PREFIX):
+                    w = k[len(BITS_PREFIX):]
+                    masks[w] = unpack_rows(v, site_of[w].mask_shape(weights[w]), weights[w].dtype)
             return call(effective_params(weights, masks, sites), buffers, x)
 
         context.cache["masked_forward"] = fn

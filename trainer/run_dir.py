@@ -21,7 +21,7 @@ import struct
 import tomllib
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -186,7 +186,8 @@ def check_room(path: Path, shared: dict[str, torch.Tensor], one_client: ClientSt
 
 
 def write_run(path: Path, config: TrainConfig, model_state: dict[str, torch.Tensor],
-              clients: dict[str, ClientState], history: Iterable[dict[str, Any]], summary: dict[str, Any]) -> Path:
+              clients: Mapping[str, ClientState], history: Iterable[dict[str, Any]],
+              summary: dict[str, Any]) -> Path:
     """Write a complete run directory. It is assembled under a temporary name unique to this process and renamed
     into place, so a stopped run never leaves a half-written directory under the real name and a run already
     there stays whole until the new one replaces it. ``path`` must be a plain name (never ``runs/..``); an

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +19,7 @@ from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
 from edgemask.trainer.local_training import evaluate
-from edgemask.trainer.records import ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
 
@@ -40,8 +41,26 @@ class SimulationResult:
 
     def write(self, run_dir: Path) -> Path:
         algo = self.algorithm
-        clients = {cid: algo.client_state(cid) for cid in algo.client_ids}
-        return write_run(run_dir, self.config, algo.shared_state(), clients, self.history, self.summary)
+        return write_run(run_dir, self.config, algo.shared_state(), ClientStates(algo), self.history, self.summary)
+
+
+class ClientStates(Mapping):
+    """``{cid: algo.client_state(cid)}``, each built when it is read: the run directory writes one client at a time,
+    so only one client's unpacked masks are alive (400 devices' float32 masks of a VGG16 would be 24 GB)."""
+
+    def __init__(self, algo: Algorithm) -> None:
+        self.algo = algo
+
+    def __getitem__(self, cid: str) -> ClientState:
+        if cid not in self.algo.client_ids:
+            raise KeyError(cid)
+        return self.algo.client_state(cid)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.algo.client_ids)
+
+    def __len__(self) -> int:
+        return len(self.algo.client_ids)
 
 
 def build_algorithm(cfg: TrainConfig, engine: Engine | None = None) -> Algorithm:

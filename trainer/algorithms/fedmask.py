@@ -35,22 +35,25 @@ mask element, 1 bit, packed; ClientPruning's upload (Alg. 1 line 28) once, as ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from edgemask.schema import setting
-from edgemask.trainer.accounting import mask_bytes, tensor_bytes
+from edgemask.trainer.accounting import tensor_bytes
 from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
-from edgemask.trainer.masks import binarize, masked_model
+from edgemask.trainer.masks import (BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
+                                    unpack_rows)
 from edgemask.trainer.models.masking import MaskSite, effective_params
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 from edgemask.trainer.sampling import batch_order
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
+PRUNING_CHUNK_BYTES = 1 << 30  # float32 scores of the devices one ClientPruning call trains, at most
 
 
 FROZEN = "frozen:"  # the constants' prefix of the frozen weights W
@@ -188,53 +191,74 @@ class FedMask(Algorithm):
         pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
         pruned = {w for s in pruned_sites for w in s.weights}
         self.pruned = [w for w in masked if w in pruned]  # the masks with a one-shot pruning structure
-        self.keep: dict[str, dict[str, torch.Tensor]] = {}
-        self.masks: dict[str, dict[str, torch.Tensor]] = {}  # m_k: ClientPruning's binary mask (Alg. 1 line 6)
-        self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
         ones = {w: torch.ones(shapes[w]) for w in masked}  # one tensor every client holds: stacked as a view
+        # Per device, bits (trainer.masks.BitMasks, 1 bit an element): the pruning structure of the pruned masks
+        # (an unpruned mask's reads as the shared ``ones``), ClientPruning's m_k (Alg. 1 line 6), the mask the
+        # device infers with, and the mask a round's first step ran (for its FLOPs). A start m^r is computed from
+        # them when the device is selected (:meth:`start_scores`), never stored for every device.
+        self.keep = BitMasks(shapes, ones)
+        self.masks = BitMasks(shapes)
+        self.local = BitMasks(shapes)
+        self.round_start = BitMasks(shapes)
+        self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
         first = self._start_scores(ones, ones)
-        t = self.cfg.training
-
-        def pruning_task(cid: str) -> LocalTask:
-            task = self._task(cid, first, {}, regularize=False)  # m^0: nothing pruned yet
-            task.epochs = 1
-            return task
-
         # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, plain
-        # SGD, by the framework's engines (every client together when training is batched, as the rounds are).
-        data = [self.dataset.client(cid) for cid in self.client_ids]
-        orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, i) for i, d in enumerate(data)]
-        tasks = [pruning_task(cid) for cid in self.client_ids]
-        results = self.engine.train(tasks, [(d.train_x, d.train_y) for d in data], orders, t.batch_size)
-        for cid, task, res in zip(self.client_ids, tasks, results):
-            keep = {}
-            for w in masked:
-                if w in pruned:
-                    after = self._weight_rows(w) * res.trained[w]
-                    if self.args.prune_by == "magnitude":  # Alg. 1 line 26: |W ⊙ m^r|
-                        score = after.abs()
-                    else:  # §3.4: the change of W ⊙ m^r over the epoch
-                        score = (after - self._weight_rows(w) * task.trainable[w]).abs()
-                    keep[w] = top_fraction(score, self.args.prune_rate)
-                else:
-                    keep[w] = ones[w]
-            self.keep[cid] = keep
-            self.masks[cid] = {w: binarize(torch.sigmoid(res.trained[w])) * keep[w] for w in masked}
-            self.buffers[cid] = res.buffers
+        # SGD, by the framework's engines (a chunk of devices together when training is batched, as the rounds
+        # are); each chunk's top-k and binarization run on its stacked scores, and only its bits are kept.
+        for part in self._pruning_chunks(shapes):
+            self._client_pruning(part, first)
         # ClientPruning's upload (Alg. 1 line 28: "return m_k to server"), 1 bit per element, packed, per device:
         # before the first round, so in summary.json's ``bytes_up_setup``, not in a round's history.
-        self.setup_bytes_up = sum(mask_bytes(self.masks[cid]) for cid in self.client_ids)
-        # The mask each device infers with: its latest locally trained binary mask.
-        self.local = {cid: dict(m) for cid, m in self.masks.items()}
+        self.setup_bytes_up = len(self.client_ids) * sum(packed_nbytes(math.prod(s)) for s in shapes.values())
         # The server's global mask m^T (Alg. 1 line 2: m^0 = 1), and per mask where some upload has kept an
-        # element (None: nowhere yet). A device's next start is m^T ⊙ m_k (:meth:`start_scores`); before any
-        # aggregation that is its own m_k, as real-valued scores (Alg. 1 line 14) computed once here.
+        # element (None: nowhere yet). A device's next start is m^T ⊙ m_k (:meth:`start_scores`).
         self.global_mask = {w: ones[w] for w in masked}
         self.covered: dict[str, torch.Tensor | None] = {w: None for w in masked}
-        self.first_start = {cid: self._start_scores(self.masks[cid], self.keep[cid]) for cid in self.client_ids}
         self.shared_start: dict[str, torch.Tensor] = {}  # an unpruned mask's start, m^T for every device
         self.scores: dict[str, dict[str, torch.Tensor]] = {}  # restart "keep_agreeing": each device's last m^r
-        self.round_start: dict[str, dict[str, torch.Tensor]] = {}  # the binary mask a round's first step ran
+        self._packed: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # _bits' (tensor, its bits)
+
+    def _pruning_chunks(self, shapes: dict[str, tuple[int, ...]]) -> list[list[str]]:
+        """The devices ClientPruning trains in one call: as many as :data:`PRUNING_CHUNK_BYTES` of their trained
+        float32 scores allow (the engine stacks them further within its own budget)."""
+        per_device = 4 * sum(math.prod(s) for s in shapes.values())
+        step = max(1, PRUNING_CHUNK_BYTES // max(per_device, 1))
+        ids = self.client_ids
+        return [ids[s: s + step] for s in range(0, len(ids), step)]
+
+    def _client_pruning(self, cids: list[str], first: dict[str, torch.Tensor]) -> None:
+        """ClientPruning for ``cids``: one epoch of mask training from m^r = ``first`` (m^0 = 1, nothing pruned,
+        no group lasso), then in the pruned masks the top ``prune_rate`` of the score kept (Alg. 1 line 26),
+        m_k = 1[σ(m^r) ≥ 0.5] under it (Eq. 3), each device's kept as bits."""
+        index = {cid: i for i, cid in enumerate(self.client_ids)}
+        data = [self.dataset.client(cid) for cid in cids]
+        orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, index[cid])
+                  for cid, d in zip(cids, data)]
+        tasks = []
+        for cid in cids:
+            task = self._task(cid, first, {}, regularize=False)  # m^0: nothing pruned yet
+            task.epochs = 1
+            tasks.append(task)
+        results = self.engine.train(tasks, [(d.train_x, d.train_y) for d in data], orders,
+                                    self.cfg.training.batch_size)
+        keep, bits = {}, {}
+        for w in self.mask_names:
+            trained = stack_rows([res.trained[w] for res in results])  # (K, *shape)
+            m = binarize(torch.sigmoid(trained))
+            if w in self.pruned:
+                W = self._weight_rows(w)
+                after = W * trained
+                # Alg. 1 line 26, |W ⊙ m^r| ("magnitude"), or §3.4, the change of W ⊙ m^r over the epoch ("delta")
+                score = after.abs() if self.args.prune_by == "magnitude" else (after - W * first[w]).abs()
+                k = top_fraction_rows(score, self.args.prune_rate)
+                m = m * k
+                keep[w] = pack_rows(k, 1).unbind(0)
+            bits[w] = pack_rows(m, 1).unbind(0)
+        for i, (cid, res) in enumerate(zip(cids, results)):
+            self.keep.set_packed(cid, {w: rows[i] for w, rows in keep.items()})
+            self.masks.set_packed(cid, {w: rows[i] for w, rows in bits.items()})
+            self.local.set_packed(cid, {w: rows[i] for w, rows in bits.items()})  # it infers with m_k until it trains
+            self.buffers[cid] = res.buffers
 
     # -- the local task -------------------------------------------------------------------------------
     def _weight_rows(self, w: str) -> torch.Tensor:
@@ -284,19 +308,33 @@ class FedMask(Algorithm):
     def returned_mask(self, cid: str) -> dict[str, torch.Tensor]:
         """The binary mask the server sends device ``cid`` (§3.6: "the updated binary masks ... will be sent back
         to devices"; Alg. 1 line 11): the current global mask under the device's structure, m^T ⊙ m_k (see the
-        module docstring for an element no upload has kept yet: m_k itself)."""
-        keep, out = self.keep[cid], {}
-        for w, m_k in self.masks[cid].items():
+        module docstring for an element no upload has kept yet: m_k itself). Float 0 / 1 (:meth:`returned_bits`
+        unpacked)."""
+        return {w: unpack_rows(b, self.masks.shapes[w]) for w, b in self.returned_bits(cid).items()}
+
+    def returned_bits(self, cid: str) -> dict[str, torch.Tensor]:
+        """:meth:`returned_mask` as packed bits, computed on bits: ``(c ∧ m^T) ∨ (¬c ∧ m_k)`` under the pruning
+        structure, c where some upload has kept the element; m^T ∧ m_k with ``start_mask`` "product"."""
+        own, keep, out = self.masks.packed(cid), self.keep.packed(cid), {}
+        for w, m_k in own.items():
             covered = self.covered[w]
             if self.args.start_mask == "product":  # the literal product of the binary masks (m^0 = 1)
-                out[w] = self.global_mask[w] * m_k
+                out[w] = self._bits("global", w, self.global_mask[w]) & m_k
             elif covered is None:  # m^0 ⊙ m_k = m_k
                 out[w] = m_k
             elif w not in self.pruned:  # every upload keeps every element: m^T itself
-                out[w] = self.global_mask[w]
+                out[w] = self._bits("global", w, self.global_mask[w])
             else:
-                out[w] = torch.where(covered, self.global_mask[w], m_k) * keep[w]
+                c = self._bits("covered", w, covered)
+                out[w] = ((c & self._bits("global", w, self.global_mask[w])) | (~c & m_k)) & keep[w]
         return out
+
+    def _bits(self, kind: str, w: str, t: torch.Tensor) -> torch.Tensor:
+        """``pack_rows(t)`` of the server's mask ``kind`` of ``w``, packed once for as long as it is that tensor."""
+        held = self._packed.get((kind, w))
+        if held is None or held[0] is not t:
+            held = self._packed[(kind, w)] = (t, pack_rows(t))
+        return held[1]
 
     def start_scores(self, cid: str) -> dict[str, torch.Tensor]:
         """The real-valued masks m^r the device's next local update starts from (Alg. 1 lines 11 and 14): the
@@ -304,8 +342,9 @@ class FedMask(Algorithm):
         "keep_agreeing", the device's own last scores where their sign agrees with it. An unpruned mask every
         upload keeps whole, so after the first aggregation all devices start from one tensor under "reset"
         (stacked as a view)."""
-        keep, first, start = self.keep[cid], self.first_start[cid], {}
-        returned = self.returned_mask(cid)
+        keep, start = self.keep[cid], {}
+        bits = self.returned_bits(cid)
+        returned = {w: unpack_rows(b, self.masks.shapes[w]) for w, b in bits.items()}
         own = self.scores.get(cid) if self.args.restart == "keep_agreeing" else None
         for w, b in returned.items():
             if own is not None:
@@ -314,11 +353,9 @@ class FedMask(Algorithm):
                 start[w] = torch.where(agree, own[w], reset)
             elif w in self.shared_start and self.args.start_mask == "structure":
                 start[w] = self.shared_start[w]
-            elif self.covered[w] is None:  # m^0 ⊙ m_k = m_k
-                start[w] = first[w]
-            else:
+            else:  # m^T ⊙ m_k (m_k itself before any upload kept the element)
                 start[w] = self._start_scores({w: b}, {w: keep[w]})[w]
-        self.round_start[cid] = returned
+        self.round_start.set_packed(cid, bits)
         return start
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
@@ -335,18 +372,23 @@ class FedMask(Algorithm):
         for w in self.keep[results[0][0]]:
             bits = binarize(torch.sigmoid(stack_rows([res.trained[w] for _, res in results])))
             if w in self.pruned:
-                bits = bits * torch.stack([self.keep[cid][w] for cid, _ in results])
-            rows[w] = bits.unbind(0)
-        return [self._upload(cid, res, {w: r[i] for w, r in rows.items()}) for i, (cid, res) in enumerate(results)]
+                bits = bits * unpack_rows(torch.stack([self.keep.packed(cid)[w] for cid, _ in results]),
+                                          bits.shape[1:])
+            rows[w] = bits
+        packed = {w: pack_rows(r, 1) for w, r in rows.items()}
+        return [self._upload(cid, res, {w: r[i] for w, r in rows.items()}, {w: p[i] for w, p in packed.items()})
+                for i, (cid, res) in enumerate(results)]
 
-    def _upload(self, cid: str, result: LocalResult, masks: dict[str, torch.Tensor]) -> ClientUpdate:
-        """The client's new binary masks become its inference masks and its upload (1 bit each, packed)."""
+    def _upload(self, cid: str, result: LocalResult, masks: dict[str, torch.Tensor],
+                packed: dict[str, torch.Tensor]) -> ClientUpdate:
+        """The client's new binary masks (``packed``: the same, as bits) become its inference masks and its upload
+        (1 bit each, packed)."""
         o = {k: v for k, v in result.trained.items() if k.startswith("o:")}
         self.buffers[cid] = result.buffers
-        self.local[cid] = masks
+        self.local.set_packed(cid, packed)
         if self.args.restart == "keep_agreeing":
             self.scores[cid] = {w: result.trained[w].detach().clone() for w in masks}
-        size = mask_bytes(masks) + tensor_bytes(o)  # the same both ways
+        size = sum(p.nbytes for p in packed.values()) + tensor_bytes(o)  # the same both ways
         return ClientUpdate(cid, result.num_samples, masks, bytes_up=size, bytes_down=size, train_loss=result.loss,
                             samples_seen=result.samples_seen, extra={"o": o})
 
@@ -364,7 +406,8 @@ class FedMask(Algorithm):
                     self.covered[w] = torch.ones(merged.shape, dtype=torch.bool)
                 self.shared_start[w] = self._start_scores({w: merged}, {})[w]
                 continue
-            keep = torch.stack([self.keep[u.client_id][w] for u in updates])  # (K, *shape)
+            keep = unpack_rows(torch.stack([self.keep.packed(u.client_id)[w] for u in updates]),
+                               masks.shape[1:])  # (K, *shape)
             merged, kept = personalization_preserving(self.global_mask[w], masks, keep)
             self.global_mask[w] = self._vote(merged)
             covered = self.covered[w]
@@ -388,9 +431,10 @@ class FedMask(Algorithm):
         """Two measures. ``local_mask``, the personalized model: W ⊙ m (Eq. 2) with the device's last locally
         trained binary mask (``accuracy`` in the history); ``returned_mask``: the mask the server sends back,
         m^T ⊙ m_k (:meth:`returned_mask`), with the device's own batch-norm statistics."""
-        ctx, w = self.model_context, self.global_params
-        return {"local_mask": [masked_model(ctx, w, self.local[cid], self.buffers[cid]) for cid in cids],
-                "returned_mask": [masked_model(ctx, w, self.returned_mask(cid), self.buffers[cid]) for cid in cids]}
+        ctx, w = self.model_context, self.global_params  # masks as bits, unpacked a chunk of devices at a time
+        return {"local_mask": [packed_masked_model(ctx, w, self.local.packed(cid), self.buffers[cid]) for cid in cids],
+                "returned_mask": [packed_masked_model(ctx, w, self.returned_bits(cid), self.buffers[cid])
+                                  for cid in cids]}
 
     def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The binary mask the round's forward passes computed with, for the training FLOPs: binary forward,
@@ -399,17 +443,27 @@ class FedMask(Algorithm):
         forward: σ(m^r) > 0 everywhere, so every element the pruning structure keeps ran."""
         if self.args.forward == "soft":
             return dict(self.keep[cid])
-        start = self.round_start.get(cid, self.local[cid])
-        return {w: torch.maximum(start[w], m) for w, m in self.local[cid].items()}
+        local = self.local[cid]
+        start = self.round_start[cid] if cid in self.round_start else local
+        return {w: torch.maximum(start[w], m) for w, m in local.items()}
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(masks=dict(self.local[cid]), params=dict(self.buffers[cid]))
 
     def summary_extra(self) -> dict:
-        kept = {cid: sum(float(m.sum()) for m in self.local[cid].values()) for cid in self.client_ids}
-        total = sum(m.numel() for m in self.local[self.client_ids[0]].values())
+        kept = {cid: self.local.count(cid) for cid in self.client_ids}
+        total = sum(math.prod(s) for s in self.local.shapes.values())
         return {"mask_density": float(np.mean([k / total for k in kept.values()])),
                 "bytes_up_setup": self.setup_bytes_up}
+
+
+def top_fraction_rows(score: torch.Tensor, fraction: float) -> torch.Tensor:
+    """:func:`top_fraction` of each row ``score[i]`` of the clients' stacked ``(K, *shape)``, in one ``topk``."""
+    K = score.shape[0]
+    n = score[0].numel()
+    k = max(1, int(round(fraction * n)))
+    idx = torch.topk(score.reshape(K, n), k, dim=1).indices
+    return torch.zeros(K, n).scatter_(1, idx, 1.0).reshape(score.shape)
 
 
 def top_fraction(score: torch.Tensor, fraction: float) -> torch.Tensor:

@@ -1,0 +1,63 @@
+"""Masks held as bits (trainer.masks: pack_rows / unpack_rows, BitMasks, packed_masked_model): the layout is
+np.packbits', a stored client's masks read back exactly, and a masked model from packed bits computes what the
+float mask computes, under vmap too."""
+
+import numpy as np
+import torch
+
+from edgemask.trainer.batched import evaluate_many
+from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.masks import (BitMasks, count_ones, masked_model, pack_bits, pack_rows, packed_masked_model,
+                                    unpack_rows)
+from edgemask.trainer.models import build_model, model_sites
+from edgemask.trainer.task_functions import ModelSpec, model_context
+
+
+def test_pack_rows_is_packbits_layout_with_a_padded_last_byte():
+    m = torch.tensor([[1, 0, 1, 1, 0, 0, 0, 1, 1]], dtype=torch.float32)  # 9 elements -> 2 bytes
+    assert pack_rows(m).tolist() == [0b10110001, 0b10000000]
+    g = torch.Generator().manual_seed(0)
+    rows = (torch.rand(5, 3, 7, generator=g) < 0.4).float()  # 21 bits a row: 3 bytes, 3 padding bits
+    packed = pack_rows(rows, 1)
+    assert packed.shape == (5, 3) and packed.dtype == torch.uint8
+    for i in range(5):
+        assert packed[i].tolist() == pack_bits(rows[i]).tolist() == np.packbits(rows[i].reshape(-1).numpy().astype(
+            np.uint8)).tolist()
+    assert torch.equal(unpack_rows(packed, (3, 7)), rows)
+    assert [count_ones(p) for p in packed] == rows.reshape(5, -1).sum(1).int().tolist()
+
+
+def test_bit_masks_hold_one_bit_an_element_and_read_back_exactly():
+    shapes = {"a": (64, 33), "b": (10,)}
+    ones = {"b": torch.ones(10)}
+    store = BitMasks(shapes, ones)
+    a = (torch.rand(64, 33) < 0.3).float()
+    store["c0"] = {"a": a}
+    assert set(store["c0"]) == {"a", "b"} and store["c0"]["b"] is ones["b"]  # unstored: the shared tensor
+    assert torch.equal(store["c0"]["a"], a) and store["c0"]["a"].dtype == torch.float32
+    assert store.nbytes() == (64 * 33 + 7) // 8  # 264 bytes, not 64·33·4
+    assert store.count("c0") == int(a.sum()) + 10
+    assert "c0" in store and "c1" not in store and list(store) == ["c0"]
+
+
+def test_packed_masked_model_computes_the_float_masks_model_alone_and_stacked():
+    torch.manual_seed(0)
+    model = build_model("cnn", (1, 8, 8), 10)
+    spec = ModelSpec.of("cnn", (1, 8, 8), 10, {}, 0)
+    ctx = model_context(spec, model)
+    sites = model_sites(model)
+    weights = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 10, (40,))
+    floats, packed = [], []
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        masks = {w: (torch.rand(s.mask_shape(weights[w]), generator=g) < 0.5).float() for s in sites
+                 for w in s.weights}
+        floats.append(masked_model(ctx, weights, masks, buffers))
+        packed.append(packed_masked_model(ctx, weights, {w: pack_rows(m) for w, m in masks.items()}, buffers))
+    want = [evaluate(m, x, y) for m in floats]
+    assert [evaluate(m, x, y) for m in packed] == want
+    got = evaluate_many(packed, [(x, y)] * 3)  # stacked: unpacked inside vmap
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert len({a for a, _ in want}) > 1  # the masks matter
