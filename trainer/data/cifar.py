@@ -18,7 +18,7 @@ from edgemask.errors import CorruptFileError
 from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
 from edgemask.trainer.data.clients import pooled_clients
 from edgemask.trainer.data.files import dataset_root, find_file
-from edgemask.trainer.data.transforms import CIFAR10_MEAN, CIFAR10_STD, normalize
+from edgemask.trainer.data.transforms import CIFAR10_MEAN, CIFAR10_STD, NormalizedPool
 
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
@@ -72,6 +72,6 @@ def load_cifar10(root: str | Path | None, dataset: str = "cifar10", field: str =
 @DATASETS.register("cifar10")
 def cifar10(cfg: DataConfig, seed: int) -> FederatedDataset:
     xtr, ytr, xte, yte = load_cifar10(cfg.root)
-    x = normalize(np.concatenate([xtr, xte]), CIFAR10_MEAN, CIFAR10_STD)  # (60000, 3, 32, 32)
+    x = NormalizedPool(np.concatenate([xtr, xte]), CIFAR10_MEAN, CIFAR10_STD)  # (60000, 3, 32, 32), when read
     y = np.concatenate([ytr, yte])
     return FederatedDataset("cifar10", (3, 32, 32), 10, pooled_clients(x, y, cfg, seed))

@@ -16,7 +16,7 @@ from edgemask.errors import CorruptFileError
 from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
 from edgemask.trainer.data.clients import pooled_clients
 from edgemask.trainer.data.files import dataset_root, find_file
-from edgemask.trainer.data.transforms import MNIST_MEAN, MNIST_STD, normalize
+from edgemask.trainer.data.transforms import MNIST_MEAN, MNIST_STD, NormalizedPool
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -80,6 +80,6 @@ def load_mnist(root: str | Path | None, dataset: str = "mnist", field: str = "da
 @DATASETS.register("mnist")
 def mnist(cfg: DataConfig, seed: int) -> FederatedDataset:
     xtr, ytr, xte, yte = load_mnist(cfg.root)
-    x = normalize(np.concatenate([xtr, xte]), MNIST_MEAN, MNIST_STD)  # (70000, 1, 28, 28)
+    x = NormalizedPool(np.concatenate([xtr, xte]), MNIST_MEAN, MNIST_STD)  # (70000, 1, 28, 28), when read
     y = np.concatenate([ytr, yte])
     return FederatedDataset("mnist", (1, 28, 28), 10, pooled_clients(x, y, cfg, seed))

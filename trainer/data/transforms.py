@@ -22,6 +22,23 @@ def normalize(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...
     return x
 
 
+class NormalizedPool:
+    """A uint8 image pool ``(N, C, H, W)`` read as :func:`normalize` of it, normalizing only the images indexed:
+    the clients' parts of CIFAR-10's 60,000 images are a fraction of them (FedMask's IC-CIFAR10: 13,200), so the
+    pool stays 1 byte a pixel (184 MB) instead of 4 (737 MB). The same float32 operations, element by element, as
+    normalizing the whole pool."""
+
+    def __init__(self, images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        self.images, self.mean, self.std = images, mean, std
+        self.shape = images.shape
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return normalize(self.images[idx], self.mean, self.std)
+
+
 def resize(images: np.ndarray, size: int) -> np.ndarray:
     """float32 ``(N, C, H, W)`` -> ``(N, C, size, size)`` by bilinear interpolation (no-op at the same size)."""
     if images.shape[-2:] == (size, size):

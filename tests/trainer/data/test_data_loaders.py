@@ -383,3 +383,14 @@ def test_digits_read_from_scikit_learns_file_equal_load_digits():
                           "load_digits_arrays(); print('sklearn' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_normalized_pool_normalizes_only_what_is_read_with_the_same_bits():
+    from edgemask.trainer.data.transforms import CIFAR10_MEAN, CIFAR10_STD, NormalizedPool, normalize
+
+    images = np.random.default_rng(0).integers(0, 256, (50, 3, 4, 4), dtype=np.uint8)
+    pool = NormalizedPool(images, CIFAR10_MEAN, CIFAR10_STD)
+    idx = np.array([7, 3, 41])
+    got = pool[idx]
+    assert got.dtype == np.float32 and got.tobytes() == normalize(images, CIFAR10_MEAN, CIFAR10_STD)[idx].tobytes()
+    assert pool.images.dtype == np.uint8 and len(pool) == 50  # the pool itself stays one byte a pixel
