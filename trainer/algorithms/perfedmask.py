@@ -188,6 +188,8 @@ class PerFedMask(Algorithm):
         names = list(self.layers)
         self.layer_masks = {cid: {names[j]: int(m[i, j]) for j in range(len(names))}
                             for i, cid in enumerate(self.client_ids)}
+        self._zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}
+        self._ones = {k: torch.ones_like(v) for k, v in self.global_params.items()}
         self.keep = {cid: self._param_masks(cid) for cid in self.client_ids}
         self.heads: dict[str, dict[str, torch.Tensor]] = {}
         example = self.dataset.clients[0].train_x[:1]
@@ -197,11 +199,14 @@ class PerFedMask(Algorithm):
         self.bwd = {cid: self._backward(cid, per_site) for cid in self.client_ids}
 
     def _param_masks(self, cid: str) -> dict[str, torch.Tensor]:
-        out = {k: torch.zeros_like(v) for k, v in self.global_params.items()}  # the head: frozen (FedBABU)
+        """The device's P^mask row as a 0 / 1 tensor per parameter (1: trained). A layer is trained whole or not
+        at all, so every device's masks are the same two tensors per parameter, all-zeros and all-ones, shared
+        (stacked as views): the per-device state is ``layer_masks``, one bit a layer."""
+        out = dict(self._zeros)  # the head: frozen (FedBABU)
         for layer, on in self.layer_masks[cid].items():
             if on:
                 for k in self.layers[layer]:
-                    out[k] = torch.ones_like(self.global_params[k])
+                    out[k] = self._ones[k]
         return out
 
     def _backward(self, cid: str, per_site: dict[str, int]) -> int:
