@@ -98,9 +98,14 @@ class HeteroFL(Algorithm):
         rates = [float(r) for r in (self.args.rates or [1.0, 0.5, 0.25])]
         head = set(head_names(self.model))
         self.rate = {cid: rates[i % len(rates)] for i, cid in enumerate(self.client_ids)}
-        self.masks = {cid: width_masks(self.global_params, self.sites, head, r) for cid, r in self.rate.items()}
-        self.hold = {cid: holder_masks(self.global_params, self.sites, m) for cid, m in self.masks.items()}
-        self.held = {cid: sum(int(h.sum()) for h in hold.values()) for cid, hold in self.hold.items()}  # elements
+        # a client's masks are its rate's: built once per rate, the same tensors for all its clients (no per-client
+        # copy of a model-sized mask; stacked as views)
+        by_rate = {r: width_masks(self.global_params, self.sites, head, r) for r in sorted(set(self.rate.values()))}
+        holds = {r: holder_masks(self.global_params, self.sites, m) for r, m in by_rate.items()}
+        held = {r: sum(int(h.sum()) for h in hold.values()) for r, hold in holds.items()}
+        self.masks = {cid: by_rate[r] for cid, r in self.rate.items()}
+        self.hold = {cid: holds[r] for cid, r in self.rate.items()}
+        self.held = {cid: held[r] for cid, r in self.rate.items()}  # elements
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         masks = self.masks[cid]
