@@ -49,7 +49,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         path = train_flower(cfg, ws.runs, args.flower_workers, progress, verbose=args.verbose)
     else:
-        path = train(cfg, ws.runs, progress=progress)
+        path = train(cfg, ws.runs, progress=progress, memory=lambda fp: print(f"edgemask: {fp.line()}", file=sys.stderr),
+                     memory_check=not args.no_memory_check, source=str(args.config))
     summary = json.loads((path / "summary.json").read_text())
     print(f"wrote {path}  (mean personalized accuracy {summary['mean_accuracy']:.4f}, "
           f"{summary['bytes_up'] + summary['bytes_down']:,} bytes communicated)")
@@ -256,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
     t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")
     t.add_argument("--rounds", type=int, default=None, help="override training.rounds")
+    t.add_argument("--no-memory-check", action="store_true", help="train even when the memory estimate printed "
+                   "before the set-up exceeds what this host has available")
     t.add_argument("--device", default=None, help="override training.device: 'cuda' trains the batched clients on "
                    "the GPU when one is present, 'cpu' otherwise")
     t.add_argument("--sequential", action="store_true", help="train the clients one after another (the reference "

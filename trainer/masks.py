@@ -99,6 +99,9 @@ class BitMasks(MutableMapping):
     def __contains__(self, cid: object) -> bool:  # without unpacking
         return cid in self._bits
 
+    def clear(self) -> None:  # without unpacking
+        self._bits.clear()
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._bits)
 

@@ -18,6 +18,7 @@ from edgemask.trainer.allocator import tune_host_allocator
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
+from edgemask.trainer.footprint import Footprint, check_fits, estimate
 from edgemask.trainer.local_training import evaluate
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
@@ -63,13 +64,17 @@ class ClientStates(Mapping):
         return len(self.algo.client_ids)
 
 
-def build_algorithm(cfg: TrainConfig, engine: Engine | None = None) -> Algorithm:
+def build_algorithm(cfg: TrainConfig, engine: Engine | None = None,
+                    before_setup: Callable[[Algorithm], None] | None = None) -> Algorithm:
     """``cfg``'s dataset and algorithm with its engine (default: the one ``[training]`` asks for,
     :func:`edgemask.trainer.engines.engine_for`), set up (``algo.setup()``) from the seeds, in training mode: the same
-    instance on every host that builds it from the same config (a Flower client builds its own)."""
+    instance on every host that builds it from the same config (a Flower client builds its own). ``before_setup(algo)``
+    runs once the data and the model are built, before the set-up (``train``'s memory estimate)."""
     ds = build_dataset(cfg.data, cfg.run.seed)
     engine = engine if engine is not None else engine_for(cfg.training, stacklevel=3)
     algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds, engine)
+    if before_setup is not None:
+        before_setup(algo)
     torch.manual_seed(cfg.run.seed + 1)
     algo.model.train()
     algo.setup()
@@ -78,11 +83,13 @@ def build_algorithm(cfg: TrainConfig, engine: Engine | None = None) -> Algorithm
 
 def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None,
              train_phase: PhaseTrainer | None = None,
-             ready: Callable[[Algorithm], None] | None = None) -> SimulationResult:
+             ready: Callable[[Algorithm], None] | None = None,
+             before_setup: Callable[[Algorithm], None] | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
     ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
     trains them with the run's engine (:mod:`edgemask.trainer.engines`). ``ready(algo)`` is called once the algorithm is
-    set up, before the first round (``train`` checks there that the run will fit on disk).
+    set up, before the first round (``train`` checks there that the run will fit on disk); ``before_setup(algo)`` before
+    its set-up (:func:`build_algorithm`).
 
     History rows (long format): per round × sampled client, what :meth:`RoundCosts.record` lists; per evaluated
     round × client: ``accuracy``, ``test_loss`` (and ``accuracy_<name>``, ``test_loss_<name>`` of further
@@ -90,7 +97,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     """
     t0 = time.perf_counter()
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
-    algo = build_algorithm(cfg)
+    algo = build_algorithm(cfg, before_setup=before_setup)
     if ready is not None:
         ready(algo)
     rounds = cfg.training.rounds
@@ -338,12 +345,23 @@ def global_summary(hist: list[dict[str, Any]], target: float | None) -> dict[str
     return out
 
 
-def train(cfg: TrainConfig, runs_root: Path, progress=None) -> Path:
+def train(cfg: TrainConfig, runs_root: Path, progress=None, memory: Callable[[Footprint], None] | None = None,
+          memory_check: bool = True, source: str | None = None) -> Path:
     """Simulate and write ``runs_root/<run-id>/``, holding the run's lock from before the first round (a second
-    training of the run id leaves at once, and an unwritable ``runs/`` is found before the work)."""
+    training of the run id leaves at once, and an unwritable ``runs/`` is found before the work). Before the set-up,
+    the run's memory is estimated (:func:`edgemask.trainer.footprint.estimate`), handed to ``memory`` (the CLI prints
+    it) and, with ``memory_check``, a run that cannot fit this host is refused, naming ``source`` (the config)."""
     path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
+
+    def plan(algo: Algorithm) -> None:
+        fp = estimate(algo)
+        if memory_check:  # a refusal says the figures itself
+            check_fits(fp, source or f"run {cfg.run_id}")
+        if memory is not None:
+            memory(fp)
+
     with run_lock(path):
-        return simulate(cfg, progress, ready=room_check(cfg, path)).write(path)
+        return simulate(cfg, progress, ready=room_check(cfg, path), before_setup=plan).write(path)
 
 
 def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:

@@ -108,6 +108,14 @@ def _algorithm_arg_type(ws: Path, tmp: Path) -> list[str]:
             str(train_toml(tmp / "t.toml", "r1", algorithm="fedprox", args='[algorithm.args]\nmu = "0.1"'))]
 
 
+def _too_big(ws: Path, tmp: Path) -> list[str]:
+    """Standalone keeps a model per device: 300 devices × a 68M-parameter MLP is about 82 GB (issue #36)."""
+    cfg = train_toml(tmp / "t.toml", "big", algorithm="standalone")
+    cfg.write_text(cfg.read_text().replace("num_clients = 2", "num_clients = 300")
+                   .replace("args = {hidden = [8]}", "args = {hidden = [8192, 8192]}"))
+    return ["train", "--workspace", str(ws), "--config", str(cfg)]
+
+
 def _profile(**kw) -> Callable[[Path, Path], list[str]]:
     return lambda ws, tmp: ["profile", "--workspace", str(ws), "--campaign", str(campaign(tmp / "c.toml", **kw))]
 
@@ -190,6 +198,10 @@ CASES: dict[str, Case] = {
                                                      "'hidden'? valid fields: hidden",)),
     "[algorithm.args] mu = \"0.1\"": Case(_algorithm_arg_type, ("t.toml: [algorithm.args] mu: must be a number, not "
                                                                 "'0.1'; write a number, without quotes",)),
+    # issue #36: a run that cannot fit is refused before its set-up, with what it needs and what to change
+    "a run larger than this host's memory": Case(_too_big, ("t.toml: this run needs about", "GB of host memory",
+                                                            "per device 0.27 GB × 300 devices", "data.num_clients",
+                                                            "--no-memory-check")),
     "export --formats onnx,onnx": Case(
         lambda ws, tmp: ["export", "--workspace", str(ws), "--run", "fm", "--formats", "onnx,onnx"],
         ("--formats onnx,onnx", "'onnx' is given twice")),

@@ -27,7 +27,8 @@ Optional hooks, whose defaults do nothing special:
 * ``finetune_task(cid)`` / ``finetune_result(cid, result)`` — after the last round, one more local training per
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
 * ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less);
-* ``summary_extra()`` — the algorithm's own entries in ``summary.json``.
+* ``summary_extra()`` — the algorithm's own entries in ``summary.json``;
+* ``client_state_bytes()`` — host bytes it keeps per client, for the memory estimate before set-up.
 
 The defaults implement FedAvg. An algorithm builds its hooks from plain functions over tensors, each in the module it
 belongs to: uploads costed in bytes (:func:`edgemask.trainer.accounting.fedavg_upload`,
@@ -183,6 +184,17 @@ class Algorithm:
     def summary_extra(self) -> dict[str, Any]:
         """The algorithm's own entries in ``summary.json``."""
         return {}
+
+    def client_state_bytes(self) -> int:
+        """Host bytes the algorithm keeps for each client between rounds, at most, from the model before
+        ``setup`` runs (``edgemask train``'s memory estimate: :mod:`edgemask.trainer.footprint`); state at the size it
+        is (a binary mask in bits). Default: none (FedAvg keeps nothing per client)."""
+        return 0
+
+    def model_bytes(self, names: list[str] | None = None, buffers: bool = False) -> int:
+        """float32 bytes of the parameters ``names`` (default: all), with the buffers when ``buffers``."""
+        params = self.global_params if names is None else {k: self.global_params[k] for k in names}
+        return tensor_bytes(params) + (tensor_bytes(self.global_buffers) if buffers else 0)
 
 
 def parse_args(typ: type, raw: dict[str, Any], algo: str, source: str | None = None) -> Any:

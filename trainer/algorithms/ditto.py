@@ -26,6 +26,10 @@ class Ditto(Algorithm):
     name = "ditto"
     Args = DittoArgs
 
+    def client_state_bytes(self) -> int:
+        """Its personal model and batch-norm statistics."""
+        return self.model_bytes(buffers=True)
+
     def setup(self) -> None:
         self.personal: dict[str, dict[str, torch.Tensor]] = {}
         self.personal_buffers: dict[str, dict[str, torch.Tensor]] = {}

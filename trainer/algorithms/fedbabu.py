@@ -30,6 +30,10 @@ class FedBABU(Algorithm):
     name = "fedbabu"
     Args = FedBABUArgs
 
+    def client_state_bytes(self) -> int:
+        """Its fine-tuned head."""
+        return self.model_bytes(head_names(self.model))
+
     def setup(self) -> None:
         self.head = list(head_names(self.model))
         self.body = [k for k in self.global_params if k not in self.head]

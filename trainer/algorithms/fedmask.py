@@ -183,14 +183,25 @@ class FedMask(Algorithm):
     name = "fedmask"
     Args = FedMaskArgs
 
+    def client_state_bytes(self) -> int:
+        """Its masks in bits (ClientPruning's m_k, the mask it infers with, a round's start) and the pruned layers'
+        structure, its batch-norm statistics, and with ``restart`` "keep_agreeing" its last scores m^r (float32)."""
+        sizes = {w: math.prod(s.mask_shape(self.global_params[w])) for s in self.sites for w in s.weights}
+        bits = 3 * sum(map(packed_nbytes, sizes.values())) + sum(packed_nbytes(sizes[w]) for w in self._pruned())
+        scores = 4 * sum(sizes.values()) if self.args.restart == "keep_agreeing" else 0
+        return bits + scores + tensor_bytes(self.global_buffers)
+
+    def _pruned(self) -> list[str]:
+        """The masks with a one-shot pruning structure: those of the last ``prune_last`` sites, in order."""
+        pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
+        return [w for s in pruned_sites for w in s.weights]
+
     def setup(self) -> None:
         self.weights = {k: v for k, v in self.global_params.items()}  # frozen W
         masked = [w for s in self.sites for w in s.weights]
         self.mask_names = tuple(masked)  # every mask, in the sites' order
         shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
-        pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
-        pruned = {w for s in pruned_sites for w in s.weights}
-        self.pruned = [w for w in masked if w in pruned]  # the masks with a one-shot pruning structure
+        self.pruned = self._pruned()  # the masks with a one-shot pruning structure
         ones = {w: torch.ones(shapes[w]) for w in masked}  # one tensor every client holds: stacked as a view
         # Per device, bits (trainer.masks.BitMasks, 1 bit an element): the pruning structure of the pruned masks
         # (an unpruned mask's reads as the shared ``ones``), ClientPruning's m_k (Alg. 1 line 6), the mask the
@@ -412,6 +423,7 @@ class FedMask(Algorithm):
             self.global_mask[w] = self._vote(merged)
             covered = self.covered[w]
             self.covered[w] = kept if covered is None else covered | kept
+        self.round_start.clear()  # the round's FLOPs are counted (simulation.RoundCosts, before the aggregate)
         real_o = self._real_output_gates()
         if real_o:
             avg = average_state([u.extra["o"] for u in updates], [u.num_samples for u in updates])

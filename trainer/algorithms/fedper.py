@@ -17,6 +17,10 @@ from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, Local
 class FedPer(Algorithm):
     name = "fedper"
 
+    def client_state_bytes(self) -> int:
+        """Its personal head (FedRep's too)."""
+        return self.model_bytes(head_names(self.model))
+
     def setup(self) -> None:
         self.head = [k for k in head_names(self.model)]
         self.body = [k for k in self.global_params if k not in self.head]

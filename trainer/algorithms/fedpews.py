@@ -186,6 +186,10 @@ class FedPeWS(Algorithm):
     Args = FedPeWSArgs
     fixed = False
 
+    def client_state_bytes(self) -> int:
+        """Per hidden neuron, float32: its score s_i, θ_i, its sampled mask and its fixed partition's mask."""
+        return 16 * sum(hidden_units(self.model_context).values())
+
     def setup(self) -> None:
         head = set(head_names(self.model))
         self.hidden: list[MaskSite] = [s for s in self.sites if s.weights[0] not in head]

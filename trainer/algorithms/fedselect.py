@@ -144,6 +144,10 @@ class FedSelect(Algorithm):
     name = "fedselect"
     Args = FedSelectArgs
 
+    def client_state_bytes(self) -> int:
+        """Its personal mask m_k (bool, a byte an element), its personalized model θ_k and batch-norm statistics."""
+        return sum(v.numel() for v in self.global_params.values()) + self.model_bytes(buffers=True)
+
     def setup(self) -> None:
         self.init_report = {}
         if self.args.init_weights:

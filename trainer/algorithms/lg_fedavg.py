@@ -51,6 +51,10 @@ class LGFedAvg(Algorithm):
     name = "lg_fedavg"
     Args = LGFedAvgArgs
 
+    def client_state_bytes(self) -> int:
+        """Its local representation (every parameter but the head) and batch-norm statistics."""
+        return self.model_bytes([k for k in self.global_params if k not in set(head_names(self.model))], buffers=True)
+
     def setup(self) -> None:
         self.head = [n for n in head_names(self.model)]
         if not self.head:

@@ -93,6 +93,10 @@ class Moon(Algorithm):
     name = "moon"
     Args = MoonArgs
 
+    def client_state_bytes(self) -> int:
+        """Its previous local model w_i^{t−1} with its buffers."""
+        return self.model_bytes(buffers=True)
+
     def setup(self) -> None:
         heads = tuple(getattr(self.model, "head", ()))
         if len(heads) != 1:

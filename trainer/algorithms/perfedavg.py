@@ -83,6 +83,10 @@ class PerFedAvg(Algorithm):
     name = "perfedavg"
     Args = PerFedAvgArgs
 
+    def client_state_bytes(self) -> int:
+        """Its adapted model (evaluation's one step)."""
+        return self.model_bytes()
+
     def setup(self) -> None:
         self.personal: dict[str, dict[str, torch.Tensor]] = {}
 

@@ -163,6 +163,10 @@ class PerFedMask(Algorithm):
     name = "perfedmask"
     Args = PerFedMaskArgs
 
+    def client_state_bytes(self) -> int:
+        """Its fine-tuned head (the P^mask tensors are shared: ``_param_masks``)."""
+        return self.model_bytes(sorted(head_names(self.model)))
+
     def setup(self) -> None:
         self.head = set(head_names(self.model))
         body = [k for k in self.global_params if k not in self.head]

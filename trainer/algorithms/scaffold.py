@@ -83,6 +83,10 @@ class Scaffold(Algorithm):
     name = "scaffold"
     Args = ScaffoldArgs
 
+    def client_state_bytes(self) -> int:
+        """Its control variate c_i, one per parameter."""
+        return self.model_bytes()
+
     def setup(self) -> None:
         zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}
         self.c = dict(zeros)  # the server's control variate

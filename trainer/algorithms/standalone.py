@@ -19,6 +19,10 @@ from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, Local
 class Standalone(Algorithm):
     name = "standalone"
 
+    def client_state_bytes(self) -> int:
+        """Its own model and batch-norm statistics."""
+        return self.model_bytes(buffers=True)
+
     def setup(self) -> None:
         self.own = {cid: {k: v.clone() for k, v in self.global_params.items()} for cid in self.client_ids}
         self.own_buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}

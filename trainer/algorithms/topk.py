@@ -41,6 +41,10 @@ class TopK(Algorithm):
     name = "topk"
     Args = TopKArgs
 
+    def client_state_bytes(self) -> int:
+        """Its error-feedback residual, one float32 per parameter."""
+        return self.model_bytes()
+
     def setup(self) -> None:
         self.names = list(self.global_params)
         self.numel = sum(v.numel() for v in self.global_params.values())
