@@ -32,7 +32,7 @@ from edgemask.export.compact import compact
 from edgemask.export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
 from edgemask.export.layers import ETRECORD, layer_records, write_etrecord
 from edgemask.export.parallel import export_pending
-from edgemask.export.verify import TOLERANCE, max_abs_diff, verify_compaction
+from edgemask.export.verify import TOLERANCE, Tolerance, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
 VERIFY_SAMPLES = 256  # compaction check and every file's accuracy: up to this many test samples
@@ -77,9 +77,12 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[str],
-                  settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
+                  settings: ExportSettings = ExportSettings(), limit: Tolerance | float = TOLERANCE,
                   etrecord: bool = False) -> Path:
     """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``.
+
+    ``limit``: the rule (:class:`edgemask.export.verify.Tolerance`; a bare number: an absolute limit) that the
+    compacted model is held to against the masked one, and each fp32 file against the compacted model.
 
     ``etrecord``: with ``pte`` among the formats, also write the ETRecord (:mod:`edgemask.export.layers`) for the host's
     Inspector (a second lowering)."""
@@ -93,7 +96,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     x_all, y_all = data.test_x[:VERIFY_SAMPLES], data.test_y[:VERIFY_SAMPLES]
     x, y = x_all[:SAMPLES], y_all[:SAMPLES]
     result = compact(masked, x[:1])
-    torch_diff = verify_compaction(masked, result, x_all, limit)
+    tol = Tolerance.of(limit)
+    torch_diff = verify_compaction(masked, result, x_all, tol)
     model = result.module
     with torch.no_grad():
         ref_out = masked(x).float().numpy()
@@ -117,11 +121,11 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                 got = fmt.run(path, x_all.numpy())  # (len(labels), n_out), batch 1 in the runtime
                 acc = _accuracy(got, labels)
                 if variant == "fp32":
-                    d = max_abs_diff(got[:SAMPLES], cmp_out)  # on the sample_io inputs, as a device checks
-                    if not d <= limit:  # NaN too
+                    c = tol.compare(cmp_out, got[:SAMPLES])  # on the sample_io inputs, as a device checks
+                    if not c.ok:  # NaN too
                         raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
-                                                f"torch model by {d:.3g} (limit {limit:g})")
-                    diffs[fmt.name] = d
+                                                f"torch model {tol.describe(c)}")
+                    d = diffs[fmt.name] = c.max_abs_diff
                     fp32_acc = acc
                     extra = {"max_abs_diff": d, "accuracy": acc}
                 else:  # how far this quantized file's outputs lie from sample_io's, on the host: the device's check
@@ -149,7 +153,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
             flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
             layers=layers,
             etrecord=etrec,
-            tolerance={"limit": limit, "max_abs_diff": diffs},
+            tolerance={"limit": tol.atol, "max_abs_diff": diffs},  # the rule's absolute part (no field for rtol)
             created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             input_hash=input_hash(run, client_id, formats, settings),
         )
@@ -159,7 +163,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
 
 def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "all",
                formats: Sequence[str] = DEFAULT_EXPORT_FORMATS, progress: bool = True,
-               settings: ExportSettings = ExportSettings(), limit: float = TOLERANCE,
+               settings: ExportSettings = ExportSettings(), limit: Tolerance | float = TOLERANCE,
                wait_s: float = 0.0, etrecord: bool = False, workers: int = 1) -> list[Path]:
     """Export every requested client of a run, and the dense baseline, under ``out_root/<run-id>/``.
 
@@ -171,7 +175,8 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     Both are taken on real paths (symlinks resolved), so a run or artifact directory reached through a link takes
     the locks its real path takes. Holding them, the run's files are read once and checked against its digests
     (``Run.snapshot``); every model and every ``input_hash`` comes from those bytes.
-    Returns the artifact directories (skipped, unchanged ones included). ``etrecord``: see :func:`export_client`.
+    Returns the artifact directories (skipped, unchanged ones included). ``etrecord``, ``limit``: see
+    :func:`export_client`.
     ``workers``: clients exported at a time, in processes (:mod:`edgemask.export.parallel`; 1, the default: one after
     another in this process; ``edgemask export --jobs`` defaults to this machine's cores). The workers read the
     run while this process holds its shared lock, so no training replaces it meanwhile."""
