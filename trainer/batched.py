@@ -54,7 +54,7 @@ from edgemask.trainer.sampling import step_plan
 from edgemask.trainer.task_program import (TaskProgram, direction, draw_noise, kind, noise_generator, program,
                                            tensor_rate)
 
-CPU_MEMORY_BUDGET = 2 << 30  # bytes of stacked state + activations per chunk on the CPU
+CPU_MEMORY_BUDGET = 1 << 30  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
 PADDED_CACHE_BYTES = 256 << 20  # padded client data kept between rounds (see _padded_data), at most
 EVAL_SAMPLES_PER_CALL = 4096  # clients × test samples in one vmapped evaluation call, at most

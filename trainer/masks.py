@@ -108,6 +108,13 @@ class BitMasks(MutableMapping):
     def __len__(self) -> int:
         return len(self._bits)
 
+    def unpacked(self, cid: str, names: list[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """The client's masks ``names`` (each stored or in ``ones``) as 0 / 1 in ``dtype`` (``torch.bool``: a
+        quarter of float32's bytes, for a local task's pruning structure)."""
+        bits = self._bits[cid]
+        return {w: unpack_rows(bits[w], self.shapes[w], dtype) if w in bits else self.ones[w].to(dtype)
+                for w in names}
+
     def packed(self, cid: str) -> dict[str, torch.Tensor]:
         """The client's masks as they are held: packed uint8 (a weight read from ``ones`` is absent)."""
         return self._bits[cid]

@@ -45,7 +45,7 @@ from edgemask.schema import setting
 from edgemask.trainer.accounting import tensor_bytes
 from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
-from edgemask.trainer.masks import (BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
+from edgemask.trainer.masks import (THRESHOLD, BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
                                     unpack_rows)
 from edgemask.trainer.models.masking import MaskSite, effective_params
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -255,14 +255,14 @@ class FedMask(Algorithm):
         keep, bits = {}, {}
         for w in self.mask_names:
             trained = stack_rows([res.trained[w] for res in results])  # (K, *shape)
-            m = binarize(torch.sigmoid(trained))
+            m = torch.sigmoid(trained) >= THRESHOLD  # Eq. 3, as bool
             if w in self.pruned:
                 W = self._weight_rows(w)
                 after = W * trained
                 # Alg. 1 line 26, |W ⊙ m^r| ("magnitude"), or §3.4, the change of W ⊙ m^r over the epoch ("delta")
-                score = after.abs() if self.args.prune_by == "magnitude" else (after - W * first[w]).abs()
+                score = after.abs_() if self.args.prune_by == "magnitude" else after.sub_(W * first[w]).abs_()
                 k = top_fraction_rows(score, self.args.prune_rate)
-                m = m * k
+                m &= k
                 keep[w] = pack_rows(k, 1).unbind(0)
             bits[w] = pack_rows(m, 1).unbind(0)
         for i, (cid, res) in enumerate(zip(cids, results)):
@@ -370,8 +370,8 @@ class FedMask(Algorithm):
         return start
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
-        keep = self.keep[cid]
-        return self._task(cid, self.start_scores(cid), {w: keep[w] for w in self.pruned})
+        # the pruning structure as bool: the task multiplies by it (the same values as float 0 / 1), a quarter the bytes
+        return self._task(cid, self.start_scores(cid), self.keep.unpacked(cid, self.pruned, torch.bool))
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """Every client's upload, Eq. 3's binarization of σ(m^r) (and the pruned layers' structure) done once on
@@ -380,11 +380,11 @@ class FedMask(Algorithm):
         if not results:
             return []
         rows = {}
-        for w in self.keep[results[0][0]]:
-            bits = binarize(torch.sigmoid(stack_rows([res.trained[w] for _, res in results])))
+        for w in self.mask_names:
+            bits = torch.sigmoid(stack_rows([res.trained[w] for _, res in results])) >= THRESHOLD  # bool
             if w in self.pruned:
-                bits = bits * unpack_rows(torch.stack([self.keep.packed(cid)[w] for cid, _ in results]),
-                                          bits.shape[1:])
+                bits &= unpack_rows(torch.stack([self.keep.packed(cid)[w] for cid, _ in results]), bits.shape[1:],
+                                    torch.bool)
             rows[w] = bits
         packed = {w: pack_rows(r, 1) for w, r in rows.items()}
         return [self._upload(cid, res, {w: r[i] for w, r in rows.items()}, {w: p[i] for w, p in packed.items()})
@@ -437,7 +437,8 @@ class FedMask(Algorithm):
 
     # -- evaluation and storage -----------------------------------------------------------------------
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
-        return self.local[cid]
+        """The mask it infers with, as bool (for the accounting: kept parameters)."""
+        return self.local.unpacked(cid, list(self.mask_names), torch.bool)
 
     def eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
         """Two measures. ``local_mask``, the personalized model: W ⊙ m (Eq. 2) with the device's last locally
@@ -452,12 +453,14 @@ class FedMask(Algorithm):
         """The binary mask the round's forward passes computed with, for the training FLOPs: binary forward,
         the union of the mask the round started from (m^T ⊙ m_k, its first step's) and the one it ended with
         (the upload): an element either step ran counts (a unit alive only in between is not seen). Soft
-        forward: σ(m^r) > 0 everywhere, so every element the pruning structure keeps ran."""
+        forward: σ(m^r) > 0 everywhere, so every element the pruning structure keeps ran. As bool, the union taken
+        on bits."""
+        names = list(self.mask_names)
         if self.args.forward == "soft":
-            return dict(self.keep[cid])
-        local = self.local[cid]
-        start = self.round_start[cid] if cid in self.round_start else local
-        return {w: torch.maximum(start[w], m) for w, m in local.items()}
+            return self.keep.unpacked(cid, names, torch.bool)
+        local = self.local.packed(cid)
+        start = self.round_start.packed(cid) if cid in self.round_start else local
+        return {w: unpack_rows(start[w] | local[w], self.local.shapes[w], torch.bool) for w in names}
 
     def client_state(self, cid: str) -> ClientState:
         return ClientState(masks=dict(self.local[cid]), params=dict(self.buffers[cid]))
@@ -470,12 +473,13 @@ class FedMask(Algorithm):
 
 
 def top_fraction_rows(score: torch.Tensor, fraction: float) -> torch.Tensor:
-    """:func:`top_fraction` of each row ``score[i]`` of the clients' stacked ``(K, *shape)``, in one ``topk``."""
+    """:func:`top_fraction` of each row ``score[i]`` of the clients' stacked ``(K, *shape)``, in one ``topk``, as
+    bool."""
     K = score.shape[0]
     n = score[0].numel()
     k = max(1, int(round(fraction * n)))
-    idx = torch.topk(score.reshape(K, n), k, dim=1).indices
-    return torch.zeros(K, n).scatter_(1, idx, 1.0).reshape(score.shape)
+    idx = torch.topk(score.reshape(K, n), k, dim=1, sorted=False).indices  # the set topk keeps; its order unused
+    return torch.zeros(K, n, dtype=torch.bool).scatter_(1, idx, True).reshape(score.shape)
 
 
 def top_fraction(score: torch.Tensor, fraction: float) -> torch.Tensor:
