@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from edgemask.workspace import check_name
-from edgemask.trainer.accounting import dense_reference, forward_flops_split_many, kept_counts, layer_positions
+from edgemask.trainer.accounting import (dense_reference, forward_flops_split_many, kept_counts, layer_positions,
+                                         tensor_bytes)
 from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
 from edgemask.trainer.allocator import tune_host_allocator
 from edgemask.trainer.config import TrainConfig
@@ -25,6 +26,7 @@ from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
+TASK_PART_BYTES = 256 << 20  # trainable bytes of the round's tasks built before the engine trains them (task_parts)
 
 # ``train_phase(algo, rnd, phase, [(cid, task), ...]) -> [LocalResult, ...]``: one local-training phase of round
 # ``rnd`` for the given clients, one result per pair in their order. The default trains them on this host with the
@@ -115,6 +117,8 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     for rnd in range(rounds):
         trained = train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase)
         updates = algo.client_updates(rnd, trained)
+        # past the uploads, the round needs only the results' counts: their tensors go unless the algorithm kept them
+        trained = [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in trained]
         costs.record(rnd, trained, updates, record)
         algo.aggregate(rnd, updates)
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == rounds:
@@ -287,15 +291,19 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
     """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phases``) included; the result's
     ``samples_seen`` sums the phases. The clients go in the engine's groups
     (:meth:`~edgemask.trainer.records.Engine.groups`: the batched engine's one group trains each phase's clients
-    together, the sequential one trains a client's every phase before the next client's) or, with a ``train_phase``, all
-    together, wherever it trains them: the same results."""
+    together, the sequential one trains a client's every phase before the next client's; a group whose tasks are
+    large is cut into parts, :func:`task_parts`) or, with a ``train_phase``, all together, wherever it trains them: the
+    same results."""
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
         seed_tasks(algo, rnd, phase, pairs)
         return (train_phase or train_phase_on_host)(algo, rnd, phase, pairs)
 
     out = []
-    for group in ([list(cids)] if train_phase else algo.engine.groups(cids)):
-        results = dict(zip(group, run([(cid, algo.local_task(cid, rnd)) for cid in group], 0)))
+    for group in ([list(cids)] if train_phase else task_parts(algo, algo.engine.groups(cids), rnd)):
+        pairs = [(cid, algo.local_task(cid, rnd)) for cid in group] if train_phase else group
+        group = [cid for cid, _ in pairs]
+        results = dict(zip(group, run(pairs, 0)))
+        del pairs  # a task's tensors (FedMask's start scores) are not needed past its training
         seen = {cid: r.samples_seen for cid, r in results.items()}
         pending, phase = list(group), 1
         while pending:  # the clients that go on to another phase, together again
@@ -309,6 +317,24 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
             res.samples_seen = seen[cid]
         out += [(cid, results[cid]) for cid in group]
     return out
+
+
+def task_parts(algo: Algorithm, groups: list[list[str]], rnd: int) -> Iterator[list[tuple[str, LocalTask]]]:
+    """The engine's ``groups`` of round ``rnd``'s clients with their tasks (``algo.local_task``), each group cut where
+    its tasks' trainable tensors pass :data:`TASK_PART_BYTES`, built as they are reached: a round of 20 full-width
+    FedMask devices holds one part's start scores, not all 20 (1.2 GB). Parts below the budget are the groups as
+    they were (a small model's round is one part)."""
+    for group in groups:
+        part, size = [], 0
+        for cid in group:
+            task = algo.local_task(cid, rnd)
+            part.append((cid, task))
+            size += tensor_bytes(task.trainable)
+            if size >= TASK_PART_BYTES:
+                yield part
+                part, size = [], 0
+        if part:
+            yield part
 
 
 def seed_tasks(algo: Algorithm, rnd: int, phase: int, pairs: list[tuple[str, LocalTask]]) -> None:
