@@ -101,14 +101,17 @@ def personalization_preserving(previous: torch.Tensor, masks: list[torch.Tensor]
     global value (a client not sampled this round, Alg. 1 line 12 aggregates only the round's uploads).
 
     ``previous``: the global mask ``(*shape)``; ``masks[k]``: upload k's binary mask, ``keeps[k]``: its one-shot
-    pruning structure (1 = kept), either may come stacked ``(K, *shape)``. Returns the new global mask, averaged
-    values in [0, 1] (binarized by the caller, Eq. 3), and where some upload kept the element (bool).
+    pruning structure (1 = kept), either may come stacked ``(K, *shape)``, as 0 / 1 or bool. Returns the new global
+    mask, averaged values in [0, 1] (binarized by the caller, Eq. 3), and where some upload kept the element (bool).
+    The counts are taken on bool (a byte an element, not four): exact integers, so the float32 mean is the one a
+    float sum gives.
     """
-    keep = keeps.float() if isinstance(keeps, torch.Tensor) else torch.stack([k.float() for k in keeps])
-    vals = (masks.float() if isinstance(masks, torch.Tensor) else stack_rows([m.float() for m in masks])) * keep
+    keep = keeps.bool() if isinstance(keeps, torch.Tensor) else torch.stack([k.bool() for k in keeps])
+    vals = (masks.bool() if isinstance(masks, torch.Tensor) else torch.stack([m.bool() for m in masks])) & keep
     count = keep.sum(0)  # (*shape) how many uploads keep each element
     kept = count > 0
-    return torch.where(kept, vals.sum(0) / count.clamp(min=1), previous), kept
+    mean = vals.sum(0).to(torch.float32) / count.clamp(min=1).to(torch.float32)
+    return torch.where(kept, mean, previous), kept
 
 
 def mask_weighted_average(global_value: torch.Tensor, values: list[torch.Tensor], masks: list[torch.Tensor]

@@ -418,7 +418,7 @@ class FedMask(Algorithm):
                 self.shared_start[w] = self._start_scores({w: merged}, {})[w]
                 continue
             keep = unpack_rows(torch.stack([self.keep.packed(u.client_id)[w] for u in updates]),
-                               masks.shape[1:])  # (K, *shape)
+                               masks.shape[1:], torch.bool)  # (K, *shape)
             merged, kept = personalization_preserving(self.global_mask[w], masks, keep)
             self.global_mask[w] = self._vote(merged)
             covered = self.covered[w]
