@@ -1,7 +1,10 @@
 """The memory estimate before set-up (trainer.footprint, issue #36): per-device state counted in bits where it is
 bits (by hand), never less than what the algorithm then holds, and a run that cannot fit refused in one line."""
 
+import dataclasses
+
 import pytest
+import torch
 
 from edgemask.errors import EdgemaskError
 from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
@@ -16,7 +19,7 @@ def config(algorithm: str, hidden=(16,), clients: int = 4, **args) -> TrainConfi
 
 
 def test_fedmask_per_device_state_is_its_masks_in_bits_by_hand():
-    # MLP 64-16-10: masks fc (16×64 = 1024 elements, 128 bytes packed) and out (10×16 = 160, 20 bytes); with
+    # MLP 64-16-10: masks fc1 (16×64 = 1024 elements, 128 bytes packed) and out (10×16 = 160, 20 bytes); with
     # prune_last = 2 both are pruned: m_k, the inference mask, a round's start and the structure, 4 × 148 bytes.
     seen = {}
     algo = build_algorithm(config("fedmask"), before_setup=lambda a: seen.setdefault("fp", estimate(a)))
@@ -63,3 +66,32 @@ def test_the_estimate_leaves_the_run_as_it_was():
     cfg = config("fedmask")
     want = simulate(cfg).history
     assert simulate(cfg, before_setup=estimate).history == want
+
+
+def test_client_pruning_in_chunks_gives_the_masks_of_one_call(monkeypatch):
+    """ClientPruning trains the devices a chunk at a time (PRUNING_CHUNK_BYTES of scores); each device's orders,
+    top-k and bits must be its own whatever the chunk, so 1-device chunks give the masks of one call."""
+    from edgemask.trainer.algorithms import fedmask
+
+    cfg = config("fedmask", clients=6)
+    whole = build_algorithm(cfg)
+    monkeypatch.setattr(fedmask, "PRUNING_CHUNK_BYTES", 1)  # one device a call
+    assert whole._pruning_chunks(whole.local.shapes) != [whole.client_ids]
+    chunked = build_algorithm(cfg)
+    for cid in whole.client_ids:
+        for store in ("masks", "keep", "local"):
+            a, b = getattr(whole, store).packed(cid), getattr(chunked, store).packed(cid)
+            assert a.keys() == b.keys() and all(torch.equal(a[w], b[w]) for w in a), (cid, store)
+    assert len({bytes(whole.masks.packed(c)["fc1.weight"].tolist()) for c in whole.client_ids}) > 1  # personalized
+
+
+def test_a_round_built_in_parts_is_the_round_built_whole(monkeypatch):
+    """train_clients cuts a round's tasks into parts of TASK_PART_BYTES (built as reached): the history is the
+    same as with the whole round built first."""
+    from edgemask.trainer import simulation
+
+    cfg = config("fedmask", clients=6)
+    cfg = cfg.replace(training=dataclasses.replace(cfg.training, participation=1.0))
+    want = simulate(cfg).history
+    monkeypatch.setattr(simulation, "TASK_PART_BYTES", 1)  # one task a part
+    assert simulate(cfg).history == want
