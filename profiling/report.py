@@ -22,7 +22,7 @@ import pandas as pd
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
 from edgemask.profiling import plots
-from edgemask.profiling.layers import REALIZED_FLAG, UNCHANGED_BAND, LayerBreakdown, breakdowns
+from edgemask.profiling.layers import REALIZED_FLAG, LayerBreakdown, LayerRow, breakdowns, time_text
 from edgemask.profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, summarize
 from edgemask.profiling.store import ResultsStore
 from edgemask.profiling.tidy import write_tidy
@@ -452,21 +452,33 @@ FLAG_MARK = "⚑"
 
 
 def layer_table_frame(bd: LayerBreakdown) -> pd.DataFrame:
-    """One breakdown as the report shows it: per layer, units kept, FLOP bound, dense and compacted ms, measured
-    speedup, speedup ÷ bound and the flag; then what no layer claims, and the operators' sum beside the
-    profiled runs' end-to-end latency."""
+    """One breakdown as the report shows it: per layer, units kept, FLOP bound, dense and compacted ms (``< 1 µs``
+    under the timer's tick), measured speedup, speedup ÷ bound and the flag; then what no layer claims, and the
+    operators' sum beside the profiled runs' end-to-end latency."""
+    tick = bd.rows[0].tick_ms if bd.rows else 1e-3
     rows = [{"layer": r.layer, "units kept": f"{r.kept}/{r.total}", "FLOP ratio": fmt_ratio(r.flop_bound),
-             "dense ms": fmt_ms(r.dense_ms), "compacted ms": fmt_ms(r.compacted_ms),
-             "measured speedup": fmt_ratio(r.speedup), "speedup ÷ bound": _fmt_fraction(r.realized),
-             "flag": (f"unchanged, outside {UNCHANGED_BAND[0]:g}-{UNCHANGED_BAND[1]:g}×: suspect" if r.out_of_band
-                      else f"{FLAG_MARK} < {REALIZED_FLAG:g} of its bound" if r.flagged else "")} for r in bd.rows]
+             "dense ms": time_text(r.dense_ms, r.tick_ms), "compacted ms": time_text(r.compacted_ms, r.tick_ms),
+             "measured speedup": r.speedup_text, "speedup ÷ bound": _fmt_fraction(r.realized),
+             "flag": _layer_flag(r)} for r in bd.rows]
     blank = {k: "" for k in rows[0]} if rows else {}
-    rows.append({**blank, "layer": "(other operators)", "dense ms": fmt_ms(bd.other_dense_ms),
-                 "compacted ms": fmt_ms(bd.other_compacted_ms)})
+    rows.append({**blank, "layer": "(other operators)", "dense ms": time_text(bd.other_dense_ms, tick),
+                 "compacted ms": time_text(bd.other_compacted_ms, tick)})
     rows.append({**blank, "layer": "sum of operators / end to end",
                  "dense ms": f"{fmt_ms(bd.ops_dense_ms)} / {fmt_ms(bd.e2e_dense_ms)}",
                  "compacted ms": f"{fmt_ms(bd.ops_compacted_ms)} / {fmt_ms(bd.e2e_compacted_ms)}"})
     return pd.DataFrame(rows)
+
+
+def _layer_flag(r: LayerRow) -> str:
+    """The per-layer check's word on one row: an unchanged layer outside its band (suspect, or tiny: not judged;
+    with the cause where known), else the realized-fraction flag."""
+    if r.out_of_band:
+        lo, hi = r.band
+        cause = f"; {r.cause}" if r.cause else ""
+        if r.suspect:
+            return f"unchanged, outside {lo:.2f}-{hi:.2f}×: suspect{cause}"
+        return f"unchanged, outside {lo:.2f}-{hi:.2f}×: tiny ({r.tiny_text()}), not judged{cause}"
+    return f"{FLAG_MARK} < {REALIZED_FLAG:g} of its bound" if r.flagged else ""
 
 
 def _fmt_fraction(x: Any) -> str:
@@ -488,7 +500,7 @@ def layer_sections(bds: list[LayerBreakdown]) -> list[tuple[int, str, pd.DataFra
                  for bd in trusted]
         out.append((3, "Summary (suspect comparisons left out): " + "; ".join(lines), None))
     for bd in bds:
-        why = f" — SUSPECT: {bd.suspect}" if bd.suspect else ""
+        why = (f" — SUSPECT: {bd.suspect}" if bd.suspect else "") + (f" — {bd.unjudged}" if bd.unjudged else "")
         out.append((3, f"{bd.artifact} — {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s){why}",
                     layer_table_frame(bd)))
     return out

@@ -145,6 +145,9 @@ def test_breakdowns_from_store_frames_and_the_reason_where_none():
     assert (rows["out"].speedup, rows["out"].flop_bound) == (1.0, 1.0)
     assert (bd.other_dense_ms, bd.other_compacted_ms) == (0.05, 0.05)
     assert (bd.ops_dense_ms, bd.e2e_dense_ms) == (pytest.approx(2.46), pytest.approx(2.5))
+    # what the unchanged-layer check needs comes along: the dense runs of each layer, the dense run's total, the tick
+    assert rows["out"].dense_runs_ms == (0.01, 0.01) and rows["out"].dense_total_ms == pytest.approx(2.46)
+    assert rows["out"].tick_ms == 1e-3 and rows["conv1"].first and not rows["out"].first
     assert notes[0] == f"per-layer times not available on dev for pte: {reason}"
     assert notes[1:] == []  # every layer takes 10 µs or more: no coarse-time note
     _, notes = breakdowns(*_frames(reason, fc_us=4.0))
