@@ -48,6 +48,14 @@ def tensor_bytes(tensors: dict[str, torch.Tensor] | list[torch.Tensor]) -> int:
 _NBYTES = attrgetter("nbytes")
 
 
+def copy_bytes(params: dict[str, torch.Tensor], names: list[str] | None = None,
+               buffers: dict[str, torch.Tensor] | None = None) -> int:
+    """Bytes of a copy of the parameters ``names`` (default: all), and of ``buffers`` when given: what an algorithm
+    holds per client when it keeps them (``Algorithm.client_state_bytes``)."""
+    kept = params if names is None else {k: params[k] for k in names}
+    return tensor_bytes(kept) + (tensor_bytes(buffers) if buffers else 0)
+
+
 def fedavg_upload(cid: str, result: LocalResult, bytes_down: int) -> ClientUpdate:
     """FedAvg's upload of one result: the trained tensors and the batch-norm running statistics (which travel with
     the weights, so they are costed too); ``bytes_down``: the dense model coming back (``Algorithm.dense_bytes``)."""

@@ -49,12 +49,13 @@ from edgemask.trainer.batched_ops import BatchedLayers, vmap_clients
 from edgemask.trainer.devices import resolve_device
 from edgemask.trainer.local_training import evaluate, local_train
 from edgemask.trainer.losses import cross_entropy
+from edgemask.trainer.masks import BITS_PREFIX
 from edgemask.trainer.records import EvalModel, LocalResult, LocalTask
 from edgemask.trainer.sampling import step_plan
 from edgemask.trainer.task_program import (TaskProgram, direction, draw_noise, kind, noise_generator, program,
                                            tensor_rate)
 
-CPU_MEMORY_BUDGET = 1 << 30  # bytes of stacked state + activations per chunk on the CPU
+CPU_MEMORY_BUDGET = 512 << 20  # bytes of stacked state + activations per chunk on the CPU
 CUDA_MEMORY_FRACTION = 0.5  # of the free device memory
 PADDED_CACHE_BYTES = 256 << 20  # padded client data kept between rounds (see _padded_data), at most
 EVAL_SAMPLES_PER_CALL = 4096  # clients × test samples in one vmapped evaluation call, at most
@@ -527,6 +528,8 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
         n_max = max(data[i][1].shape[0] for i in idx)  # shape, not len(): Tensor.__len__ is Python
         block = max(1, min(batch_size, n_max))
         own = sum(v.numel() * v.element_size() for d in (first.params, first.buffers) for v in d.values())
+        # packed masks (masks.packed_masked_model) unpack in the forward: a float32 mask and the masked weight each
+        own += sum(2 * 32 * v.numel() for k, v in first.params.items() if k.startswith(BITS_PREFIX))
         chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, EVAL_MEMORY_BUDGET // max(own, 1)))
         forward = vmap_clients(first.forward, BatchedLayers())
         for s in range(0, len(idx), chunk):

@@ -23,7 +23,7 @@ import torch
 
 from edgemask.errors import EdgemaskError
 from edgemask.trainer import batched
-from edgemask.trainer.accounting import tensor_bytes
+from edgemask.trainer.accounting import copy_bytes, tensor_bytes
 from edgemask.trainer.algorithms.base import Algorithm
 
 RUNTIME_BYTES = 400 << 20  # Python + torch + numpy + pandas imported, nothing trained (measured RSS: 0.25–0.35 GB)
@@ -65,7 +65,7 @@ def estimate(algo: Algorithm) -> Footprint:
     engine's budget: per device its trainable copies (value, gradient, momentum, start: 4 × the model) and the
     activations of a minibatch (:func:`activation_bytes`)."""
     t = algo.cfg.training
-    model = algo.model_bytes(buffers=True)
+    model = copy_bytes(algo.global_params, buffers=algo.global_buffers)
     data = sum(tensor_bytes([c.train_x, c.train_y, c.test_x, c.test_y]) for c in algo.dataset.clients)
     n = len(algo.client_ids)
     per_client = 4 * model + t.batch_size * activation_bytes(algo)
@@ -123,7 +123,8 @@ def check_fits(fp: Footprint, source: str, available: int | None = None) -> None
     bigger = ("the per-device state" if state >= max(fp.engine, fp.data) else
               "the stacked training" if fp.engine >= fp.data else "the data")
     raise EdgemaskError(
-        f"{source}: this run needs about {fp.host / GB:.1f} GB of host memory and this host has {available / GB:.1f} GB "
+        f"{source}: this run needs about {fp.host / GB:.1f} GB of host memory and this host has "
+        f"{available / GB:.1f} GB "
         f"available; most of it is {bigger} (per device {_size(fp.per_device)} × {fp.devices} devices = "
         f"{state / GB:.1f} GB; stacked training {fp.engine / GB:.1f} GB; data {fp.data / GB:.1f} GB): use fewer "
         f"devices (data.num_clients) or a smaller model ([model.args], e.g. width); training.device = \"cuda\" "

@@ -191,11 +191,6 @@ class Algorithm:
         is (a binary mask in bits). Default: none (FedAvg keeps nothing per client)."""
         return 0
 
-    def model_bytes(self, names: list[str] | None = None, buffers: bool = False) -> int:
-        """float32 bytes of the parameters ``names`` (default: all), with the buffers when ``buffers``."""
-        params = self.global_params if names is None else {k: self.global_params[k] for k in names}
-        return tensor_bytes(params) + (tensor_bytes(self.global_buffers) if buffers else 0)
-
 
 def parse_args(typ: type, raw: dict[str, Any], algo: str, source: str | None = None) -> Any:
     """``[algorithm.args]`` of algorithm ``algo`` read into its ``Args`` dataclass. Each argument is declared once,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import fedavg_upload
+from edgemask.trainer.accounting import copy_bytes, fedavg_upload
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.losses import with_proximal
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -28,7 +28,7 @@ class Ditto(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its personal model and batch-norm statistics."""
-        return self.model_bytes(buffers=True)
+        return copy_bytes(self.global_params, buffers=self.global_buffers)
 
     def setup(self) -> None:
         self.personal: dict[str, dict[str, torch.Tensor]] = {}

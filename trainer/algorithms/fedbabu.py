@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import partial_upload
+from edgemask.trainer.accounting import copy_bytes, partial_upload
 from edgemask.trainer.aggregation import average_buffers, average_state
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.models.registry import head_names
@@ -32,7 +32,7 @@ class FedBABU(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its fine-tuned head."""
-        return self.model_bytes(head_names(self.model))
+        return copy_bytes(self.global_params, head_names(self.model))
 
     def setup(self) -> None:
         self.head = list(head_names(self.model))

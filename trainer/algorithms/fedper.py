@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from edgemask.trainer.accounting import partial_upload
+from edgemask.trainer.accounting import copy_bytes, partial_upload
 from edgemask.trainer.aggregation import average_buffers, average_state
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.models.registry import head_names
@@ -19,7 +19,7 @@ class FedPer(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its personal head (FedRep's too)."""
-        return self.model_bytes(head_names(self.model))
+        return copy_bytes(self.global_params, head_names(self.model))
 
     def setup(self) -> None:
         self.head = [k for k in head_names(self.model)]

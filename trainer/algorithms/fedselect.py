@@ -37,7 +37,7 @@ from safetensors import SafetensorError
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from edgemask.trainer.accounting import mask_bytes, tensor_bytes
+from edgemask.trainer.accounting import copy_bytes, mask_bytes, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -146,7 +146,8 @@ class FedSelect(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its personal mask m_k (bool, a byte an element), its personalized model θ_k and batch-norm statistics."""
-        return sum(v.numel() for v in self.global_params.values()) + self.model_bytes(buffers=True)
+        personal = sum(v.numel() for v in self.global_params.values())  # bool
+        return personal + copy_bytes(self.global_params, buffers=self.global_buffers)
 
     def setup(self) -> None:
         self.init_report = {}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from edgemask.schema import setting
-from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
+from edgemask.trainer.accounting import copy_bytes, fedavg_upload, tensor_bytes
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.aggregation import average_state
 from edgemask.trainer.models import head_names
@@ -53,7 +53,8 @@ class LGFedAvg(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its local representation (every parameter but the head) and batch-norm statistics."""
-        return self.model_bytes([k for k in self.global_params if k not in set(head_names(self.model))], buffers=True)
+        return copy_bytes(self.global_params, [k for k in self.global_params if k not in set(head_names(self.model))],
+                          self.global_buffers)
 
     def setup(self) -> None:
         self.head = [n for n in head_names(self.model)]

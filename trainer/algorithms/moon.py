@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgemask.errors import ConfigError
+from edgemask.trainer.accounting import copy_bytes
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.losses import cross_entropy
 from edgemask.trainer.models.stateless import stateless_call
@@ -95,7 +96,7 @@ class Moon(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its previous local model w_i^{t−1} with its buffers."""
-        return self.model_bytes(buffers=True)
+        return copy_bytes(self.global_params, buffers=self.global_buffers)
 
     def setup(self) -> None:
         heads = tuple(getattr(self.model, "head", ()))

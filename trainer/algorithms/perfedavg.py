@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from edgemask.trainer.accounting import copy_bytes
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.losses import cross_entropy
 from edgemask.trainer.records import ClientState, EvalModel, LocalTask
@@ -85,7 +86,7 @@ class PerFedAvg(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its adapted model (evaluation's one step)."""
-        return self.model_bytes()
+        return copy_bytes(self.global_params)
 
     def setup(self) -> None:
         self.personal: dict[str, dict[str, torch.Tensor]] = {}

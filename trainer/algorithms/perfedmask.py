@@ -37,7 +37,7 @@ import torch
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from edgemask.trainer.accounting import fedavg_upload, forward_flops, layer_positions, tensor_bytes
+from edgemask.trainer.accounting import copy_bytes, fedavg_upload, forward_flops, layer_positions, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, mask_weighted_average
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.models.registry import head_names
@@ -165,7 +165,7 @@ class PerFedMask(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its fine-tuned head (the P^mask tensors are shared: ``_param_masks``)."""
-        return self.model_bytes(sorted(head_names(self.model)))
+        return copy_bytes(self.global_params, sorted(head_names(self.model)))
 
     def setup(self) -> None:
         self.head = set(head_names(self.model))

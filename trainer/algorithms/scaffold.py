@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import tensor_bytes
+from edgemask.trainer.accounting import copy_bytes, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
@@ -85,7 +85,7 @@ class Scaffold(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its control variate c_i, one per parameter."""
-        return self.model_bytes()
+        return copy_bytes(self.global_params)
 
     def setup(self) -> None:
         zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}

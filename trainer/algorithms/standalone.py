@@ -11,6 +11,7 @@ starts from the same seeded initial weights; evaluation uses its own model.
 
 from __future__ import annotations
 
+from edgemask.trainer.accounting import copy_bytes
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
@@ -21,7 +22,7 @@ class Standalone(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its own model and batch-norm statistics."""
-        return self.model_bytes(buffers=True)
+        return copy_bytes(self.global_params, buffers=self.global_buffers)
 
     def setup(self) -> None:
         self.own = {cid: {k: v.clone() for k, v in self.global_params.items()} for cid in self.client_ids}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import tensor_bytes, topk_bytes
+from edgemask.trainer.accounting import copy_bytes, tensor_bytes, topk_bytes
 from edgemask.trainer.aggregation import average_buffers, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.records import ClientUpdate, LocalResult
@@ -43,7 +43,7 @@ class TopK(Algorithm):
 
     def client_state_bytes(self) -> int:
         """Its error-feedback residual, one float32 per parameter."""
-        return self.model_bytes()
+        return copy_bytes(self.global_params)
 
     def setup(self) -> None:
         self.names = list(self.global_params)
