@@ -92,7 +92,14 @@ class LayerUnits(LayerAttribution):
     total: int
 
 
-class Tolerance(TypedDict):
+class _RelativePart(TypedDict, total=False):
+    rtol: float  # absent in manifests written before it was recorded (issue #37): read as 0 (Manifest.tolerance_rule)
+
+
+class Tolerance(_RelativePart):
+    """The rule export held the compacted model and every fp32 file to, elementwise
+    |y - y_ref| <= limit + rtol·|y_ref| (``export.verify.Tolerance``: ``limit`` is its atol), and what it measured."""
+
     limit: float
     max_abs_diff: dict[str, float]  # "torch" and each fp32 format -> its max abs diff
 
@@ -121,6 +128,13 @@ class Manifest:
     @property
     def artifact(self) -> str:
         return f"{self.run_id}/{self.client_id}"
+
+    @property
+    def tolerance_rule(self) -> tuple[float, float]:
+        """``(atol, rtol)`` of the rule export held this artifact's fp32 files to, |y - y_ref| <= atol +
+        rtol·|y_ref|: what a device holds them to. A manifest without ``tolerance.rtol`` was written when the
+        limit was absolute (before issue #37): rtol 0."""
+        return self.tolerance["limit"], self.tolerance.get("rtol", 0.0)
 
     def find_file(self, fmt: str, variant: str = "fp32") -> ArtifactFile | None:
         return next((f for f in self.files if f.format == fmt and f.variant == variant), None)

@@ -153,7 +153,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
             flops={"dense": result.flops_dense, "compacted": result.flops_compacted},
             layers=layers,
             etrecord=etrec,
-            tolerance={"limit": tol.atol, "max_abs_diff": diffs},  # the rule's absolute part (no field for rtol)
+            tolerance={"limit": tol.atol, "rtol": tol.rtol, "max_abs_diff": diffs},  # the rule: devices hold to it
             created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             input_hash=input_hash(run, client_id, formats, settings),
         )

@@ -34,7 +34,7 @@ def a_manifest() -> Manifest:
         sample_io={"file": SAMPLE_IO, "sha256": "d" * 64, "count": 32},
         params={"dense": 12345, "compacted": 4567}, flops={"dense": 123456, "compacted": 45678},
         layers=[{"name": "conv1", "kept": 10, "total": 16}, {"name": "fc", "kept": 10, "total": 10}],
-        tolerance={"limit": 1e-5, "max_abs_diff": {"torch": 2e-7, "onnx": 3e-7}},
+        tolerance={"limit": 5e-4, "rtol": 1e-4, "max_abs_diff": {"torch": 2e-7, "onnx": 3e-7}},
         created="2026-11-22T10:00:00Z", input_hash="e" * 64,
     )
 
@@ -50,6 +50,20 @@ def test_write_then_load_gives_the_same_manifest(tmp_path):
     assert load_manifest(path) == m  # the manifest.json itself works as well as its directory
     assert back.file_for("onnx", "int8").bytes == 400 and back.find_file("tflite") is None
     assert raw["files"][2]["accuracy_set"] == "client-003/test" and raw["files"][2]["accuracy_samples"] == 48
+    assert raw["tolerance"]["rtol"] == 1e-4 and back.tolerance_rule == (5e-4, 1e-4)
+
+
+def test_a_manifest_written_before_rtol_reads_as_an_absolute_limit(tmp_path):
+    """Manifests exported before issue #37 record only ``tolerance.limit``: the rule was absolute then, rtol 0. They
+    stay schema 1 and are read as they were written, not refused."""
+    write_manifest(tmp_path, a_manifest())
+    raw = json.loads((tmp_path / MANIFEST).read_text())
+    del raw["tolerance"]["rtol"]
+    raw["tolerance"]["limit"] = 1e-5
+    (tmp_path / MANIFEST).write_text(json.dumps(raw))
+    old = load_manifest(tmp_path)
+    assert old.tolerance_rule == (1e-5, 0.0) and "rtol" not in old.tolerance
+    assert old.to_dict() == raw  # read and written back as it was
 
 
 def test_missing_format_names_the_place_and_what_it_has(tmp_path):
@@ -94,6 +108,7 @@ MALFORMED = [
     ("object for a list", lambda r: _bad(r, "inputs", {}), "field 'inputs' is an object, expected a list"),
     ("string for a number", lambda r: _bad(r, "tolerance.max_abs_diff.onnx", "small"),
      "field 'tolerance.max_abs_diff.onnx' is a string (\"small\"), expected a number"),
+    ("null rtol", lambda r: _bad(r, "tolerance.rtol", None), "field 'tolerance.rtol' is null, expected a number"),
     # names that would lead a reader (profiling, deploy) out of the artifact directory (issue #19)
     ("file out of the artifact", lambda r: _bad(r, "files.1.file", "../../etc/passwd"),
      "field 'files[1].file': '../../etc/passwd' is not a plain name"),
