@@ -27,7 +27,10 @@ class RunnerSettings:
     # (pyperf's loops calibrated to min_time); 0: one inference per sample, as benchmark_model does
     sample_min_ms: float = _DEFAULT["sample_min_ms"]
     threads: int = _DEFAULT["threads"]
+    # the output check |y - y_ref| <= tolerance + rtol*|y_ref|, elementwise: the job's floor. Each part is the larger
+    # of the job's and the rule export held the artifact to (its manifest's; devices.benchmark)
     tolerance: float = _DEFAULT["tolerance"]
+    rtol: float = _DEFAULT["rtol"]
     power_rate_hz: float = _DEFAULT["power_rate_hz"]
     idle_seconds: float = _DEFAULT["idle_seconds"]
     # per-operator profiled runs after the timed ones (never mixed into the latency samples)

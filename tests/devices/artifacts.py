@@ -29,13 +29,14 @@ def make_onnx_model(path: Path, w: np.ndarray, b: np.ndarray, opset: int = 13) -
 
 
 def make_artifact(root: Path, n: int = 8, in_dim: int = 6, out_dim: int = 4, wrong_labels: int = 2,
-                  opset: int = 13, perturb_output: float = 0.0, model_name: str = "model.onnx",
-                  seed: int = 0) -> Path:
+                  opset: int = 13, perturb_output: float = 0.0, perturb_relative: float = 0.0,
+                  model_name: str = "model.onnx", seed: int = 0, tolerance: dict | None = None) -> Path:
     """An artifact dir like export's: model.onnx, sample_io.npz, manifest.json (written by the contract's writers).
 
     The first ``wrong_labels`` labels differ from the model's argmax, so accuracy = (n - wrong_labels) / n.
-    ``perturb_output`` is added to the reference outputs (to make the output check fail on purpose).
-    ``seed``: another seed is another model (a re-export that changed the file).
+    The reference outputs are the model's y × (1 + ``perturb_relative``) + ``perturb_output`` (to part them from
+    what the model computes on purpose). ``seed``: another seed is another model (a re-export that changed the
+    file). ``tolerance``: the manifest's (default: an absolute 1e-5 without rtol, as written before issue #37).
     """
     rng = np.random.default_rng(seed)
     d = Path(root)
@@ -47,7 +48,7 @@ def make_artifact(root: Path, n: int = 8, in_dim: int = 6, out_dim: int = 4, wro
     y = (x.astype(np.float64) @ w.T.astype(np.float64) + b).astype(np.float32)
     labels = y.argmax(1).astype(np.int64)
     labels[:wrong_labels] = (labels[:wrong_labels] + 1) % out_dim
-    write_sample_io(d / SAMPLE_IO, x, y + np.float32(perturb_output), labels)
+    write_sample_io(d / SAMPLE_IO, x, y * np.float32(1 + perturb_relative) + np.float32(perturb_output), labels)
     model_file = ArtifactFile(format="onnx", variant="fp32", file=model_name, sha256=sha256_file(d / model_name),
                               bytes=(d / model_name).stat().st_size, runtime="onnxruntime", opset=opset)
     write_manifest(d, Manifest(
@@ -59,7 +60,7 @@ def make_artifact(root: Path, n: int = 8, in_dim: int = 6, out_dim: int = 4, wro
         params={"dense": w.size + b.size, "compacted": w.size + b.size},
         flops={"dense": 2 * w.size, "compacted": 2 * w.size},
         layers=[{"name": "fc", "kept": out_dim, "total": out_dim}],
-        tolerance={"limit": 1e-5, "max_abs_diff": {}},
+        tolerance=tolerance or {"limit": 1e-5, "max_abs_diff": {}},
         created="2026-11-22T10:00:00Z",
     ))
     return d

@@ -143,13 +143,56 @@ def test_wrong_outputs_give_ok_false(local, tmp_path):
     with open_connection(local) as conn:
         m = run_benchmark(conn, local, art, "onnx", settings=FAST)
     assert not m.ok and m.runs == 0
-    assert "tolerance" in m.error and "0.01 >" in m.error
+    assert re.search(r"by 0\.01 where the limit there is 1e-05 \(atol 1e-05 \+ rtol 0\*\|y_ref\|\) at sample \d of 8$",
+                     m.error), m.error
     looser = run_benchmark(LocalConnection(local), local, art, "onnx", settings=replace(FAST, tolerance=0.02))
     assert looser.ok and 0.009 < looser.output_max_abs_diff < 0.011
     # a NaN in the comparison fails it too (max(0.0, nan) is 0.0: the check once passed such a model)
     nan = run_benchmark(LocalConnection(local), local, make_artifact(tmp_path / "nan", perturb_output=float("nan")),
                         "onnx", settings=FAST)
     assert not nan.ok and nan.runs == 0 and "differs from sample_io by nan" in nan.error
+
+
+def test_a_device_holds_outputs_to_the_exports_rule_from_the_manifest(local, tmp_path):
+    """The board's check is export's rule, |y - y_ref| <= atol + rtol·|y_ref| with the manifest's numbers
+    (issue #37): a full-width VGG16's .pte parts from the masked model by up to 5.3e-5, which the absolute 1e-5 the
+    device held every file to made INVALID."""
+    from edgemask.export.verify import TOLERANCE
+
+    rule = {"limit": TOLERANCE.atol, "rtol": TOLERANCE.rtol, "max_abs_diff": {}}
+    conn = LocalConnection(local)
+    vgg_like = run_benchmark(conn, local, make_artifact(tmp_path / "vgg", perturb_output=5.3e-5, tolerance=rule),
+                             "onnx", settings=FAST)
+    assert vgg_like.ok, vgg_like.error
+    assert 4e-5 < vgg_like.output_max_abs_diff < 7e-5  # past the old 1e-5
+
+    # the relative part is each element's own: y_ref 0.2 % larger than y passes rtol 3e-3, not rtol 1e-3
+    def relative(rtol: float, name: str) -> object:
+        art = make_artifact(tmp_path / name, perturb_relative=2e-3,
+                            tolerance={"limit": 1e-5, "rtol": rtol, "max_abs_diff": {}})
+        return run_benchmark(conn, local, art, "onnx", settings=FAST)
+
+    within = relative(3e-3, "within")
+    assert within.ok and within.output_max_abs_diff > 1e-3, within.error  # |y| up to a few: |Δ| far past 1e-5
+    beyond = relative(1e-3, "beyond")
+    assert not beyond.ok and beyond.runs == 0
+    assert re.search(r"differs from sample_io by \S+ where the limit there is \S+ \(atol 1e-05 \+ rtol "
+                     r"0\.001\*\|y_ref\|\) at sample \d of 8$", beyond.error), beyond.error
+    # the job's settings raise the manifest's rule (never lower it)
+    raised = run_benchmark(conn, local, tmp_path / "beyond", "onnx", settings=replace(FAST, rtol=3e-3))
+    assert raised.ok, raised.error
+    tighter = run_benchmark(conn, local, tmp_path / "within", "onnx", settings=replace(FAST, rtol=0.0))
+    assert tighter.ok, tighter.error
+
+
+def test_a_manifest_without_rtol_holds_outputs_to_its_limit_alone(local, tmp_path):
+    """A manifest written before the rule had a relative part: its limit was absolute, rtol 0."""
+    art = make_artifact(tmp_path / "old", perturb_output=2e-5, tolerance={"limit": 3e-5, "max_abs_diff": {}})
+    assert load_manifest(art).tolerance_rule == (3e-5, 0.0)
+    assert run_benchmark(LocalConnection(local), local, art, "onnx", settings=FAST).ok
+    m = run_benchmark(LocalConnection(local), local, make_artifact(tmp_path / "rel", perturb_relative=2e-3, tolerance={
+        "limit": 3e-5, "max_abs_diff": {}}), "onnx", settings=FAST)
+    assert not m.ok and "(atol 3e-05 + rtol 0*|y_ref|)" in m.error
 
 
 def test_runner_prints_one_strict_json_document(tmp_path):
@@ -229,7 +272,7 @@ TFLITE = pytest.mark.skipif(__import__("importlib").util.find_spec("litert_torch
 @pytest.mark.parametrize("fmt", ["onnx", pytest.param("tflite", marks=TFLITE)])
 def test_an_int8_file_is_checked_against_its_own_host_deviation(local, tmp_path, fmt):
     """A quantized file's outputs lie ~1e-2 from the fp32 reference in sample_io: the device is held to the
-    deviation the host measured for that file (export's max_abs_diff) x INT8_MARGIN, not to fp32's 1e-5, and a
+    deviation the host measured for that file (export's max_abs_diff) x INT8_MARGIN, not to the fp32 rule, and a
     TFLite int8 file's integer input and output are quantized and dequantized by the runner."""
     import numpy as np
     import torch

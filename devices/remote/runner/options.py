@@ -13,7 +13,10 @@ MEASUREMENT = (
     ("sample_min_ms", float, 0.0, "time back-to-back inferences per latency sample until it lasts this long, and "
                                   "record their mean (pyperf's loops calibrated to min_time); 0: one each"),
     ("threads", int, 1, "the runtime's intra-op threads"),
-    ("tolerance", float, 1e-5, "largest |output - sample_io output| allowed on any sample"),
+    # the output check, elementwise on every sample: |y - y_ref| <= tolerance + rtol*|y_ref| (y_ref: sample_io's);
+    # the host sends the artifact's export rule (its manifest's), raised to these where they are larger
+    ("tolerance", float, 1e-5, "output check: the absolute part (atol) of |y - y_ref| <= atol + rtol*|y_ref|"),
+    ("rtol", float, 0.0, "output check: the relative part, times each reference element's |y_ref|"),
     ("power_rate_hz", float, 50.0, "power samples per second"),
     ("idle_seconds", float, 0.5, "idle power read this long before the timed runs (0: none)"),
     ("profile_layers", bool, False, "per-operator profiled runs after the timed ones (never mixed into the "

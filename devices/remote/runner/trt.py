@@ -17,10 +17,11 @@ from .trt_files import parse_engine_build_s, parse_trtexec_version
 
 TRTEXEC_DEFAULT = "/usr/src/tensorrt/bin/trtexec"  # JetPack 4.6.x; not on PATH
 TRT_BUILD_FLAGS = ("--fp16",)  # Pascal (TX2) has no fast INT8: FP16 is its fast mode
-# An FP16 engine cannot match fp32 outputs to 1e-5: its output check allows this fraction of the largest
-# |reference output| (FP16 keeps 11 significant bits, 2^-11 = 4.9e-4 per rounding; a few layers' roundings
-# stay within 1 %), and never less than the fp32 tolerance.
-TRT_FP16_RELATIVE_TOLERANCE = 1e-2
+# An FP16 engine cannot meet the fp32 rule |y - y_ref| <= atol + rtol*|y_ref|: FP16 keeps 11 significant bits
+# (2^-11 = 4.9e-4 per rounding) and a few layers' roundings stay within 1 % of the tensor's scale, not of each
+# element (an element near zero, where large terms cancel, errs as much as its neighbours). So its check raises the
+# rule's atol to this share of the largest |y_ref| of sample_io (never lowers it) and keeps the rule's rtol.
+TRT_FP16_ATOL_SHARE = 1e-2
 GPU_RAIL_NAMES = ("VDD_SYS_GPU", "GPU", "VDD_GPU_SOC", "VDD_GPU")  # TX1/TX2, Xavier, Orin
 
 

@@ -13,7 +13,7 @@ from .reference import OutputCheck, read_sample_io
 from .sensors import PowerSampler, find_sensor, idle_power_w, mean_w
 from .state import device_state, rss_kb
 from .system import runner_file
-from .trt import (TRT_FP16_RELATIVE_TOLERANCE, TRTEXEC_DEFAULT, ensure_engine, find_trtexec, gpu_rail_sensor,
+from .trt import (TRT_FP16_ATOL_SHARE, TRTEXEC_DEFAULT, ensure_engine, find_trtexec, gpu_rail_sensor,
                   log_tail, run_trtexec, trtexec_version)
 from .trt_files import (foreign_node_blocks, parse_layer_info, parse_trtexec_output, parse_trtexec_profile,
                         parse_trtexec_times, timed_queries, trace_window_s)
@@ -44,10 +44,10 @@ def benchmark_trt(args):
 
     inputs, expected, labels = read_sample_io(args.sample_io)
     n = inputs.shape[0]
-    tolerance = max(args.tolerance, TRT_FP16_RELATIVE_TOLERANCE * float(np.max(np.abs(expected))))
+    atol = max(args.tolerance, TRT_FP16_ATOL_SHARE * float(np.max(np.abs(expected))))  # FP16: see trt.py
     work = tempfile.mkdtemp(prefix="edgemask-trt-")
     try:
-        check = OutputCheck(expected, labels, "FP16 engine output")
+        check = OutputCheck(expected, labels, atol, args.rtol, "FP16 engine output")
         first_ms = None
         for i in range(n):
             x = os.path.join(work, "input%d.bin" % i)
@@ -65,7 +65,7 @@ def benchmark_trt(args):
                 outputs = parse_trtexec_output(f.read())
             dims, values = list(outputs.values())[0]
             check.add(i, values)
-        failed = check.failure(tolerance)
+        failed = check.failure()
         if failed:
             return failed
 
@@ -99,7 +99,7 @@ def benchmark_trt(args):
         }
         result.update(check.fields())
         compute = sorted(float(q["computeMs"]) for q in queries)
-        trt = {"trtexec": trtexec, "tensorrt": version, "output_tolerance": tolerance,
+        trt = {"trtexec": trtexec, "tensorrt": version, "output_tolerance": atol, "output_rtol": args.rtol,
                "gpu_compute_ms_median": compute[len(compute) // 2] if compute else None}
         trt.update((k, v) for k, v in build.items() if k != "engine")
         if sensor is not None and power and power[0]:
