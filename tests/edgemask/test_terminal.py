@@ -74,7 +74,7 @@ def test_nothing_foreign_leaves_no_log_and_no_directory(tmp_path):
 
 
 # What edgemask itself prints while training and exporting: tqdm bars, "wrote …", where the log went.
-OWN_LINE = re.compile(r"^(train |export )[\w-]+:|^wrote |^other libraries' messages: |^$")
+OWN_LINE = re.compile(r"^(train |export )[\w-]+:|^wrote |^other libraries' messages: |^edgemask: |^$")  # ours
 
 
 @pytest.mark.slow
