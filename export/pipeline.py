@@ -60,7 +60,10 @@ def _is_artifact_dir(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
-def _unchanged(dest: Path, digest: str, etrecord: bool = False) -> bool:
+def _unchanged(dest: Path, digest: str, etrecord: bool = False, rule: Tolerance | None = None) -> bool:
+    """The artifact at ``dest`` was exported from these inputs (``digest``) and, where ``rule`` is given, verified
+    under that tolerance rule (an artifact verified under another, or before the manifest recorded rtol, is
+    exported again)."""
     if not (dest / MANIFEST).is_file():
         return False
     try:
@@ -68,6 +71,8 @@ def _unchanged(dest: Path, digest: str, etrecord: bool = False) -> bool:
     except EdgemaskError:
         return False
     if etrecord and not (m.etrecord and (dest / m.etrecord).is_file()):
+        return False
+    if rule is not None and m.tolerance_rule != (rule.atol, rule.rtol):
         return False
     return m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
 
@@ -218,7 +223,8 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
             todo = []
             for cid in jobs:
                 dest = root / (cid or DENSE)
-                if _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats):
+                if _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats,
+                              Tolerance.of(limit)):
                     bar is not None and bar.update(1)
                 else:
                     todo.append((cid, dest))

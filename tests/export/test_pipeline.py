@@ -11,7 +11,7 @@ import torch
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import sha256_file
 from edgemask.manifest import Manifest
-from edgemask.export import export_run, load_manifest, load_sample_io
+from edgemask.export import TOLERANCE, Tolerance, export_run, load_manifest, load_sample_io
 from edgemask.export.formats import FORMATS, ExportSettings
 from edgemask.export.formats.base import ExportFormatError
 from export_helpers import random_masks
@@ -186,3 +186,15 @@ def test_second_export_of_a_run_leaves_at_once_or_waits_for_the_first(run_dir, t
         release.set()
         holder.join(30)
     assert [p.name for p in out] == ["dense", "client-000"] and all((p / "manifest.json").is_file() for p in out)
+
+
+def test_an_artifact_verified_under_another_rule_is_exported_again(run_dir, tmp_path):
+    """The skip of an unchanged client also asks under which tolerance rule it was verified: one exported under
+    another rule (or before the manifest recorded rtol) is redone, so its manifest says what a device holds it to."""
+    out = export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False)
+    stamp = (out[1] / "manifest.json").stat().st_mtime_ns
+    assert load_manifest(out[1]).tolerance_rule == (TOLERANCE.atol, TOLERANCE.rtol)
+    export_run(run_dir, tmp_path / "a", clients=["client-001"], formats=("onnx",), progress=False,
+               limit=Tolerance(atol=1e-3, rtol=0.0))
+    assert (out[1] / "manifest.json").stat().st_mtime_ns != stamp
+    assert load_manifest(out[1]).tolerance_rule == (1e-3, 0.0)
