@@ -9,6 +9,8 @@ The host holds, at most (each term an upper bound of what the code keeps, not a 
   weights, global mask, shared start), :data:`MODEL_COPIES` float32 copies;
 * per device: what the algorithm keeps for each client between rounds (``Algorithm.client_state_bytes``: FedMask's
   masks in bits, Ditto's personal model, ...) × the devices;
+* a round's work: the selected devices' results (each a copy of what it trains: the model's size) and the tasks
+  built at once (:data:`TASK_PART_BYTES`, the round loop's parts);
 * the stacked engine: the clients trained together in one call, at most its budget
   (:data:`edgemask.trainer.batched.CPU_MEMORY_BUDGET`; on ``cuda`` the stacked clients are on the GPU, which the
   engine sizes to half its free memory), and an evaluation chunk (:data:`~edgemask.trainer.batched.EVAL_MEMORY_BUDGET`).
@@ -25,9 +27,11 @@ from edgemask.errors import EdgemaskError
 from edgemask.trainer import batched
 from edgemask.trainer.accounting import copy_bytes, tensor_bytes
 from edgemask.trainer.algorithms.base import Algorithm
+from edgemask.trainer.sampling import clients_per_round
 
 RUNTIME_BYTES = 400 << 20  # Python + torch + numpy + pandas imported, nothing trained (measured RSS: 0.25–0.35 GB)
 MODEL_COPIES = 6  # model-sized float32 tensors the server and the algorithm share across clients, at most
+TASK_PART_BYTES = 256 << 20  # trainable bytes of a round's tasks built before the engine trains them (round loop)
 GB = 1e9
 
 
@@ -42,17 +46,19 @@ class Footprint:
     devices: int
     engine: int
     device: str
+    round_work: int = 0
 
     @property
     def host(self) -> int:
-        return self.runtime + self.data + self.model + self.per_device * self.devices + self.engine
+        return self.runtime + self.data + self.model + self.per_device * self.devices + self.engine + self.round_work
 
     def line(self) -> str:
         """One line for the terminal."""
         engine = "on the GPU" if self.device == "cuda" else _size(self.engine)
         return (f"memory estimate: {_size(self.host)} on the host (per device {_size(self.per_device)} × "
-                f"{self.devices} devices = {_size(self.per_device * self.devices)}, stacked training {engine}, "
-                f"data {_size(self.data)}, model and runtime {_size(self.model + self.runtime)})")
+                f"{self.devices} devices = {_size(self.per_device * self.devices)}, a round's results "
+                f"{_size(self.round_work)}, stacked training {engine}, data {_size(self.data)}, model and runtime "
+                f"{_size(self.model + self.runtime)})")
 
 
 def _size(n: int) -> str:
@@ -74,8 +80,10 @@ def estimate(algo: Algorithm) -> Footprint:
     if not on_gpu:
         stacked = min(batched.CPU_MEMORY_BUDGET, n * per_client) if t.batched else per_client
         engine = stacked + min(batched.EVAL_MEMORY_BUDGET, n * model)
+    per_round = clients_per_round(n, t.participation)
+    round_work = per_round * model + min(TASK_PART_BYTES, per_round * model)
     return Footprint(RUNTIME_BYTES, data, MODEL_COPIES * model, algo.client_state_bytes(), n, engine,
-                     "cuda" if on_gpu else "cpu")
+                     "cuda" if on_gpu else "cpu", round_work)
 
 
 def activation_bytes(algo: Algorithm) -> int:

@@ -19,14 +19,13 @@ from edgemask.trainer.allocator import tune_host_allocator
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
-from edgemask.trainer.footprint import Footprint, check_fits, estimate
+from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, estimate
 from edgemask.trainer.local_training import evaluate
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
-TASK_PART_BYTES = 256 << 20  # trainable bytes of the round's tasks built before the engine trains them (task_parts)
 
 # ``train_phase(algo, rnd, phase, [(cid, task), ...]) -> [LocalResult, ...]``: one local-training phase of round
 # ``rnd`` for the given clients, one result per pair in their order. The default trains them on this host with the
