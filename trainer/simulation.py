@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
 from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, estimate
 from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.models.masking import MaskSite, unit_alive
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
@@ -94,7 +96,9 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
 
     History rows (long format): per round × sampled client, what :meth:`RoundCosts.record` lists; per evaluated
     round × client: ``accuracy``, ``test_loss`` (and ``accuracy_<name>``, ``test_loss_<name>`` of further
-    measures); per round on ``server``: ``mean_accuracy`` (:func:`evaluate_clients`).
+    measures); per round on ``server``: ``mean_accuracy`` (:func:`evaluate_clients`). Each evaluation checks the
+    clients' models for collapse (:class:`CollapseWatch`: a warning when it finds new ones, summary.json's
+    ``collapse``).
     """
     t0 = time.perf_counter()
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
@@ -110,6 +114,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         hist.append({"round": rnd, "client": client, "metric": metric, "value": float(value)})
 
     costs = RoundCosts(algo)
+    watch = CollapseWatch(algo)
     mean_acc, measures = float("nan"), []
     if progress:
         progress(0, rounds, {})  # start the clock before the first round
@@ -121,17 +126,18 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         costs.record(rnd, trained, updates, record)
         algo.aggregate(rnd, updates)
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == rounds:
-            mean_acc, measures = evaluate_clients(algo, rnd, record)
+            mean_acc, measures = evaluate_clients(algo, rnd, record, watch)
         if progress:
             progress(rnd + 1, rounds, {"mean_accuracy": mean_acc})
     if rounds == 0:
-        mean_acc, measures = evaluate_clients(algo, 0, record)
+        mean_acc, measures = evaluate_clients(algo, 0, record, watch)
     before_ft = last_values(hist, algo.client_ids, "accuracy")
     if finetune(algo):  # accuracy after fine-tuning, recorded one round past the last
-        mean_acc, measures = evaluate_clients(algo, rounds, record)
+        mean_acc, measures = evaluate_clients(algo, rounds, record, watch)
     else:
         before_ft = {}
-    result.summary = summarize(cfg, algo, hist, costs.totals, measures, before_ft, time.perf_counter() - t0)
+    result.summary = summarize(cfg, algo, hist, costs.totals, measures, before_ft, time.perf_counter() - t0,
+                               watch.summary())
     return result
 
 
@@ -186,12 +192,15 @@ class RoundCosts:
             tot["fedavg_flops"] += 3 * dense_fwd * n
 
 
-def evaluate_clients(algo: Algorithm, rnd: int, record: Record) -> tuple[float, list[str]]:
+def evaluate_clients(algo: Algorithm, rnd: int, record: Record,
+                     watch: CollapseWatch | None = None) -> tuple[float, list[str]]:
     """Every client's personalized model on its test split, by the run's engine, recorded in the history as
     ``accuracy`` / ``test_loss`` per client and ``mean_accuracy`` on ``server``; further measures an algorithm
     names (``eval_models`` returning ``{name: models}``: the first is ``accuracy``) as ``accuracy_<name>`` ...;
     the server's global model on the dataset's global test set where it has one (FedPeWS) as ``global_accuracy``,
-    ``global_test_loss``. Returns the mean accuracy and the measures' names ([] when there is one)."""
+    ``global_test_loss``. With a ``watch``, the personalized models (the first measure's) are checked for
+    collapse (:meth:`CollapseWatch.check`). Returns the mean accuracy and the measures' names ([] when there is
+    one)."""
     cids, ds = list(algo.client_ids), algo.dataset
     algo.model.eval()
     tests = [(d.test_x, d.test_y) for d in map(ds.client, cids)]
@@ -205,6 +214,8 @@ def evaluate_clients(algo: Algorithm, rnd: int, record: Record) -> tuple[float, 
             record(rnd, cid, f"test_loss{suffix}", loss)
         means.append(float(np.nanmean([a for a, _ in scores])))
         record(rnd, "server", f"mean_accuracy{suffix}", means[-1])
+        if i == 0 and watch is not None:
+            watch.check(rnd, cids, models, tests)
     if ds.global_test_x is not None:  # the server's global model on the shared test set (FedPeWS)
         glob = EvalModel(algo.global_params, algo.global_buffers, algo.model_context.call)
         g_acc, g_loss = evaluate(glob, ds.global_test_x, ds.global_test_y)
@@ -214,6 +225,93 @@ def evaluate_clients(algo: Algorithm, rnd: int, record: Record) -> tuple[float, 
     return means[0], list(measures) if isinstance(measures, dict) else []
 
 
+def dead_layers(sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor]) -> list[str]:
+    """The masked layers in ``masks`` with no live unit (:func:`~edgemask.trainer.models.masking.unit_alive`), in
+    the model's order; an LSTM layer as ``<site> layer <l>``. A layer without a mask is never dead."""
+    dead = []
+    for site in sites:
+        if site.weights[0] not in masks:
+            continue
+        alive = unit_alive(site, masks)
+        if isinstance(alive, list):  # an LSTM: one tensor per stacked layer
+            dead += [f"{site.name} layer {i}" for i, a in enumerate(alive) if not bool(a.any())]
+        elif not bool(alive.any()):
+            dead.append(site.name)
+    return dead
+
+
+def output_varies(model: EvalModel, x: torch.Tensor, rows: int = 16) -> bool | None:
+    """Whether ``model``'s logits differ between the first ``rows`` inputs of ``x`` (beyond float rounding: a
+    layer that outputs zeros makes every later row the same function of zeros); None when those inputs are all
+    the same (or fewer than two), so the outputs say nothing."""
+    x = x[:rows]
+    if len(x) < 2 or bool((x == x[:1]).all()):
+        return None
+    device = next(iter(model.params.values())).device if model.params else x.device
+    with torch.no_grad():
+        y = model(x.to(device)).detach().float().cpu()  # (rows, classes)
+    first = y[:1].expand_as(y)
+    return not torch.allclose(y, first, rtol=1e-5, atol=1e-6 * (1.0 + float(first.abs().max())))
+
+
+class CollapseWatch:
+    """The clients whose personalized model has collapsed, from one evaluation to the next. A client has collapsed
+    when its masked model (``algo.eval_masks``) has a layer with no live unit AND its logits are the same for
+    different test inputs: a dead layer that a residual branch bypasses cuts nothing, so the outputs confirm it
+    (a client whose test inputs are all alike is judged by the dead layer alone). A model whose output is constant
+    with every layer alive (every ReLU's input negative) is not looked for. An algorithm without masks never
+    collapses.
+
+    :meth:`check` warns once per evaluation that finds clients not collapsed at the evaluation before (one line:
+    the round, how many, an example client and its first dead layer, the settings that drive it: :meth:`settings`);
+    :meth:`summary` is summary.json's ``collapse`` (docs/contracts.md)."""
+
+    def __init__(self, algo: Algorithm) -> None:
+        self.algo = algo
+        self.clients: dict[str, dict[str, Any]] = {}  # cid -> {"round": counted from 1, "layers": [dead layers]}
+
+    def check(self, rnd: int, cids: list[str], models: list[EvalModel],
+              tests: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Round ``rnd``'s evaluation (0-based; ``rounds`` after fine-tuning) of ``cids``' ``models`` on ``tests``."""
+        algo, found = self.algo, {}
+        for cid, model, (x, _) in zip(cids, models, tests):
+            dead = dead_layers(algo.sites, algo.eval_masks(cid))
+            if dead and not output_varies(model, x):
+                found[cid] = dead
+        new = [cid for cid in found if cid not in self.clients]
+        self.clients = {cid: {"round": self.clients[cid]["round"] if cid in self.clients else rnd + 1,
+                              "layers": dead} for cid, dead in found.items()}
+        if new:
+            warnings.warn(self.line(rnd, new), stacklevel=2)
+
+    def settings(self) -> dict[str, Any]:
+        """The ``[algorithm.args]`` that drive a collapse, with the run's values: those an algorithm class names in
+        its ``collapse_settings`` (a tuple of names, FedMask's ``("lambda_r", "prune_rate")``; none by default, so
+        the base class keeps only its hooks)."""
+        return {name: getattr(self.algo.args, name) for name in getattr(type(self.algo), "collapse_settings", ())}
+
+    def line(self, rnd: int, new: list[str]) -> str:
+        """The warning: ``round 8: 4 client(s) collapsed (8 of 8 now): client-000's model has no live unit in
+        'stem' (and 7 more layers) and gives every test input the same output; it depends on [algorithm.args]
+        lambda_r = 0.002, prune_rate = 0.2 (docs/fedmask.md, "Collapse")``."""
+        when = "after fine-tuning" if rnd >= self.algo.cfg.training.rounds else f"round {rnd + 1}"
+        cid, layers = new[0], self.clients[new[0]]["layers"]
+        more = f" (and {len(layers) - 1} more layer{'s' if len(layers) > 2 else ''})" if len(layers) > 1 else ""
+        settings = ", ".join(f"{k} = {v}" for k, v in self.settings().items())
+        drive = f"; it depends on [algorithm.args] {settings}" if settings else ""
+        return (f"{when}: {len(new)} client(s) collapsed ({len(self.clients)} of {len(self.algo.client_ids)} now): "
+                f"{cid}'s model has no live unit in {layers[0]!r}{more} and gives every test input the same output"
+                f"{drive} (docs/fedmask.md, \"Collapse\")")
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json's ``collapse``: the clients collapsed at the last evaluation (``{cid: {"round", "layers"}}``,
+        ``round`` counted from 1: the evaluation that found it, since when it has stayed collapsed), whether that is
+        every client (``all_collapsed``), and the settings that drive it with their values (``settings``)."""
+        n = len(self.algo.client_ids)
+        return {"clients": {cid: self.clients[cid] for cid in sorted(self.clients)},
+                "all_collapsed": bool(n) and len(self.clients) == n, "settings": self.settings()}
+
+
 def last_values(hist: list[dict[str, Any]], cids: list[str], metric: str) -> dict[str, float]:
     """Each client's last recorded ``metric``."""
     return {cid: next(r["value"] for r in reversed(hist) if r["client"] == cid and r["metric"] == metric)
@@ -221,10 +319,12 @@ def last_values(hist: list[dict[str, Any]], cids: list[str], metric: str) -> dic
 
 
 def summarize(cfg: TrainConfig, algo: Algorithm, hist: list[dict[str, Any]], totals: dict[str, int],
-              measures: list[str], before_ft: dict[str, float], wall: float) -> dict[str, Any]:
+              measures: list[str], before_ft: dict[str, float], wall: float,
+              collapse: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json: each client's final accuracy (before fine-tuning too, and per measure where ``eval_models``
     names several: ``measures``, the first being ``accuracy``), the means, the totals and their ratios to what
-    FedAvg pays for the same updates, and the algorithm's own entries."""
+    FedAvg pays for the same updates, the collapsed clients (``collapse``: :meth:`CollapseWatch.summary`) and the
+    algorithm's own entries."""
     cids = algo.client_ids
     final = last_values(hist, cids, "accuracy")
     accuracies = {measures[0]: final, **{name: last_values(hist, cids, f"accuracy_{name}")
@@ -249,6 +349,7 @@ def summarize(cfg: TrainConfig, algo: Algorithm, hist: list[dict[str, Any]], tot
             "flops_train_structured": totals["flops_train_structured"] / fedavg_flops},
         "params_dense": sum(v.numel() for v in algo.global_params.values()),
         "wall_seconds": wall,
+        **({"collapse": collapse} if collapse is not None else {}),
         **algo.summary_extra(),
     }
 

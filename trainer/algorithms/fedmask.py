@@ -182,6 +182,9 @@ def group_lasso_term(m: ModelContext, lambda_r: float, real_output_gate: bool = 
 class FedMask(Algorithm):
     name = "fedmask"
     Args = FedMaskArgs
+    # the [algorithm.args] a collapse (a layer with no live unit) is named with: λ_R of Eq. 10 kills whole units,
+    # p_r keeps few elements of the last layers (trainer.simulation.CollapseWatch; docs/fedmask.md, "Collapse")
+    collapse_settings = ("lambda_r", "prune_rate")
 
     def client_state_bytes(self) -> int:
         """Its masks in bits (ClientPruning's m_k, the mask it infers with, a round's start) and the pruned layers'
