@@ -1,7 +1,7 @@
 """The ``edgemask`` command line: parses arguments and calls the stages. No stage logic lives here.
 
 Expected mistakes (bad input, missing files, unreachable hosts) are ``EdgemaskError``s: printed on one line,
-exit status 2, no traceback.
+exit status 2, no traceback. ``train`` exits 3 when every client's model has collapsed (:data:`COLLAPSED`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from edgemask.targets import BOARDS, DEFAULT_EXPORT_FORMATS, FORMATS as FORMAT_F
 from edgemask.workspace import Workspace
 
 
+COLLAPSED = 3  # `train`: every client's model collapsed at the last evaluation; the run directory is written
+
+
 def _ws(args: argparse.Namespace) -> Workspace:
     return Workspace.at(args.workspace)
 
@@ -38,6 +41,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                             "Flower client trains on its own CPU, one client per message")
     if args.sequential:
         overrides["batched"] = False
+    if args.allow_collapse:
+        overrides["allow_collapse"] = True
     if overrides:
         import dataclasses
 
@@ -54,7 +59,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = json.loads((path / "summary.json").read_text())
     print(f"wrote {path}  (mean personalized accuracy {summary['mean_accuracy']:.4f}, "
           f"{summary['bytes_up'] + summary['bytes_down']:,} bytes communicated)")
+    collapse = summary.get("collapse") or {}
+    if collapse.get("all_collapsed") and not cfg.training.allow_collapse:
+        print(f"edgemask train: error: {_collapse_line(path, collapse)}", file=sys.stderr)
+        return COLLAPSED
     return 0
+
+
+def _collapse_line(path: Path, collapse: dict) -> str:
+    """Why ``train`` exits :data:`COLLAPSED`: the run, what collapsed, what to change, and how to go on."""
+    clients = collapse["clients"]
+    cid = next(iter(clients))
+    settings = ", ".join(f"{k} (now {v})" for k, v in collapse.get("settings", {}).items())
+    change = f"change [algorithm.args] {settings} (docs/fedmask.md, \"Collapse\")" if settings else \
+        "change the settings that kill its units"
+    first = clients[cid]
+    return (f"every client's model collapsed ({len(clients)} of {len(clients)}; e.g. {cid}, since round "
+            f"{first['round']}: no live unit in {first['layers'][0]!r}, the same output for every input); "
+            f"{path} is written for inspection; {change}, or pass --allow-collapse (training.allow_collapse = true) "
+            f"to accept it")
 
 
 def _at_least_one(args: argparse.Namespace, name: str, why: str) -> None:
@@ -263,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the GPU when one is present, 'cpu' otherwise")
     t.add_argument("--sequential", action="store_true", help="train the clients one after another (the reference "
                    "loop; training.batched = false) instead of a round's clients together")
+    t.add_argument("--allow-collapse", action="store_true", help="exit 0 even when every client's model has "
+                   "collapsed (a masked layer with no live unit; training.allow_collapse = true); by default such a "
+                   "run is written and train exits 3")
     t.add_argument("--engine", choices=["local", "flower"], default="local", help="local: this process trains the "
                    "clients (default); flower: the same round loop with the clients' local training on Flower's "
                    "simulation engine (Ray; needs `pip install -e .[flower]`)")

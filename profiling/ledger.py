@@ -90,6 +90,8 @@ def read_run(workspace: str | Path, run_id: str) -> RunRecord:
         rec.notes.append(f"no {path}: the ledger has no personalized accuracy for run {run_id}")
     except (OSError, ValueError) as exc:
         rec.notes.append(f"{path} is unreadable ({exc}): the ledger has no personalized accuracy for run {run_id}")
+    else:
+        rec.notes += collapse_notes(run_id, rec.summary)
     path = run_dir / "history.parquet"
     try:
         history = pd.read_parquet(path)
@@ -103,6 +105,21 @@ def read_run(workspace: str | Path, run_id: str) -> RunRecord:
         else:
             rec.notes.append(f"{path} lacks the round/client/metric/value columns: left out")
     return rec
+
+
+def collapse_notes(run_id: str, summary: Any) -> list[str]:
+    """One line when summary.json's ``collapse`` names clients whose model had collapsed at training's last
+    evaluation (docs/contracts.md, "summary.json"): their accuracy is that of a constant output."""
+    collapse = summary.get("collapse") if isinstance(summary, dict) else None
+    clients = collapse.get("clients") if isinstance(collapse, dict) else None
+    if not clients or not isinstance(clients, dict):
+        return []
+    cid, entry = next(iter(clients.items()))
+    layers = entry.get("layers") if isinstance(entry, dict) else None
+    where = f": no live unit in {layers[0]!r} since round {entry.get('round')}" if layers else ""
+    total = summary.get("num_clients", len(summary.get("clients") or {}))
+    return [f"run {run_id}: {len(clients)} of {total} client(s) had collapsed when training ended (e.g. {cid}{where}); "
+            f"their model gives every input the same output, so their accuracy is a constant's"]
 
 
 def client_training(history: pd.DataFrame | None, client: str) -> dict[str, float]:

@@ -53,6 +53,9 @@ class TrainingConfig:
     batched: bool = True  # train a round's clients together (trainer.batched); false: one after another, the reference
     # υ: report rounds until the global model reaches it (FedPeWS Table 2)
     target_accuracy: float | None = setting(None, above=0, maximum=1)
+    # a run whose every client has collapsed at the last evaluation (a masked layer with no live unit, the output
+    # the same for every input) makes `edgemask train` exit 3; true accepts it (`--allow-collapse`)
+    allow_collapse: bool = setting(False)
 
 
 @dataclass(frozen=True)
