@@ -93,7 +93,9 @@ def test_real_onnx_profile_attributes_every_kernel(tmp_path, opset):
     # every compacted layer maps to its dense counterpart, both measured
     assert [r["name"] for r in recs["compacted"]] == [r["name"] for r in recs["dense"]] == ["conv1", "conv2", "out"]
     rows = {r.layer: r for r in layer_table(recs["compacted"], ms["dense"], ms["compacted"])}
-    assert all(r.dense_ms > 0 and r.compacted_ms > 0 for r in rows.values())
+    # the convs take tens of µs; the 10-unit `out` may read 0 in the profiler's whole microseconds
+    assert all(r.dense_ms > 0 and r.compacted_ms > 0 for k, r in rows.items() if k != "out")
+    assert rows["out"].dense_ms >= 0 and rows["out"].compacted_ms >= 0
     # hand-computed bounds: conv1 64 -> 4 filters (16×), conv2 reads 4 of 64 channels (16×), out unchanged
     assert {k: r.flop_bound for k, r in rows.items()} == {"conv1": 16.0, "conv2": 16.0, "out": 1.0}
     assert rows["conv2"].flops_dense == 2 * 128 * 64 * 64 * 64 * 9  # 128 filters at 64×64, 64 channels × 3×3
