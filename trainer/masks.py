@@ -87,8 +87,7 @@ class BitMasks(MutableMapping):
 
     def __getitem__(self, cid: str) -> dict[str, torch.Tensor]:
         bits = self._bits[cid]
-        return {w: unpack_rows(bits[w], s) if w in bits else self.ones[w] for w, s in self.shapes.items()
-                if w in bits or w in self.ones}
+        return self.unpacked(cid, [w for w in self.shapes if w in bits or w in self.ones])
 
     def __setitem__(self, cid: str, masks: dict[str, torch.Tensor]) -> None:
         self._bits[cid] = {w: pack_rows(m) for w, m in masks.items() if w not in self.ones or m is not self.ones[w]}

@@ -358,15 +358,16 @@ class FedMask(Algorithm):
         (stacked as a view)."""
         keep, start = self.keep[cid], {}
         bits = self.returned_bits(cid)
-        returned = {w: unpack_rows(b, self.masks.shapes[w]) for w, b in bits.items()}
         own = self.scores.get(cid) if self.args.restart == "keep_agreeing" else None
-        for w, b in returned.items():
+        for w, packed in bits.items():
+            if own is None and w in self.shared_start and self.args.start_mask == "structure":
+                start[w] = self.shared_start[w]  # its bits need no unpacking
+                continue
+            b = unpack_rows(packed, self.masks.shapes[w])
             if own is not None:
                 reset = self._start_scores({w: b}, {w: keep[w]})[w]
                 agree = (own[w] >= 0).to(b.dtype).eq(b) & keep[w].bool()
                 start[w] = torch.where(agree, own[w], reset)
-            elif w in self.shared_start and self.args.start_mask == "structure":
-                start[w] = self.shared_start[w]
             else:  # m^T ⊙ m_k (m_k itself before any upload kept the element)
                 start[w] = self._start_scores({w: b}, {w: keep[w]})[w]
         self.round_start.set_packed(cid, bits)
@@ -476,20 +477,10 @@ class FedMask(Algorithm):
 
 
 def top_fraction_rows(score: torch.Tensor, fraction: float) -> torch.Tensor:
-    """:func:`top_fraction` of each row ``score[i]`` of the clients' stacked ``(K, *shape)``, in one ``topk``, as
-    bool."""
+    """Bool ``(K, *shape)``: in each row ``score[i]`` of the clients' stacked scores, exactly round(fraction·n) (at
+    least 1) largest entries kept, in one ``topk``."""
     K = score.shape[0]
     n = score[0].numel()
     k = max(1, int(round(fraction * n)))
     idx = torch.topk(score.reshape(K, n), k, dim=1, sorted=False).indices  # the set topk keeps; its order unused
     return torch.zeros(K, n, dtype=torch.bool).scatter_(1, idx, True).reshape(score.shape)
-
-
-def top_fraction(score: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Binary tensor keeping exactly round(fraction·n) (at least 1) largest entries of ``score``."""
-    n = score.numel()
-    k = max(1, int(round(fraction * n)))
-    idx = torch.topk(score.reshape(-1), k).indices
-    keep = torch.zeros(n)
-    keep[idx] = 1.0
-    return keep.reshape(score.shape)
