@@ -168,7 +168,7 @@ def test_verification_names_the_first_layer_that_gives_nan():
     res = compact(masked, x[:1])
     with torch.no_grad():
         res.module.conv2.bias[0] = float("nan")
-    with pytest.raises(VerificationError, match="by nan .* first at layer 'conv2'"):
+    with pytest.raises(VerificationError, match="by nan where the limit there is .* first at layer 'conv2'"):
         verify_compaction(masked, res, x)
 
 
