@@ -1,7 +1,7 @@
 """A per-layer comparison that checks itself: a layer the mask left unchanged must measure alike in the dense and
 the compacted profile, within a band that knows the timer's tick and the layer's own spread (unchanged_band); a
 tiny layer is shown, not judged. Hand-computed bands, synthetic profiles in the runner's shape (whole-microsecond
-operator times, as onnxruntime and XNNPACK report them), then real onnxruntime profiles at 2 threads."""
+operator times, as onnxruntime and XNNPACK report them), then real onnxruntime profiles at 1 thread."""
 
 from __future__ import annotations
 
@@ -161,9 +161,9 @@ ROUNDS = 8  # at most; at least 2
 
 
 @pytest.mark.slow
-def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(tmp_path):
+def test_dense_and_compacted_profiles_agree_on_unchanged_layers(tmp_path):
     """A conv net whose last conv keeps 4 of 64 filters; the first two convs are unchanged. Dense and compacted
-    profiled by the runner at 2 threads, interleaved over rounds (the best of each layer's per-round medians, as
+    profiled by the runner at 1 thread, interleaved over rounds (the best of each layer's per-round medians, as
     benchmarks/bench_layers.py does; up to ROUNDS): every unchanged layer measures within the band."""
     import torch
     from torch import nn
@@ -191,7 +191,10 @@ def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(t
     sites = model_sites(base)
     masks = all_ones_masks(base, tuple(s for s in sites if s.name != "out"))
     masks["conv3.weight"][4:] = 0
-    x = torch.randn(1, 3, 128, 128)  # conv1 ~0.15 ms at 2 threads: a few us of jitter, a few %
+    # conv1 ~0.3 ms at 1 thread: a few us of jitter, a few %. One thread, not two: on CI's 2 shared cores a second
+    # thread waits for whatever else runs (conv1 read 1.8x after 8 rounds at 2 threads); the 2-thread agreement on
+    # an idle machine is measured by benchmarks/bench_layers.py, not timed here
+    x = torch.randn(1, 3, 128, 128)
     recs, paths = {}, {}
     for tag, m in (("dense", {}), ("compacted", masks)):
         res = compact(MaskedModel(base, sites, m), x)
@@ -201,7 +204,7 @@ def test_dense_and_compacted_profiles_at_two_threads_agree_on_unchanged_layers(t
     best = {"dense": {}, "compacted": {}}
     for done in range(1, ROUNDS + 1):
         for tag in best:
-            prof = profile_runs("onnx", str(paths[tag]), [x.numpy()], 2, 5, 15)
+            prof = profile_runs("onnx", str(paths[tag]), [x.numpy()], 1, 5, 15)
             for k, v in layer_ms(prof["runs"], name_index(recs[tag], paths[tag].name)).items():
                 best[tag][k] = min(best[tag].get(k, float("inf")), v)
         rows = {r.layer: r for r in layer_table(recs["compacted"], best["dense"], best["compacted"])}

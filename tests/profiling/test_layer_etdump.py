@@ -105,4 +105,6 @@ def test_real_etdump_of_a_conv_net_maps_every_xnnpack_operator(tmp_path):
     assert rows["out"].dense_ms >= 0 and rows["out"].compacted_ms >= 0
     assert {k: r.flop_bound for k, r in rows.items()} == {"conv1": 16.0, "conv2": 16.0, "out": 1.0}
     assert OTHER in ms["dense"]  # the layout transposes and pooling: no layer's
-    assert covered["dense"] >= 0.9 and covered["compacted"] >= 0.9, covered
+    # the compacted net's kernels take less of its run than the dense net's (the runtime's own cost is fixed):
+    # 0.89 seen on CI; losing a layer's kernels (conv2 alone is over a third of the run) still falls under 0.8
+    assert covered["dense"] >= 0.8 and covered["compacted"] >= 0.8, covered
