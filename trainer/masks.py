@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from edgemask.trainer.models.masking import effective_params
+from edgemask.trainer.models.masking import MaskSite, effective_params, unit_alive
 from edgemask.trainer.records import EvalModel
 from edgemask.trainer.task_functions import ModelContext
 
@@ -120,6 +120,19 @@ class BitMasks(MutableMapping):
 
     def set_packed(self, cid: str, packed: dict[str, torch.Tensor]) -> None:
         self._bits[cid] = dict(packed)
+
+    def unit_alive(self, cid: str, site: MaskSite) -> torch.Tensor | list[torch.Tensor]:
+        """:func:`~edgemask.trainer.models.masking.unit_alive` of the client's mask at ``site``, from its bits: where
+        a unit's row is whole bytes (a conv with a multiple of 8 inputs × taps, a linear layer with a multiple of 8
+        inputs), the row is alive where any of its bytes is non-zero, read without unpacking; otherwise that
+        site's masks are unpacked."""
+        bits, w = self._bits[cid], site.weights[0]
+        if site.kind != "lstm" and w in bits:
+            shape = self.shapes[w]
+            row = math.prod(shape[1:])
+            if row % 8 == 0:
+                return bits[w].view(shape[0], row // 8).ne(0).any(1)
+        return unit_alive(site, self.unpacked(cid, list(site.weights), torch.bool))
 
     def count(self, cid: str) -> int:
         """The elements the client's masks keep (a weight read from ``ones`` counts whole)."""

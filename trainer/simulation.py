@@ -22,7 +22,6 @@ from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
 from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, estimate
 from edgemask.trainer.local_training import evaluate
-from edgemask.trainer.models.masking import MaskSite, unit_alive
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
@@ -225,21 +224,6 @@ def evaluate_clients(algo: Algorithm, rnd: int, record: Record,
     return means[0], list(measures) if isinstance(measures, dict) else []
 
 
-def dead_layers(sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor]) -> list[str]:
-    """The masked layers in ``masks`` with no live unit (:func:`~edgemask.trainer.models.masking.unit_alive`), in
-    the model's order; an LSTM layer as ``<site> layer <l>``. A layer without a mask is never dead."""
-    dead = []
-    for site in sites:
-        if site.weights[0] not in masks:
-            continue
-        alive = unit_alive(site, masks)
-        if isinstance(alive, list):  # an LSTM: one tensor per stacked layer
-            dead += [f"{site.name} layer {i}" for i, a in enumerate(alive) if not bool(a.any())]
-        elif not bool(alive.any()):
-            dead.append(site.name)
-    return dead
-
-
 def output_varies(model: EvalModel, x: torch.Tensor, rows: int = 16) -> bool | None:
     """Whether ``model``'s logits differ between the first ``rows`` inputs of ``x`` (beyond float rounding: a
     layer that outputs zeros makes every later row the same function of zeros); None when those inputs are all
@@ -275,7 +259,7 @@ class CollapseWatch:
         """Round ``rnd``'s evaluation (0-based; ``rounds`` after fine-tuning) of ``cids``' ``models`` on ``tests``."""
         algo, found = self.algo, {}
         for cid, model, (x, _) in zip(cids, models, tests):
-            dead = dead_layers(algo.sites, algo.eval_masks(cid))
+            dead = algo.dead_layers(cid)
             if dead and not output_varies(model, x):
                 found[cid] = dead
         new = [cid for cid in found if cid not in self.clients]

@@ -2,6 +2,8 @@
 np.packbits', a stored client's masks read back exactly, and a masked model from packed bits computes what the
 float mask computes, under vmap too."""
 
+import math
+
 import numpy as np
 import torch
 
@@ -38,6 +40,31 @@ def test_bit_masks_hold_one_bit_an_element_and_read_back_exactly():
     assert store.nbytes() == (64 * 33 + 7) // 8  # 264 bytes, not 64·33·4
     assert store.count("c0") == int(a.sum()) + 10
     assert "c0" in store and "c1" not in store and list(store) == ["c0"]
+
+
+def test_unit_liveness_read_from_bits_is_the_unpacked_masks():
+    # a CNN's conv2 rows are 16·3·3 = 144 bits (whole bytes: read packed), conv1's 3·3·3 = 27 (unpacked): either
+    # way, the live units and the dead layers are those of the float masks
+    from edgemask.trainer.models.masking import dead_layers, unit_alive
+
+    model = build_model("cnn", (3, 8, 8), 4, widths=(16, 32))
+    sites = model_sites(model)
+    shapes = {w: tuple(model.get_parameter(w).shape) for s in sites for w in s.weights}
+    torch.manual_seed(0)
+    masks = {w: (torch.rand(shape) < 0.02).float() for w, shape in shapes.items()}
+    conv2 = next(s for s in sites if math.prod(shapes[s.weights[0]][1:]) % 8 == 0 and s.kind == "conv")
+    masks[conv2.weights[0]][3] = 0  # one dead unit in a byte-aligned layer
+    masks[conv2.weights[0]][5, -1, -1, -1] = 1  # a unit alive by its last bit only
+    store = BitMasks(shapes, {})
+    store["c0"] = masks
+    for site in sites:
+        got, want = store.unit_alive("c0", site), unit_alive(site, masks)
+        assert torch.equal(got, want), site.name
+    assert not store.unit_alive("c0", conv2)[3] and store.unit_alive("c0", conv2)[5]
+    masks[conv2.weights[0]][:] = 0
+    store["c0"] = masks
+    alive = lambda site: store.unit_alive("c0", site)  # noqa: E731
+    assert dead_layers(sites, shapes, alive) == dead_layers(sites, masks) == [conv2.name]
 
 
 def test_packed_masked_model_computes_the_float_masks_model_alone_and_stacked():

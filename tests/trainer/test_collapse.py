@@ -12,8 +12,9 @@ import torch
 
 from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
 from edgemask.trainer.data import DataConfig
-from edgemask.trainer.masks import masked_model
-from edgemask.trainer.simulation import CollapseWatch, build_algorithm, dead_layers, output_varies, simulate
+from edgemask.trainer.masks import masked_model, pack_rows
+from edgemask.trainer.models.masking import dead_layers
+from edgemask.trainer.simulation import CollapseWatch, build_algorithm, output_varies, simulate
 
 # issue #38's case made small: FedMask on tiny_mobilenet (batch norm, depthwise convolutions), the digits config's
 # settings with λ_R 10× theirs (0.02), 4 clients of 60 samples: two clients' models have collapsed at round 1,
@@ -97,8 +98,9 @@ def test_dead_layers_by_hand(algo):
 
 def watch_on(algo, masks: dict[str, torch.Tensor]) -> tuple[CollapseWatch, list[str]]:
     """A watch over ``algo`` whose every client's mask is ``masks``, after the first round's evaluation."""
-    algo.eval_masks = lambda cid: masks  # the instance's: the fixture's algorithm is this module's alone
     cids = list(algo.client_ids)
+    for cid in cids:  # as FedMask holds them: packed bits (the fixture's algorithm is this module's alone)
+        algo.local.set_packed(cid, {w: pack_rows(m) for w, m in masks.items()})
     models = [masked_model(algo.model_context, algo.global_params, masks, algo.global_buffers)] * len(cids)
     tests = [(d.test_x, d.test_y) for d in map(algo.dataset.client, cids)]
     watch = CollapseWatch(algo)

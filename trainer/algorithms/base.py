@@ -53,6 +53,7 @@ from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, average_state
 from edgemask.trainer.data.base import FederatedDataset
 from edgemask.trainer.models import build_model, model_sites
+from edgemask.trainer.models.masking import dead_layers
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import ModelSpec, model_context
 
@@ -155,6 +156,11 @@ class Algorithm:
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The client's current binary masks (empty: dense)."""
         return {}
+
+    def dead_layers(self, cid: str) -> list[str]:
+        """The layers of the client's masked model with no live unit (collapse: ``CollapseWatch``), from
+        :meth:`eval_masks`; an algorithm that holds its masks as bits answers from them."""
+        return dead_layers(self.sites, self.eval_masks(cid))
 
     def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The binary masks the client's last local training computed with, for its training FLOPs (default:

@@ -47,7 +47,7 @@ from edgemask.trainer.aggregation import average_state, personalization_preservi
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.masks import (THRESHOLD, BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
                                     unpack_rows)
-from edgemask.trainer.models.masking import MaskSite, effective_params
+from edgemask.trainer.models.masking import MaskSite, dead_layers, effective_params
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 from edgemask.trainer.sampling import batch_order
@@ -443,6 +443,11 @@ class FedMask(Algorithm):
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The mask it infers with, as bool (for the accounting: kept parameters)."""
         return self.local.unpacked(cid, list(self.mask_names), torch.bool)
+
+    def dead_layers(self, cid: str) -> list[str]:
+        """From the bits of m_k (no unpacking where a layer's rows are whole bytes: every 400-device evaluation
+        checks every device)."""
+        return dead_layers(self.sites, self.mask_names, lambda site: self.local.unit_alive(cid, site))
 
     def eval_models(self, cids: list[str]) -> dict[str, list[EvalModel]]:
         """Two measures. ``local_mask``, the personalized model: W ⊙ m (Eq. 2) with the device's last locally

@@ -20,6 +20,7 @@ paper's (FedMask masks weights only, Eq. 2): it is what makes the masked model e
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,25 @@ def unit_alive(site: MaskSite, masks: dict[str, torch.Tensor]) -> torch.Tensor |
         return out
     m = masks[site.weights[0]]
     return any_nonzero(m.reshape(m.shape[0], -1), 1)
+
+
+def dead_layers(sites: tuple[MaskSite, ...], masks: Container[str],
+                alive: Callable[[MaskSite], torch.Tensor | list[torch.Tensor]] | None = None) -> list[str]:
+    """The masked layers with no live unit, in the model's order; an LSTM layer as ``<site> layer <l>``. A layer
+    whose weight is not in ``masks`` is unmasked, never dead. ``alive(site)``: :func:`unit_alive` of the site,
+    by default from ``masks`` (a dict of binary masks); a store of packed bits passes its own
+    (:meth:`~edgemask.trainer.masks.BitMasks.unit_alive`)."""
+    alive = alive or (lambda site: unit_alive(site, masks))
+    dead = []
+    for site in sites:
+        if site.weights[0] not in masks:
+            continue
+        units = alive(site)
+        if isinstance(units, list):  # an LSTM: one tensor per stacked layer
+            dead += [f"{site.name} layer {i}" for i, a in enumerate(units) if not bool(a.any())]
+        elif not bool(units.any()):
+            dead.append(site.name)
+    return dead
 
 
 def any_nonzero(x: torch.Tensor, dim: int) -> torch.Tensor:
