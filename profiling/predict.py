@@ -175,12 +175,16 @@ def setting_clients(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd
     a :class:`ClientLayers`; measured ones with their per-layer profiled ms (:func:`edgemask.profiling.layers.layer_ms`)
     and timed p50. Key: ``(run_id, device, format, variant, threads)``. Settings without per-layer times give
     no entry."""
-    from edgemask.profiling.layers import _runs, layer_ms, name_index
+    from edgemask.profiling.layers import _runs, by_setting, layer_ms, name_index
 
     manifests = {a: json.loads(m) for a, m in zip(artifacts["artifact"], artifacts["manifest"])}
     out: dict[tuple, list[ClientLayers]] = {}
     if profiles.empty or summary.empty:
         return out
+    runs_of, ops_of = by_setting(runs), by_setting(ops)
+    p50: dict[tuple, float] = {}  # a setting measured from two files: its first row, as before
+    for r in summary.itertuples():
+        p50.setdefault((r.artifact, r.format, r.variant, r.device, int(r.threads)), r.p50_ms)
     for (art, device, fmt, variant, threads), prof in profiles.groupby(["artifact", *SETTING], sort=True):
         if not prof["available"].all() or art not in manifests:
             continue
@@ -189,15 +193,13 @@ def setting_clients(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd
         index = name_index(man.get("layers") or [], file)
         if not index:
             continue
-        sel = lambda df: df[(df["artifact"] == art) & (df["device"] == device) & (df["format"] == fmt)  # noqa
-                            & (df["variant"] == variant) & (df["threads"] == threads)]
-        row = sel(summary)
-        if row.empty:
+        key = (art, fmt, variant, device, int(threads))
+        if key not in p50:
             continue
         kept, flops = _kept_flops(man)
-        per = layer_ms(_runs(sel(ops), sel(runs)), index)
+        per = layer_ms(_runs(ops_of.get(key, ops.iloc[:0]), runs_of.get(key, runs.iloc[:0])), index)
         out.setdefault((man["run_id"], device, fmt, variant, int(threads)), []).append(
-            ClientLayers(art, kept, flops, {l: per.get(l, 0.0) for l in kept}, float(row["p50_ms"].iloc[0])))
+            ClientLayers(art, kept, flops, {l: per.get(l, 0.0) for l in kept}, float(p50[key])))
     for (run_id, *setting), clients in out.items():  # the run's other artifacts, to predict
         have = {c.artifact for c in clients}
         for art, man in sorted(manifests.items()):
