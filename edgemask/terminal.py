@@ -12,7 +12,8 @@ warnings; everything else goes to a log file in the workspace, ``logs/<command>-
   from one) hold the original ``sys.stderr`` object, whose fd 2 is the log: :func:`quiet_terminal` imports the
   ``preload`` modules after the ``dup2`` and before ``sys.stderr`` becomes the terminal again.
 * ``warnings.warn``: a warning raised from edgemask's own packages is shown as ``edgemask: warning: …`` (no GPU,
-  a fallback: things the user must know); any other goes to the log.
+  a fallback, a collapse: things the user must know), on a line of its own above the progress bar
+  (``tqdm.write``); any other goes to the log.
 
 ``sys.stdout`` and ``sys.stderr`` are then streams on duplicates of the terminal's fds 1 and 2: ``print`` (the
 summary table), tqdm's bars and ``print(..., file=sys.stderr)`` reach the user. A library that prints to
@@ -97,8 +98,10 @@ def quiet_terminal(log_dir: Path, command: str, verbose: bool = False,
     old_showwarning = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if is_ours(filename):
-            own["stderr"].write(f"edgemask: warning: {message}\n")
+        if is_ours(filename):  # on a line of its own: a progress bar on the terminal is cleared, then redrawn
+            from tqdm import tqdm
+
+            tqdm.write(f"edgemask: warning: {message}", file=own["stderr"])
         else:
             log.write(warnings.formatwarning(message, category, filename, lineno, line))
 

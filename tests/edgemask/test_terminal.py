@@ -57,6 +57,28 @@ def test_third_party_output_goes_to_the_log_and_edgemask_lines_stay(tmp_path):
     assert "no CUDA device" not in text and "summary table" not in text
 
 
+def test_a_warning_during_a_progress_bar_gets_a_line_of_its_own(tmp_path):
+    # a bar drawn without a newline: the warning written after it would continue its line ("3/10 [..]edgemask: ...")
+    script = textwrap.dedent("""
+        import sys, warnings
+        from pathlib import Path
+        from tqdm import tqdm
+        from edgemask.terminal import quiet_terminal
+
+        with quiet_terminal(Path(sys.argv[1]), "probe"):
+            with tqdm(total=10, desc="rounds", file=sys.stderr, mininterval=0) as bar:
+                bar.update(3)
+                warnings.warn_explicit("round 4: 2 client(s) collapsed", UserWarning, sys.argv[2], 1)
+                bar.update(7)
+    """)
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path / "logs"), str(ROOT / "trainer" / "simulation.py")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (line,) = [s for s in p.stderr.split("\n") if "edgemask: warning:" in s]
+    assert line.rsplit("\r", 1)[-1] == "edgemask: warning: round 4: 2 client(s) collapsed", repr(line)
+    assert "rounds: 100%" in p.stderr.rsplit("edgemask: warning:", 1)[1]  # the bar is drawn again below it
+
+
 def test_verbose_leaves_every_message_where_its_library_sends_it(tmp_path):
     p, logs = _probe(tmp_path, verbose=True)
     for line in NOISE:
