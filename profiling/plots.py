@@ -27,6 +27,9 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
 DENSE_COLOR, COMPACTED_COLOR, INVALID_COLOR = "#fdae6b", "#6baed6", "#d62728"
 SLOW_FACTOR = 2.0  # a latency sample above this × its setting's median is counted as a slow outlier
 LOG_SPAN = 3.0  # a panel's latencies spanning more than this factor are drawn on a log axis
+# A panel with more settings or clients than this draws them aggregated (ranked bands, lines, boxes, density)
+# instead of one labelled box, bar or marker each: at 400 clients one each would pile up past reading.
+AGGREGATE_ABOVE = 24
 
 
 def _digests(df: pd.DataFrame) -> list[str]:
@@ -91,6 +94,8 @@ def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None)
                           sort=False).agg(
         run_id=("run_id", "first"), client_id=("client_id", "first"), kind=("kind", "first"),
         samples=("latency_ms", lambda xs: np.concatenate([np.asarray(x, float) for x in xs]))).reset_index()
+    if _most_per_panel(settings) > AGGREGATE_ABOVE:
+        return _latency_ranked(settings, valid, ok)
     fig, panels = _panel_grid(settings, size=(0.55 * settings["artifact"].nunique() + 2.5, 3.8))
     for ax, title, rows in panels:
         rows = _setting_order(rows)
@@ -131,6 +136,70 @@ def latency_distributions(df: pd.DataFrame, summary: pd.DataFrame | None = None)
     return fig
 
 
+def _most_per_panel(df: pd.DataFrame) -> int:
+    """The most rows one panel of :func:`_panel_grid` would hold."""
+    keys = ["device", "format"] + [k for k in ("variant", "threads") if df[k].nunique() > 1]
+    return int(df.groupby(keys).size().max()) if len(df) else 0
+
+
+def _sample_text(ok: pd.DataFrame) -> str:
+    loops = pd.to_numeric(ok.get("inferences_per_sample", pd.Series(1, index=ok.index))).fillna(1)
+    return ("a sample: the mean of back-to-back inferences (the runner's sample_min_ms)" if (loops > 1).any()
+            else "a sample: one inference")
+
+
+def _log_or_linear(ax, lo: float, hi: float, label: str, room: float = 0.05) -> None:
+    if hi / lo > LOG_SPAN:
+        ax.set_yscale("log")
+        ax.set_ylim(lo / (hi / lo) ** 0.05, hi * (hi / lo) ** room)
+        _plain_log_ticks(ax.yaxis, lo, hi)
+        ax.set_ylabel(f"{label} (ms, log)")
+    else:
+        ax.set_ylim(max(0.0, lo - 0.05 * (hi - lo)), hi + 0.08 * (hi - lo))
+        ax.set_ylabel(f"{label} (ms)")
+
+
+def _latency_ranked(settings: pd.DataFrame, valid: dict, ok: pd.DataFrame) -> Figure:
+    """The many-settings form of :func:`latency_distributions`: per panel, the settings ranked by median, each a
+    thin p1–p99 line and a thick p25–p75 one with its median as a dot, the dense baseline in its colour and as a
+    dashed line across; the slow samples counted in the title, not per setting."""
+    fig, panels = _panel_grid(settings, size=(6.5, 3.8))
+    for ax, title, rows in panels:
+        q = np.array([np.percentile(x, [1, 25, 50, 75, 99]) for x in rows["samples"]])  # (settings, 5)
+        slow = np.array([int((x > SLOW_FACTOR * m).sum()) for x, m in zip(rows["samples"], q[:, 2])])
+        order = np.argsort(q[:, 2], kind="stable")
+        q, slow, rows = q[order], slow[order], rows.iloc[order]
+        ok_ = np.array([valid.get((r.artifact, r.format, r.variant, r.device, r.threads, r.artifact_sha256), True)
+                        for r in rows.itertuples()])
+        dense = (rows["kind"] == "dense").to_numpy()
+        color = np.where(~ok_, INVALID_COLOR, np.where(dense, DENSE_COLOR, "#2171b5"))
+        x = np.arange(len(rows))
+        ax.vlines(x, q[:, 0], q[:, 4], colors=color, lw=0.6, alpha=0.6)
+        ax.vlines(x, q[:, 1], q[:, 3], colors=color, lw=2.2)
+        ax.scatter(x, q[:, 2], s=4, color="black", zorder=3)
+        for i in np.flatnonzero(dense):
+            ax.axhline(q[i, 2], color=DENSE_COLOR, ls="--", lw=1.0, zorder=1)
+            ax.scatter([x[i]], [q[i, 2]], s=50, marker="D", color=DENSE_COLOR, edgecolor="black", zorder=4)
+        _log_or_linear(ax, float(q[:, 0].min()), float(q[:, 4].max()), "latency per inference")
+        n_slow = int((slow > 0).sum())
+        ax.set_title(f"{title}  ({len(rows)} settings; {int(slow.sum()):,} slow samples in {n_slow})", fontsize=10)
+        ax.set_xlabel("settings, ranked by median latency")
+        ax.set_xticks([])
+        ax.set_xlim(-1, len(rows))
+        ax.grid(axis="y", which="both", alpha=0.3)
+    handles = [Line2D([], [], color="#2171b5", lw=2.2, label="compacted client: p25–p75"),
+               Line2D([], [], color="#2171b5", lw=0.6, label="p1–p99"),
+               Line2D([], [], marker="o", ls="", color="black", markersize=3, label="median"),
+               Line2D([], [], marker="D", ls="--", color=DENSE_COLOR, markeredgecolor="black",
+                      label="dense baseline (its median across)")]
+    if valid and not all(valid.values()):
+        handles.append(Line2D([], [], color=INVALID_COLOR, lw=2.2, label="INVALID setting"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8,
+               title=f"one column per setting; slow: samples above {SLOW_FACTOR:g}× their setting's median; "
+                     f"{_sample_text(ok)}", title_fontsize=8)
+    return fig
+
+
 def speedup_per_client(summary: pd.DataFrame) -> Figure | None:
     """Per compacted client, sorted by its FLOP bound: the measured speedup over its run's dense baseline (dense
     p50 ÷ compacted p50) beside the two ratios it could follow — the FLOP bound (dense ÷ compacted FLOPs) and
@@ -139,26 +208,37 @@ def speedup_per_client(summary: pd.DataFrame) -> Figure | None:
     rows = summary[(summary["kind"] != "dense") & np.isfinite(summary["speedup"].astype(float))]
     if rows.empty:
         return None
-    fig, panels = _panel_grid(rows, size=(0.5 * rows["artifact"].nunique() + 3.0, 3.8))
+    many = _most_per_panel(rows) > AGGREGATE_ABOVE
+    fig, panels = _panel_grid(rows, size=(6.5 if many else 0.5 * rows["artifact"].nunique() + 3.0, 3.8))
     for ax, title, g in panels:
         g = g.assign(_b=g["flop_bound"].astype(float)).sort_values(["_b", "artifact"])
         x = np.arange(len(g))
-        # the two bounds side by side (they often coincide), the measurement between them and the next client
-        ax.scatter(x - 0.15, g["flop_bound"].astype(float), marker="^", s=40, color="#636363", label="FLOP bound",
-                   zorder=2)
-        ax.scatter(x + 0.15, g["param_ratio"].astype(float), marker="s", s=26, color="#31a354",
-                   label="parameter-byte ratio", zorder=2)
         valid = g["comparison_valid"].astype(bool).to_numpy()
         speed = g["speedup"].astype(float).to_numpy()
-        ax.scatter(x[valid], speed[valid], s=46, color="#08519c", label="measured speedup (VALID)", zorder=3)
-        ax.scatter(x[~valid], speed[~valid], s=46, facecolor="none", edgecolor=INVALID_COLOR, linewidths=1.5,
-                   label="measured speedup (INVALID)", zorder=3)
+        if many:  # the bounds as lines over the ranked clients, each measurement a small dot on them
+            ax.plot(x, g["flop_bound"].astype(float), color="#636363", lw=1.6, label="FLOP bound", zorder=2)
+            ax.plot(x, g["param_ratio"].astype(float), color="#31a354", lw=1.0, ls="--",
+                    label="parameter-byte ratio", zorder=2)
+            ax.scatter(x[valid], speed[valid], s=10, color="#08519c", label="measured speedup (VALID)", zorder=3)
+            ax.scatter(x[~valid], speed[~valid], s=12, facecolor="none", edgecolor=INVALID_COLOR, linewidths=0.8,
+                       label="measured speedup (INVALID)", zorder=3)
+            ax.set_xticks([])
+            ax.set_xlabel(f"{len(g)} clients, sorted by FLOP bound")
+        else:
+            # the two bounds side by side (they often coincide), the measurement between them and the next client
+            ax.scatter(x - 0.15, g["flop_bound"].astype(float), marker="^", s=40, color="#636363",
+                       label="FLOP bound", zorder=2)
+            ax.scatter(x + 0.15, g["param_ratio"].astype(float), marker="s", s=26, color="#31a354",
+                       label="parameter-byte ratio", zorder=2)
+            ax.scatter(x[valid], speed[valid], s=46, color="#08519c", label="measured speedup (VALID)", zorder=3)
+            ax.scatter(x[~valid], speed[~valid], s=46, facecolor="none", edgecolor=INVALID_COLOR, linewidths=1.5,
+                       label="measured speedup (INVALID)", zorder=3)
+            ax.set_xticks(x, _tick_labels(g), fontsize=7, rotation=45)
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
-        ax.set_xticks(x, _tick_labels(g), fontsize=7, rotation=45)
         ax.set_xlim(-0.6, len(g) - 0.4)
-        ax.set_title(f"{title}  (clients sorted by FLOP bound)", fontsize=10)
+        ax.set_title(title if many else f"{title}  (clients sorted by FLOP bound)", fontsize=10)
         ax.set_ylabel("× over the dense baseline (log)")
         ax.grid(axis="y", which="both", alpha=0.3)
         lo = min(0.8, float(np.nanmin(speed)) * 0.8)
@@ -219,6 +299,8 @@ def energy_per_inference(summary: pd.DataFrame) -> Figure | None:
     rows = summary[np.isfinite(summary["energy_mj"].astype(float))]
     if rows.empty:
         return None
+    if _most_per_panel(rows) > AGGREGATE_ABOVE:
+        return _energy_boxes(rows)
     fig, panels = _panel_grid(rows)
     for ax, title, g in panels:
         g = _setting_order(g)
@@ -234,6 +316,35 @@ def energy_per_inference(summary: pd.DataFrame) -> Figure | None:
     return fig
 
 
+def _energy_boxes(rows: pd.DataFrame) -> Figure:
+    """The many-settings form of :func:`energy_per_inference`: per panel, the compacted clients' energy (total
+    and above idle) as two boxes with every client a dot, the dense baseline as a diamond beside each."""
+    fig, panels = _panel_grid(rows, size=(5.2, 3.8))
+    for ax, title, g in panels:
+        comp, dense = g[g["kind"] != "dense"], g[g["kind"] == "dense"]
+        invalid = int((~g["valid"].astype(bool)).sum())
+        for i, (col, color) in enumerate((("energy_mj", "#1f77b4"), ("energy_above_idle_mj", "#ff7f0e"))):
+            vals = comp[col].astype(float).to_numpy()
+            vals = vals[np.isfinite(vals)]
+            if len(vals):
+                ax.boxplot([vals], positions=[i], widths=0.5, whis=(5, 95), showfliers=False, patch_artist=True,
+                           boxprops={"facecolor": color, "alpha": 0.35}, medianprops={"color": "black"})
+                jitter = np.random.default_rng(i).uniform(-0.18, 0.18, len(vals))
+                ax.scatter(i + jitter, vals, s=4, color=color, alpha=0.5, zorder=3)
+            d = dense[col].astype(float)
+            ax.scatter([i + 0.38] * len(d), d, marker="D", s=40, color=DENSE_COLOR, edgecolor="black", zorder=4)
+        ax.set_xticks([0, 1], [f"total\n({len(comp)} clients)", "above idle"])
+        ax.set_xlim(-0.6, 1.7)
+        ax.set_ylabel("energy per inference (mJ)")
+        ax.set_title(title + (f"  ({invalid} INVALID among them)" if invalid else ""), fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    handles = [Patch(facecolor="#bdbdbd", label="compacted clients: box p25–p75, median, whiskers p5–p95; "
+                                                "dots: each client"),
+               Line2D([], [], marker="D", ls="", color=DENSE_COLOR, markeredgecolor="black", label="dense baseline")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
+    return fig
+
+
 MAX_LAYER_PANELS = 8  # the stacked-bar figure draws at most this many settings (the tables list them all)
 
 
@@ -242,7 +353,8 @@ def layer_time_stacks(breakdowns) -> Figure | None:
     stacked bars — dense and compacted — one segment per layer (same colour in both) plus the operators no layer
     claims, in median ms of the profiled runs. A layer flagged for realizing less than half its FLOP bound is
     hatched in the compacted bar."""
-    bds = list(breakdowns)[:MAX_LAYER_PANELS]
+    every = list(breakdowns)
+    bds = every[:MAX_LAYER_PANELS]
     if not bds:
         return None
     ncols = min(2, len(bds))
@@ -271,6 +383,9 @@ def layer_time_stacks(breakdowns) -> Figure | None:
         ax.legend(fontsize=6, ncols=2, loc="upper right", title="layer (hatched: < ½ FLOP bound)",
                   title_fontsize=6)
         ax.grid(axis="y", alpha=0.3)
+    if len(every) > len(bds):
+        fig.suptitle(f"the first {len(bds)} of {len(every)} comparisons (the per-layer tables list every one)",
+                     fontsize=9)
     return fig
 
 
@@ -289,19 +404,23 @@ def accuracy_vs_latency(ledger: pd.DataFrame) -> Figure | None:
         return None
     algos = sorted(df["algorithm"].fillna("?").astype(str).unique())
     color = {a: ALGORITHM_COLORS[i % len(ALGORITHM_COLORS)] for i, a in enumerate(algos)}
+    many = _most_per_panel(df) > AGGREGATE_ABOVE
+    size, ring = (14, 45) if many else (40, 110)
     fig, panels = _panel_grid(df, size=(5.2, 3.8))
     for ax, title, rows in panels:
         for algo, g in rows.groupby(rows["algorithm"].fillna("?").astype(str), sort=True):
             valid = g["valid"].fillna(False).astype(bool).to_numpy()
-            ax.scatter(g["p50_ms"][valid], g["accuracy"][valid], s=40, color=color[algo], zorder=3)
-            ax.scatter(g["p50_ms"][~valid], g["accuracy"][~valid], s=40, facecolor="none", edgecolor=color[algo],
-                       linewidths=1.5, zorder=3)
+            ax.scatter(g["p50_ms"][valid], g["accuracy"][valid], s=size, color=color[algo], zorder=3,
+                       alpha=0.7 if many else 1.0, linewidths=0)
+            ax.scatter(g["p50_ms"][~valid], g["accuracy"][~valid], s=size, facecolor="none", edgecolor=color[algo],
+                       linewidths=1.0 if many else 1.5, zorder=3)
         front = rows[rows["on_front"].astype(bool)].sort_values("p50_ms")
         if len(front):
             ax.step(front["p50_ms"], front["accuracy"], where="post", color="black", lw=0.8, zorder=2)
-            ax.scatter(front["p50_ms"], front["accuracy"], s=110, facecolor="none", edgecolor="black",
+            ax.scatter(front["p50_ms"], front["accuracy"], s=ring, facecolor="none", edgecolor="black",
                        linewidths=0.8, zorder=2)
-        for r in rows.itertuples():
+        # many clients: only those on the front are named (every name would overlap its neighbours)
+        for r in (front if many else rows).itertuples():
             ax.annotate(str(r.client_id).replace("client-", ""), (r.p50_ms, r.accuracy), xytext=(3, 3),
                         textcoords="offset points", fontsize=6, color="#555")
         ax.set_title(title, fontsize=10)
@@ -314,8 +433,8 @@ def accuracy_vs_latency(ledger: pd.DataFrame) -> Figure | None:
                 Line2D([], [], marker="o", ls="-", color="black", markerfacecolor="none", markersize=9,
                        label="Pareto front (VALID settings)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=8,
-               title="one point per client (label: client number); a run without client artifacts (FedAvg): "
-                     "each client on the run's dense model",
+               title=f"one point per client (label: client number{', on the front only' if many else ''}); a run "
+                     "without client artifacts (FedAvg): each client on the run's dense model",
                title_fontsize=8)
     return fig
 
@@ -328,20 +447,43 @@ def measured_and_predicted(summary: pd.DataFrame, predicted: pd.DataFrame | None
         return None
     both = pd.concat([summary[summary["kind"] == "compacted"].assign(_pred=False), predicted.assign(_pred=True)],
                      ignore_index=True)
+    many = int(both.groupby(["device", "format", "variant", "threads"])["_pred"].sum().max()) > AGGREGATE_ABOVE
     fig, panels = _panel_grid(both)
     for ax, title, g in panels:
         x, y = g["flops_compacted"].astype(float).to_numpy(), g["p50_ms"].astype(float).to_numpy()
         pred = g["_pred"].astype(bool).to_numpy()
         valid = g["valid"].astype(bool).to_numpy() & ~pred
-        ax.scatter(x[valid], y[valid], marker="o", s=36, color="#08519c", label="measured (VALID)", zorder=3)
         bad = ~valid & ~pred
-        ax.scatter(x[bad], y[bad], marker="o", s=36, facecolor="none", edgecolor=INVALID_COLOR,
-                   label="measured (INVALID)", zorder=3)
-        ax.scatter(x[pred], y[pred], marker="x", s=40, color="#6a51a3", label="predicted (not measured)", zorder=3)
-        ax.set_title(title, fontsize=10)
+        if many and pred.sum() > 1:  # predicted clients as a density under the measured ones
+            ax.hexbin(x[pred], y[pred], gridsize=28, mincnt=1, cmap=_predicted_cmap(), linewidths=0.2, zorder=1)
+        else:
+            ax.scatter(x[pred], y[pred], marker="x", s=40, color=PREDICTED_COLOR, zorder=2)
+        # measured on top, edged in white: a prediction never hides (nor is drawn as) a measurement
+        ax.scatter(x[valid], y[valid], marker="o", s=36, color="#08519c", edgecolor="white", linewidths=0.6,
+                   zorder=3)
+        ax.scatter(x[bad], y[bad], marker="o", s=36, facecolor="white", edgecolor=INVALID_COLOR, zorder=3)
+        ax.set_title(f"{title}  ({int((~pred).sum())} measured, {int(pred.sum())} predicted)", fontsize=10)
         ax.set_xlabel("compacted FLOPs per inference")
         ax.set_ylabel("p50 latency, ms")
         ax.grid(alpha=0.3)
-    handles, labels = panels[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+    handles = [Line2D([], [], marker="o", ls="", color="#08519c", markeredgecolor="white", markersize=7,
+                      label="measured (VALID)"),
+               Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor=INVALID_COLOR, markersize=7,
+                      label="measured (INVALID)"),
+               Patch(facecolor=_predicted_cmap()(0.4), label="predicted (not measured): clients per hexagon, "
+                                                            "darker = more")
+               if many else Line2D([], [], marker="x", ls="", color=PREDICTED_COLOR, markersize=7,
+                                   label="predicted (not measured)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
     return fig
+
+
+PREDICTED_COLOR = "#6a51a3"
+
+
+def _predicted_cmap():
+    """Purples from a visible lilac up: a hexagon holding one predicted client must not read as white."""
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(colormaps["Purples"](np.linspace(0.35, 1.0, 256)))

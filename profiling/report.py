@@ -291,7 +291,8 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
         ledger_fig,
     ]
     if predicted is not None:
-        figures.append(_Figure("predicted", "Measured (●) and predicted (✕, not measured) p50 latency per client",
+        figures.append(_Figure("predicted", "Measured (●) and predicted (not measured: ✕, or a hexagon density where "
+                               "many) p50 latency per client",
                                _png(plots.measured_and_predicted(summary, predicted)),
                                "no client was predicted"))
     plot_dir = results_dir / "plots"
@@ -485,6 +486,24 @@ def _fmt_fraction(x: Any) -> str:
     return "—" if _is_missing(x) else f"{x:.2f}"
 
 
+def layer_summary_frame(bds: list[LayerBreakdown]) -> pd.DataFrame:
+    """One row per comparison, in setting then artifact order: the operators' summed median time, dense and
+    compacted, how much faster the compacted model's operators are, the model's FLOP bound (its layers' dense
+    ÷ compacted FLOPs) and how much of it they realize, and how many layers are flagged."""
+    rows = []
+    for bd in sorted(bds, key=lambda b: (b.device, b.format, b.variant, b.threads, b.artifact)):
+        fd, fc = sum(r.flops_dense for r in bd.rows), sum(r.flops_compacted for r in bd.rows)
+        faster = bd.ops_dense_ms / bd.ops_compacted_ms if bd.ops_compacted_ms else math.nan
+        bound = fd / fc if fc else math.nan
+        rows.append({"artifact": bd.artifact, "device": bd.device, "format": f"{bd.format}/{bd.variant}",
+                     "threads": str(bd.threads), "dense ms": fmt_ms(bd.ops_dense_ms),
+                     "compacted ms": fmt_ms(bd.ops_compacted_ms), "operators faster": fmt_ratio(faster),
+                     "FLOP bound": fmt_ratio(bound),
+                     "faster ÷ bound": _fmt_fraction(faster / bound if bound == bound and bound else math.nan),
+                     f"layers {FLAG_MARK}": str(sum(r.flagged for r in bd.rows))})
+    return pd.DataFrame(rows)
+
+
 def layer_sections(bds: list[LayerBreakdown]) -> list[tuple[int, str, pd.DataFrame | None]]:
     """The per-layer sections (profiled runs, apart from the timed ones): one table per compacted artifact and
     setting."""
@@ -495,10 +514,10 @@ def layer_sections(bds: list[LayerBreakdown]) -> list[tuple[int, str, pd.DataFra
             f"{FLAG_MARK}: a layer realizing less than {REALIZED_FLAG:g} of its FLOP bound)", None)]
     trusted = [bd for bd in bds if bd.suspect is None]
     if trusted:  # the summary: only comparisons whose unchanged layers measure alike in both profiles
-        lines = [f"{bd.artifact} on {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s): operators "
-                 f"{fmt_ratio(bd.ops_dense_ms / bd.ops_compacted_ms if bd.ops_compacted_ms else math.nan)} faster"
-                 for bd in trusted]
-        out.append((3, "Summary (suspect comparisons left out): " + "; ".join(lines), None))
+        left_out = len(bds) - len(trusted)
+        out.append((3, f"Summary: {len(trusted)} comparison(s)"
+                       + (f", {left_out} suspect left out" if left_out else "")
+                       + " (sum of the layers' operators, dense against compacted)", layer_summary_frame(trusted)))
     for bd in bds:
         why = (f" — SUSPECT: {bd.suspect}" if bd.suspect else "") + (f" — {bd.unjudged}" if bd.unjudged else "")
         out.append((3, f"{bd.artifact} — {bd.device}, {bd.format}/{bd.variant}, {bd.threads} thread(s){why}",
