@@ -89,6 +89,16 @@ def name_index(layers: Iterable[Mapping], file: str) -> dict[str, str]:
     return index
 
 
+def layer_index(layers: Iterable[Mapping], fmt: str, file: str) -> dict[str, str]:
+    """Operator name -> layer for a profile of ``fmt`` reading ``file``: for ``pte`` each layer's own name
+    (:func:`etdump_runs` names every mapped ExecuTorch event after its layer), else the ONNX graph names
+    (:func:`name_index`). Empty: nothing in this profile can be given to a layer."""
+    layers = list(layers)
+    if fmt == "pte":
+        return {lay["name"]: lay["name"] for lay in layers}
+    return name_index(layers, file)
+
+
 def _renamed_rest(rest: str, index: Mapping[str, str]) -> bool:
     """Whether ``rest`` is made only of onnxruntime's rename suffixes and ``_<graph name>`` parts."""
     while rest:
@@ -411,12 +421,8 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
         files = {tag: next((f["file"] for f in m["files"] if f["format"] == artifact_format(fmt)
                             and f["variant"] == variant), "")
                  for tag, m in (("dense", dense_man), ("compacted", man))}
-        if fmt == "pte":  # etdump_runs names each mapped operator event after its layer
-            index = {tag: {lay["name"]: lay["name"] for lay in m["layers"]}
-                     for tag, m in (("dense", dense_man), ("compacted", man))}
-        else:
-            index = {"dense": name_index(dense_man["layers"], files["dense"]),
-                     "compacted": name_index(man["layers"], files["compacted"])}
+        index = {tag: layer_index(m["layers"], fmt, files[tag])
+                 for tag, m in (("dense", dense_man), ("compacted", man))}
         if not all(index.values()) or any("flops_dense" not in lay for lay in man["layers"]):
             notes[f"{art} ({fmt}/{variant}): its manifest has no per-layer graph names or FLOPs for this file; "
                   f"re-export it with this edgemask"] = None

@@ -22,7 +22,10 @@ The error is measured on measured clients held out of the fit (:func:`leave_one_
 VALID count or comparison takes it in unseen.
 
 The per-layer records this reads are the runtime-neutral ones of :mod:`edgemask.profiling.layers` (layer → profiled ms,
-from whichever runtime gave per-operator events) and the manifest's per-layer ``kept`` / ``flops_compacted``.
+from whichever runtime gave per-operator events: onnxruntime's by graph name, ExecuTorch's ETDump events by the
+layer ``attach_etdump`` gave them; :func:`edgemask.profiling.layers.layer_index`) and the manifest's per-layer
+``kept`` / ``flops_compacted``. A setting that has clients left to predict but no measured client's per-layer times
+is not silently empty: :func:`setting_inputs` says why (:class:`Unpredicted`) and the report prints it.
 """
 
 from __future__ import annotations
@@ -107,6 +110,16 @@ def fit(clients: Sequence[ClientLayers], features: Sequence[str] = LAYER_FEATURE
 
 
 @dataclass(frozen=True)
+class Unpredicted:
+    """A setting measured without a single client's per-layer times: how many were measured, how many of the
+    run's clients are left unpredicted, and why."""
+
+    measured: int
+    left: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class HeldOut:
     artifact: str
     measured_ms: float
@@ -169,44 +182,75 @@ def kept_totals(manifests: Mapping[str, Mapping]) -> dict[str, int]:
     return {a: _manifest_kept_total(m) for a, m in manifests.items()}
 
 
-def setting_clients(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
-                    ops: pd.DataFrame) -> dict[tuple, list[ClientLayers]]:
+def setting_inputs(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
+                   ops: pd.DataFrame) -> tuple[dict[tuple, list[ClientLayers]], dict[tuple, Unpredicted]]:
     """Per setting (device, format, variant, threads) and run: every artifact of that run (measured or not) as
-    a :class:`ClientLayers`; measured ones with their per-layer profiled ms (:func:`edgemask.profiling.layers.layer_ms`)
-    and timed p50. Key: ``(run_id, device, format, variant, threads)``. Settings without per-layer times give
-    no entry."""
-    from edgemask.profiling.layers import _runs, by_setting, layer_ms, name_index
+    a :class:`ClientLayers`; measured ones with their per-layer profiled ms (:func:`edgemask.profiling.layers.layer_ms`
+    over :func:`edgemask.profiling.layers.layer_index`: ONNX graph names, or for ``.pte`` the layer names the ETDump's
+    events were given) and timed p50. Key: ``(run_id, device, format, variant, threads)``.
+
+    Second: per setting measured without a single client's per-layer times, while the run has clients left to
+    predict, an :class:`Unpredicted` saying why none can be (no profiled runs, the runtime gave no per-operator
+    events, a manifest without per-layer records for the file, no operator event mapped to a layer)."""
+    from edgemask.profiling.layers import _runs, by_setting, layer_index, layer_ms
+    from edgemask.targets import artifact_format
 
     manifests = {a: json.loads(m) for a, m in zip(artifacts["artifact"], artifacts["manifest"])}
     out: dict[tuple, list[ClientLayers]] = {}
-    if profiles.empty or summary.empty:
-        return out
-    runs_of, ops_of = by_setting(runs), by_setting(ops)
-    p50: dict[tuple, float] = {}  # a setting measured from two files: its first row, as before
-    for r in summary.itertuples():
-        p50.setdefault((r.artifact, r.format, r.variant, r.device, int(r.threads)), r.p50_ms)
-    for (art, device, fmt, variant, threads), prof in profiles.groupby(["artifact", *SETTING], sort=True):
-        if not prof["available"].all() or art not in manifests:
-            continue
-        man = manifests[art]
-        file = next((f["file"] for f in man["files"] if f["format"] == fmt and f["variant"] == variant), "")
-        index = name_index(man.get("layers") or [], file)
-        if not index:
-            continue
+    why: dict[tuple, str] = {}
+    if summary.empty:
+        return out, why
+    prof_of, runs_of, ops_of = by_setting(profiles), by_setting(runs), by_setting(ops)
+    measured: dict[tuple, set[str]] = {}  # setting -> artifacts with a timed row (never to be predicted)
+    seen: set[tuple] = set()  # a setting measured from two files: its first row, as before
+    for art, fmt, variant, device, threads, p50 in zip(*(summary[c].tolist() for c in (
+            "artifact", "format", "variant", "device", "threads", "p50_ms"))):
         key = (art, fmt, variant, device, int(threads))
-        if key not in p50:
+        man = manifests.get(art)
+        if key in seen or man is None:
+            continue
+        seen.add(key)
+        setting = (man["run_id"], device, fmt, variant, int(threads))
+        measured.setdefault(setting, set()).add(art)
+        prof = prof_of.get(key)
+        file = next((f["file"] for f in man["files"] if f["format"] == artifact_format(fmt)
+                     and f["variant"] == variant), "")
+        index = layer_index(man.get("layers") or [], fmt, file)
+        if prof is None or prof.empty:
+            why.setdefault(setting, "no profiled runs, so no per-layer times (set [runner] profile_layers = true)")
+            continue
+        if not prof["available"].all():
+            reason = next((r for r in prof["reason"] if r), "no reason given")
+            why.setdefault(setting, f"per-layer times not available: {reason}")
+            continue
+        if not index:
+            why.setdefault(setting, f"{art}'s manifest has no per-layer records for {file or fmt}; re-export it "
+                                    "with this edgemask")
             continue
         kept, flops = _kept_flops(man)
         per = layer_ms(_runs(ops_of.get(key, ops.iloc[:0]), runs_of.get(key, runs.iloc[:0])), index)
-        out.setdefault((man["run_id"], device, fmt, variant, int(threads)), []).append(
-            ClientLayers(art, kept, flops, {l: per.get(l, 0.0) for l in kept}, float(p50[key])))
-    for (run_id, *setting), clients in out.items():  # the run's other artifacts, to predict
-        have = {c.artifact for c in clients}
+        if not any(l in per for l in kept):
+            notes = [n for b in prof["blocks"] for n in json.loads(b or "[]")]
+            why.setdefault(setting, "no profiled operator event was mapped to a layer"
+                           + (f" ({notes[0]})" if notes else ""))
+            continue
+        out.setdefault(setting, []).append(
+            ClientLayers(art, kept, flops, {l: per.get(l, 0.0) for l in kept}, float(p50)))
+    for (run_id, *rest), clients in out.items():  # the run's other artifacts, to predict
+        have = measured[(run_id, *rest)]
         for art, man in sorted(manifests.items()):
             if man.get("run_id") == run_id and art not in have and man.get("layers"):
                 kept, flops = _kept_flops(man)
                 clients.append(ClientLayers(art, kept, flops))
-    return out
+    left = {s: sum(1 for a, m in manifests.items() if m.get("run_id") == s[0] and m.get("layers") and a not in have)
+            for s, have in measured.items()}
+    return out, {s: Unpredicted(len(measured[s]), left[s], w) for s, w in why.items() if s not in out and left[s]}
+
+
+def setting_clients(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
+                    ops: pd.DataFrame) -> dict[tuple, list[ClientLayers]]:
+    """The clients of :func:`setting_inputs` alone (settings without per-layer times give no entry)."""
+    return setting_inputs(summary, artifacts, profiles, runs, ops)[0]
 
 
 def predicted_rows(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
@@ -215,24 +259,32 @@ def predicted_rows(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.
     digest of the file it is about (from the store's manifest), ``p50_ms`` predicted, ``predicted = True``,
     ``verdict = "PREDICTED"``, ``valid = comparison_valid = False``, ``predicted_from`` (the measured artifacts
     fitted on) and its setting's leave-one-out error (``loo_n``, ``loo_within_10``, ``loo_within_5``,
-    ``loo_worst``)."""
+    ``loo_worst``). The error table has a row per setting, ``reason`` saying why a setting with clients left to
+    predict has none predicted (None where it has)."""
+    from edgemask.targets import artifact_format
+
     manifests = {a: json.loads(m) for a, m in zip(artifacts["artifact"], artifacts["manifest"])}
     rows, errors = [], []
-    for (run_id, device, fmt, variant, threads), clients in sorted(setting_clients(summary, artifacts, profiles,
-                                                                                   runs, ops).items()):
+    by_setting, why = setting_inputs(summary, artifacts, profiles, runs, ops)
+    for (run_id, device, fmt, variant, threads), u in sorted(why.items()):
+        errors.append({"run_id": run_id, "device": device, "format": fmt, "variant": variant, "threads": threads,
+                       "measured": u.measured, "predicted": 0, "unpredicted": u.left,
+                       **{f"loo_{k}": v for k, v in error_summary([]).items()}, "reason": u.reason})
+    for (run_id, device, fmt, variant, threads), clients in sorted(by_setting.items()):
         todo = [c for c in clients if not c.measured]
         measured = [c for c in clients if c.measured]
         held = leave_one_out(measured, features)
         err = error_summary(held)
         errors.append({"run_id": run_id, "device": device, "format": fmt, "variant": variant, "threads": threads,
-                       "measured": len(measured), "predicted": len(todo),
-                       **{f"loo_{k}": v for k, v in err.items()}})
+                       "measured": len(measured), "predicted": len(todo), "unpredicted": 0,
+                       **{f"loo_{k}": v for k, v in err.items()}, "reason": None})
         if not todo:
             continue
         model = fit(measured, features)
         for c in todo:
             man = manifests[c.artifact]
-            f = next((f for f in man["files"] if f["format"] == fmt and f["variant"] == variant), None)
+            f = next((f for f in man["files"] if f["format"] == artifact_format(fmt) and f["variant"] == variant),
+                     None)
             if f is None:
                 continue
             rows.append({"run_id": run_id, "client_id": man["client_id"], "algorithm": man.get("algorithm"),
@@ -244,17 +296,22 @@ def predicted_rows(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.
                          "predicted": True, "verdict": PREDICTED, "valid": False, "comparison_valid": False,
                          "predicted_from": ",".join(model.fitted_on),
                          **{f"loo_{k}": v for k, v in err.items()}})
+    errors.sort(key=lambda e: tuple(e[k] for k in ("run_id", "device", "format", "variant", "threads")))
     return pd.DataFrame(rows), pd.DataFrame(errors)
 
 
 def error_lines(errors: pd.DataFrame) -> list[str]:
-    """One line per setting: how well held-out measured clients were predicted."""
+    """One line per setting: how well held-out measured clients were predicted, or why none was predicted."""
     lines = []
     for r in errors.itertuples():
-        if not r.loo_n:
+        where = f"{r.run_id} on {r.device}, {r.format}/{r.variant}, {r.threads} thread(s): {r.measured} measured"
+        if isinstance(getattr(r, "reason", None), str):  # None in a column of strings reads back as NaN
+            lines.append(f"{where}, {r.unpredicted} not predicted: {r.reason}")
             continue
-        lines.append(f"{r.run_id} on {r.device}, {r.format}/{r.variant}, {r.threads} thread(s): {r.measured} "
-                     f"measured, {r.predicted} predicted; held-out (leave-one-out) error: "
+        if not r.loo_n:
+            lines.append(f"{where}, {r.predicted} predicted; no held-out error (it needs 2 measured clients)")
+            continue
+        lines.append(f"{where}, {r.predicted} predicted; held-out (leave-one-out) error: "
                      f"{100 * r.loo_within_10:.0f} % within ±10 %, {100 * r.loo_within_5:.0f} % within ±5 %, "
                      f"worst {100 * r.loo_worst:.1f} %")
     return lines

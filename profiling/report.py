@@ -356,9 +356,9 @@ def predicted_sections(predicted: pd.DataFrame | None,
             "clients + the fixed per-inference cost; no verdict, in no comparison)", None)]
     for line in error_lines(errors if errors is not None else pd.DataFrame()):
         out.append((3, line, None))
-    if predicted.empty:
-        out.append((3, "No client left to predict (every client has a measured setting, or no per-layer "
-                       "times were profiled: set [runner] profile_layers = true).", None))
+    if predicted.empty:  # a setting with clients left and none predicted has said why above
+        if errors is None or errors.empty:
+            out.append((3, "No client left to predict (every client has a measured setting).", None))
         return out
     table = pd.DataFrame({"artifact": predicted["artifact"], "device": predicted["device"],
                           "format": predicted["format"] + "/" + predicted["variant"],
