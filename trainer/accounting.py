@@ -13,10 +13,15 @@ FLOPs: a multiply-add counts 2. Two counts, labelled (:class:`ForwardFlops`):
   over a live input counts, zero or not. This is the figure for the paper's "computation cost" comparison
   (FedMask §3.4: the one-shot pruned masks save computation through the units that die).
 
+Both counts first remove what export's compaction removes beyond dead rows: a unit no consumer reads (every
+column over it zero in the rows that stay) is computed by no compacted model, so its row and the columns over it
+cost nothing (:func:`output_read`, by the compactor's own rule,
+:func:`~edgemask.trainer.models.liveness.removed_units`).
+
 The simulation counts a round's training on the masks its forward passes ran (``Algorithm.train_masks``: FedMask's
 binary forward, the union of the round's start and end masks; its soft forward, every element the pruning keeps).
-Liveness is structural, found by one probe forward pass (:func:`input_liveness`); backward ≈ 2 × forward
-(input gradients + weight/mask gradients).
+Liveness is structural, found by probe passes (:func:`output_read`, then :func:`input_liveness`); backward ≈
+2 × forward (input gradients + weight/mask gradients).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from torch import nn
 
 from edgemask.trainer.aggregation import stack_rows
 from edgemask.trainer.masks import packed_nbytes
+from edgemask.trainer.models.liveness import removed_units
 from edgemask.trainer.models.masking import MaskSite, any_nonzero, effective_params
 from edgemask.trainer.models.stateless import stateless_call
 from edgemask.trainer.records import ClientUpdate, LocalResult
@@ -37,6 +43,9 @@ from edgemask.trainer.records import ClientUpdate, LocalResult
 FLOAT_BYTES = 4
 INDEX_BYTES = 4
 FLOPS_MEMORY_BUDGET = 256 << 20  # bytes of stacked masks and probe tensors per chunk (forward_flops_many)
+# output_read's probe: input and biases this small keep every value far below a ReLU6's 6 (whose gradient is 0
+# above it) through the zoo's residual adds, and far above float32's smallest normal through its depth
+READ_PROBE_SCALE = 2.0 ** -14
 
 
 def tensor_bytes(tensors: dict[str, torch.Tensor] | list[torch.Tensor]) -> int:
@@ -164,6 +173,93 @@ def input_liveness(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str,
     return alive
 
 
+def output_read(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str, torch.Tensor],
+                example: torch.Tensor, seeds: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Bool per output unit of each linear and conv site: does the model's output read it, through a column that
+    is not zero in a consumer's row that is read itself? (LSTM sites are left out: their units are read back by
+    the recurrence, and compaction never removes them as unread.)
+
+    The gradient of the summed output of a probe pass with respect to each unit: every non-zero weight ``1/fan-in``,
+    every non-zero bias ``READ_PROBE_SCALE``, batch norm's γ 1, running mean 0 and variance 1, the input
+    ``READ_PROBE_SCALE``. Every factor of the chain rule is then ≥ 0 (a live ReLU or ReLU6 passes 1), so a gradient
+    is 0 exactly when no path of non-zero weights leads from the unit to the output — which is also the column rule
+    run to its fixed point: a consumer row nobody reads passes no gradient back to its columns. ``seeds``: units
+    read regardless (the unit compaction keeps in a layer nobody reads), ``(units,)`` bool per site. Runs under
+    ``vmap`` over stacked ``eff``."""
+    probe = {}
+    for k, v in eff.items():
+        if not v.is_floating_point():
+            probe[k] = v
+        elif v.dim() > 1:
+            probe[k] = v.ne(0).to(v.dtype) / v[0].numel()
+        else:  # a bias, batch norm's β: small; batch norm's γ: 1 (a product of small γ would underflow)
+            probe[k] = v.ne(0).to(v.dtype) * (READ_PROBE_SCALE if k.endswith("bias") else 1.0)
+    for k, v in model.named_buffers():
+        probe[k] = (torch.zeros_like(v) if k.endswith("running_mean") else
+                    torch.ones_like(v) if k.endswith("running_var") else v)
+    mods = dict(model.named_modules())
+    targets = [s for s in sites if s.kind != "lstm"]
+    x = torch.zeros_like(example[:1]) if not example.is_floating_point() else \
+        torch.full_like(example[:1], READ_PROBE_SCALE)
+
+    def per_unit(s: MaskSite, out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``v (units,)`` broadcast over ``out``'s unit dimension (conv: dim 1; linear: the last)."""
+        return v.reshape(-1, *([1] * (out.dim() - 2))) if s.kind == "conv" else v
+
+    def objective(deltas: dict[str, torch.Tensor]) -> torch.Tensor:
+        seeded: list[torch.Tensor] = []
+
+        def hook(mod, inp, out, s):
+            out = out + per_unit(s, out, deltas[s.name])
+            if seeds is not None and s.name in seeds:  # read by fiat: its own gradient, and its row's inputs'
+                seeded.append((out * per_unit(s, out, seeds[s.name].to(out.dtype))).sum())
+            return out
+
+        hooks = [mods[s.name].register_forward_hook(lambda mod, inp, out, s=s: hook(mod, inp, out, s))
+                 for s in targets]
+        try:
+            y = stateless_call(model, probe, (x,))
+        finally:
+            for h in hooks:
+                h.remove()
+        return y.sum() + sum(seeded)
+
+    deltas = {s.name: torch.zeros(eff[s.weights[0]].shape[0], dtype=eff[s.weights[0]].dtype) for s in targets}
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.enable_grad():
+            grads = torch.func.grad(objective)(deltas)
+    finally:
+        model.train(was_training)
+    return {name: g.ne(0) for name, g in grads.items()}
+
+
+def _drop_unread(model: nn.Module, sites: tuple[MaskSite, ...], eff: dict[str, torch.Tensor],
+                 example: torch.Tensor, seeds: dict[str, torch.Tensor] | None
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``eff`` with the units compaction removes as unread zeroed (row, gated bias, batch norm's γ and β after it),
+    as if removed: the probe of :func:`input_liveness` then sees their columns downstream dead too. Also returns,
+    per site, the units kept although nobody reads them (a layer nobody reads keeps its first live unit,
+    :func:`~edgemask.trainer.models.liveness.removed_units`) that ``seeds`` did not name: their rows read their
+    inputs, so another pass seeded with them is due (:func:`_count`)."""
+    read = output_read(model, sites, eff, example, seeds)
+    out, pending = dict(eff), {}
+    for s in sites:
+        if s.name not in read:
+            continue
+        W = eff[s.weights[0]]
+        dead = ~any_nonzero(W.reshape(W.shape[0], -1), 1)
+        gone = removed_units(dead, ~read[s.name])
+        pending[s.name] = ~gone & ~read[s.name]
+        keep = (~gone).to(W.dtype)
+        out[s.weights[0]] = W * keep.reshape(-1, *([1] * (W.dim() - 1)))
+        for p in (*s.biases, *((f"{s.norm}.weight", f"{s.norm}.bias") if s.norm else ())):
+            if p in out:
+                out[p] = out[p] * keep
+    return out, pending
+
+
 def site_nnz(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor], alive_in: torch.Tensor) -> int:
     """Weight elements of one site that do work: non-zero, live output unit, live input unit."""
     return int(_site_nnz(site, mod, eff, alive_in))
@@ -199,8 +295,9 @@ def _site_structured(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor
     """Weight elements of one site left after removing whole dead units only (0-d int64, runs under ``vmap``):
     every (live output unit, live input unit) pair counts, zero weight or not.
 
-    Linear ``(out, in)``: (rows with a working element) × (live inputs). Conv ``(N, C/groups, *k)``: per filter
-    with a working element, its live input channels × kernel size. LSTM: per layer, 4 gates × live hidden units ×
+    Linear ``(out, in)``: (rows not zero) × (live inputs). Conv ``(N, C/groups, *k)``: per filter not zero, its
+    live input channels × kernel size (compaction's row rule keeps a row that is not zero, even where only dead
+    inputs meet its weights). LSTM: per layer, 4 gates × live hidden units ×
     (live inputs + live hidden units), a unit alive as in :func:`_site_nnz` (its g rows not all zero)."""
     if site.kind == "lstm":
         h = site.hidden
@@ -217,9 +314,9 @@ def _site_structured(site: MaskSite, mod: nn.Module, eff: dict[str, torch.Tensor
         n, cg = W.shape[0], W.shape[1]
         chan = (torch.arange(n)[:, None] // (n // groups)) * cg + torch.arange(cg)[None, :]  # (N, C/groups)
         cols = alive_in[chan]  # (N, C/groups)
-        works = (nz & cols.reshape(n, cg, *([1] * (W.dim() - 2)))).reshape(n, -1).any(1)  # (N,)
+        works = nz.reshape(n, -1).any(1)  # (N,): a filter compaction keeps (over dead inputs only: its bias)
         return (works[:, None] & cols).sum() * math.prod(W.shape[2:])
-    works = (nz & alive_in[None, :]).any(1)  # (out,)
+    works = nz.any(1)  # (out,): a row compaction keeps, even one whose inputs are all dead (it emits its bias)
     return works.sum() * alive_in.sum()
 
 
@@ -233,15 +330,19 @@ class ForwardFlops(NamedTuple):
     """Forward FLOPs of one sample for the masked layers, both labelled counts (see the module docstring)."""
 
     element: int  # what element sparsity would save: working (non-zero, live) weight elements only
-    structured: int  # what structured removal saves: only whole dead units (rows, filters, hidden units) are free
+    structured: int  # what structured removal saves: only whole units compaction removes (dead or unread) are free
 
 
-def _masked_flops(model: nn.Module, sites: tuple[MaskSite, ...], params: dict[str, torch.Tensor],
-                  masks: dict[str, torch.Tensor], positions: dict[str, int]) -> torch.Tensor:
-    """:func:`forward_flops_split` of one client's masks as an int64 tensor ``(2,)`` = (element, structured);
-    ``vmap`` runs it over stacked masks."""
+def _count(model: nn.Module, sites: tuple[MaskSite, ...], params: dict[str, torch.Tensor],
+           masks: dict[str, torch.Tensor], positions: dict[str, int], seeds: dict[str, torch.Tensor] | None = None
+           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One pass of :func:`forward_flops_split`: the int64 tensor ``(2,)`` = (element, structured) and the units
+    :func:`_drop_unread` says a pass seeded with them must count again (none: the count is final)."""
     eff = effective_params(params, masks, sites) if masks else params
     example = getattr(positions, "example", None)
+    pending: dict[str, torch.Tensor] = {}
+    if masks and example is not None:  # the dense model: every unit is read
+        eff, pending = _drop_unread(model, sites, eff, example, seeds)
     alive = input_liveness(model, sites, eff, example) if example is not None else {}
     mods = dict(model.named_modules())
     element = structured = torch.zeros((), dtype=torch.int64)
@@ -255,7 +356,16 @@ def _masked_flops(model: nn.Module, sites: tuple[MaskSite, ...], params: dict[st
             units = _site_structured(s, mod, eff, torch.ones(_input_width(s, mod, eff), dtype=torch.bool))
         element = element + 2 * positions.get(s.name, 1) * nnz
         structured = structured + 2 * positions.get(s.name, 1) * units
-    return torch.stack([element, structured])
+    return torch.stack([element, structured]), pending
+
+
+def _masked_flops(model: nn.Module, sites: tuple[MaskSite, ...], params: dict[str, torch.Tensor],
+                  masks: dict[str, torch.Tensor], positions: dict[str, int]) -> torch.Tensor:
+    """One unseeded pass of :func:`_count` for ``vmap`` over stacked masks: int64 ``(3,)`` = (element, structured,
+    whether a seeded pass is due — then :func:`forward_flops_split` counts that client)."""
+    flops, pending = _count(model, sites, params, masks, positions)
+    due = sum((p.any().to(torch.int64) for p in pending.values()), torch.zeros((), dtype=torch.int64))
+    return torch.cat([flops, due.reshape(1)])
 
 
 def forward_flops_split(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor],
@@ -268,8 +378,18 @@ def forward_flops_split(model: nn.Module, sites: tuple[MaskSite, ...], masks: di
     on ``positions.example`` (a :class:`Positions` from :func:`layer_positions`); given a plain dict, every input
     unit counts as alive."""
     params = {k: v.detach() for k, v in model.named_parameters()}
-    e, s = _masked_flops(model, sites, params, {k: v.detach() for k, v in masks.items()}, positions).tolist()
-    return ForwardFlops(e, s)
+    masks = {k: v.detach() for k, v in masks.items()}
+    seeds: dict[str, torch.Tensor] = {}
+    while True:  # seeds only grow, so this ends (almost always after one pass: a layer nobody reads is rare)
+        flops, pending = _count(model, sites, params, masks, positions, seeds)
+        due = [name for name, p in pending.items() if bool(p.any())]
+        if not due:
+            e, s = flops.tolist()
+            return ForwardFlops(e, s)
+        # the kept unit of the layer nearest the output first: its row may make a layer before it read, which
+        # then keeps no unit of its own (export's fixed point reaches the layers in that order too)
+        last = max(due, key=[s.name for s in sites].index)
+        seeds = {**seeds, last: seeds[last] | pending[last] if last in seeds else pending[last]}
 
 
 def forward_flops(model: nn.Module, sites: tuple[MaskSite, ...], masks: dict[str, torch.Tensor],
@@ -309,7 +429,8 @@ def forward_flops_split_many(model: nn.Module, sites: tuple[MaskSite, ...], mask
             part = idx[s: s + chunk]
             stacked = {k: stack_rows([masks[i][k].detach() for i in part]) for k, _ in spec}  # rows: no copy
             try:
-                flops = [ForwardFlops(*f) for f in count(stacked).tolist()]
+                flops = [ForwardFlops(*f[:2]) if not f[2] else forward_flops_split(model, sites, masks[i], positions)
+                         for i, f in zip(part, count(stacked).tolist())]
             except RuntimeError:  # an op without a batching rule (an LSTM): one client after another
                 flops = [forward_flops_split(model, sites, masks[i], positions) for i in part]
             for i, f in zip(part, flops):

@@ -19,7 +19,8 @@ Steps (each on a copy; Torch-Pruning's ``group.prune()`` is not atomic):
      rows can leave more columns unread, so the rules run to a fixed point;
 4. never remove the network's final outputs; a layer with every unit dead raises (it would cut the network); a
    layer whose every unit is removable but not every one dead keeps its first unread unit (the consumers'
-   outputs are then their biases; a zero-width layer would not export);
+   outputs are then their biases; a zero-width layer would not export) — the rule of
+   :func:`edgemask.trainer.models.liveness.removed_units`, which the trainer's FLOP count applies too;
 5. fold batch norm into the preceding conv (inference graph; ExecuTorch's XNNPACK lowering wants it).
 
 A unit the masks kill but compaction keeps costs its full share of time on the device, so every such unit comes
@@ -43,6 +44,7 @@ from edgemask.export.compact.flops import count_flops, count_params
 from edgemask.export.compact.graph import (StackedLSTM, fold_batch_norms, get_module, output_layers, set_module,
                                            split_lstm)
 from edgemask.export.compact.handlers import HANDLERS, handler_for
+from edgemask.trainer.models.liveness import removed_units
 from edgemask.trainer.models.masking import MaskedModel, unit_alive
 
 
@@ -281,8 +283,7 @@ def _plan(dg: tp.DependencyGraph, groups: list, names: dict[nn.Module, str],
                 raise AllDeadLayerError(f"layer {names[root]!r}: every output unit is dead in all coupled layers "
                                         f"({', '.join(producers)}); the compacted network would be cut there. "
                                         f"Retrain with a lower pruning rate for it, or exclude it from masking")
-            if ok.all():  # every unit dead or unread, not all dead: keep the first unread one
-                ok[(~by_row).nonzero()[0]] = False
+            ok = removed_units(by_row, ok)  # every unit dead or unread, not all dead: the first unread one stays
             if ok.any():
                 plans.append((root, group[0].dep.handler, ok.nonzero().flatten().tolist()))
             for item in group:

@@ -150,3 +150,62 @@ def test_kept_counts_of_many_clients_by_hand():
     assert kept_counts(masks) == [2.0, 1.0 + 4.0, 3.0, 5.0]
     assert kept_counts(masks) == [sum(float(m.sum()) for m in ms.values()) for ms in masks]
     assert kept_counts([]) == []
+
+
+def test_units_nobody_reads_cost_nothing_as_in_the_compacted_model():
+    # #38: export removes a unit whose every outgoing column is zero (the unread-column rule, to a fixed point);
+    # the training FLOPs count what the compacted model computes. MLP 64 -> 4 -> 3 -> 10, every unit's row live.
+    from edgemask.export.compact import compact
+    from edgemask.trainer.models.masking import MaskedModel
+
+    model = build_model("mlp", (1, 8, 8), 10, hidden=(4, 3))
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+    masks = all_ones_masks(model, sites)
+    masks["out.weight"][:, 0] = 0  # nobody reads fc2 unit 0: it goes
+    masks["fc2.weight"][1:, 3] = 0  # fc1 unit 3 is read only by fc2 row 0, which goes: fc1 unit 3 goes too
+    # old count (dead rows only): element fc1 4·64 + fc2 (3·4 − 2) + out (10·3 − 10) = 256 + 10 + 20 = 286,
+    # structured 256 + 3·4 + 10·3 = 298. What runs: fc1 3 rows × 64 = 192, fc2 rows 1, 2 × fc1 units 0-2 = 6,
+    # out 10 × fc2 units 1, 2 = 20: 218 in both counts (no zero is left in what stays)
+    assert forward_flops_split(model, sites, masks, pos) == ForwardFlops(2 * 218, 2 * 218)
+    kept = compact(MaskedModel(model, sites, masks), torch.zeros(1, 1, 8, 8)).kept_units
+    assert kept["fc1"].tolist() == [0, 1, 2] and kept["fc2"].tolist() == [1, 2]  # the compactor agrees
+
+    # a layer nobody reads keeps its first live unit, whose row keeps reading: a second, seeded pass counts it.
+    # MLP 64 -> 4 -> 3 -> 3 -> 10: the head reads only fc3 unit 0, which is dead, so fc3 keeps unit 1 (the model's
+    # output is its biases: collapsed, yet export writes it)
+    model = build_model("mlp", (1, 8, 8), 10, hidden=(4, 3, 3))
+    sites = model_sites(model)
+    masks = all_ones_masks(model, sites)
+    masks["out.weight"][:, 1:] = 0
+    masks["fc3.weight"][0] = 0
+    masks["fc3.weight"][1, :2] = 0  # fc3 row 1 reads only fc2 unit 2: fc2 units 0, 1 go; fc2 row 2 reads all fc1
+    # structured: fc1 4 × 64 + fc2 1 row × 4 + fc3 1 row × 1 + out 10 rows × 1 (fc3 unit 1) = 271; element: the
+    # same but out's column over fc3 unit 1, which is zero: 261. The old count: element 256 + 3·4 + 2·3 − 2 + 0,
+    # structured 256 + 12 + 2·3 + 0 (the head's rows read only a dead unit; compaction keeps them all the same)
+    assert forward_flops_split(model, sites, masks, pos) == ForwardFlops(2 * 261, 2 * 271)
+    kept = compact(MaskedModel(model, sites, masks), torch.zeros(1, 1, 8, 8)).kept_units
+    assert kept["fc1"].tolist() == [0, 1, 2, 3] and kept["fc2"].tolist() == [2] and kept["fc3"].tolist() == [1]
+    assert forward_flops_split_many(model, sites, [masks, {}], pos) == [  # the vmap path hands it on
+        ForwardFlops(2 * 261, 2 * 271), forward_flops_split(model, sites, {}, pos)]
+
+
+def test_conv_filters_nobody_reads_cost_nothing():
+    model = build_model("cnn", (1, 8, 8), 10)  # conv1 16×1×3×3 at 8×8, pool, conv2 32×16×3×3 at 4×4, out 10×32
+    sites = model_sites(model)
+    pos = layer_positions(model, sites, torch.zeros(1, 1, 8, 8))
+    masks = all_ones_masks(model, sites)
+    masks["conv2.weight"][:, :4] = 0  # conv1 filters 0-3: no conv2 filter reads them
+    masks["out.weight"][:, :8] = 0  # conv2 filters 0-7: the head reads none
+    # conv1 12 filters × 9 × 64 positions, conv2 24 filters × 12 channels × 9 × 16, out 10 × 24 (no zero stays)
+    expect = 2 * (12 * 9 * 64 + 24 * 12 * 9 * 16 + 10 * 24)
+    assert forward_flops_split(model, sites, masks, pos) == ForwardFlops(expect, expect)
+
+
+def test_removed_units_is_the_compactors_rule():
+    from edgemask.trainer.models.liveness import removed_units
+
+    t = lambda *b: torch.tensor(b, dtype=torch.bool)  # noqa: E731
+    assert removed_units(t(1, 0, 0), t(0, 0, 1)).tolist() == [True, False, True]
+    assert removed_units(t(1, 0, 0), t(0, 1, 1)).tolist() == [True, False, True]  # all go: unit 1 stays
+    assert removed_units(t(1, 1, 1), t(0, 0, 0)).tolist() == [True, True, True]  # all dead: export refuses
