@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -21,11 +23,13 @@ def test_printed_objective_weighs_every_layer_one_by_hand():
 def test_solver_minimizes_the_chosen_objective():
     """Every binary choice of a 2-device, 3-layer case enumerated: the solver's choice is the minimum of the
     objective it was asked for, under the budgets."""
-    sizes, psi = np.array([6.0, 3.0, 1.0]), np.array([10.0, 4.0])
-    for printed in (False, True):
-        m, obj = solve_pmask(list(sizes), list(psi), printed=printed)
+    sizes = np.array([6.0, 3.0, 1.0])
+    for psi, printed in itertools.product((np.array([10.0, 4.0]), np.array([5.0, 5.0, 5.0])), (False, True)):
+        sol = solve_pmask(list(sizes), list(psi), printed=printed)  # and 3 equal budgets
+        m, obj = sol.masks, sol.objective
         w = np.ones(3) if printed else None
-        best = min(pmask_objective(c, sizes, psi, w) for bits in range(64)
-                   if ((c := np.array([(bits >> i) & 1 for i in range(6)]).reshape(2, 3)) @ sizes <= psi).all())
+        n = len(psi) * 3
+        best = min(pmask_objective(c, sizes, psi, w) for bits in range(2 ** n)
+                   if ((c := np.array([(bits >> i) & 1 for i in range(n)]).reshape(-1, 3)) @ sizes <= psi).all())
         assert obj == pytest.approx(best)
         assert obj == pytest.approx(pmask_objective(m, sizes, psi, w))

@@ -85,13 +85,46 @@ def pmask_objective(m: np.ndarray, sizes: np.ndarray, psi: np.ndarray, weights: 
     return float(np.sum(d_w * k.max(1) - k @ (sizes if weights is None else weights) + eps))
 
 
+@dataclass(frozen=True)
+class PmaskSolution:
+    """What :func:`solve_pmask` found, and how sure it is."""
+
+    masks: np.ndarray  # (N, J) binary masking vectors m̃
+    objective: float  # P^mask's objective at ``masks`` (pmask_objective)
+    status: str  # "optimal" | "time_limit" (then ``masks`` are feasible, not proven optimal)
+    bound: float  # HiGHS's lower bound on the optimum, in the objective's units
+    seconds: float
+
+    @property
+    def gap(self) -> float:
+        """Relative gap (objective − bound) / |objective|: 0 when optimal; at most this far above the optimum."""
+        return max(0.0, self.objective - self.bound) / max(abs(self.objective), 1e-12)
+
+    def summary(self) -> dict:
+        """``summary.json``'s ``pmask`` entry (no seconds: a clock, and the summary's digest is held bit for bit)."""
+        out = {"status": self.status, "objective": float(self.objective), "bound": float(self.bound),
+               "gap": float(self.gap)}
+        if self.status != "optimal":
+            out["note"] = (f"the masking vectors are a feasible, not an optimal, solution of P^mask: the MILP stopped "
+                           f"at its time limit with a relative gap of {self.gap:.1%} "
+                           f"(raise algorithm.args.milp_time_limit)")
+        return out
+
+
 def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0, printed: bool = False
-                ) -> tuple[np.ndarray, float]:
+                ) -> PmaskSolution:
     """Solve P^mask (see the module docstring). ``sizes[j]`` = |π_j|, ``psi[n]`` = ψ_n.
     Returns the (N, J) binary masking vectors and their objective value: the optimum, or where the MILP runs
-    past ``time_limit`` seconds the best feasible choice HiGHS has found, with a RuntimeWarning giving its
-    relative MIP gap (the exact solve grows fast with N·J). ``printed``: the poster's printed second term,
-    Σ_j k̃_nj (every layer weighs 1), instead of the bound's Σ_j |π_j| k̃_nj."""
+    past ``time_limit`` seconds the best feasible choice HiGHS has found (``status = "time_limit"``), with a
+    RuntimeWarning giving its relative gap (the exact solve grows fast with N·J). ``printed``: the poster's printed
+    second term, Σ_j k̃_nj (every layer weighs 1), instead of the bound's Σ_j |π_j| k̃_nj.
+
+    One family of rows beyond the problem's own cuts the LP relaxation without changing the optimum (the
+    enumeration tests check it on small cases): Σ_n γ_n ≥ 1 − z_j0 for every layer j — a layer trained by c ≥ 1
+    devices gives each of them γ_n ≥ 1/c, so those c devices' γ alone sum to ≥ 1. (Ordering the rows of devices
+    with equal budgets, which is valid too, found worse choices within the time limit: not used.)"""
+    import time
+
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import lil_matrix
 
@@ -112,7 +145,7 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0, pr
     w = np.ones(J) if printed else s  # the second term's layer weights
     for j in range(J):  # −Σ_n Σ_j |π_j| k̃_nj = −Σ_j |π_j| (1 − z_j0) = |π_j| z_j0 − d_w (the constant dropped)
         cost[iz(j, 0)] = w[j]
-    rows = N + 2 * J + N * J
+    rows = N + 2 * J + N * J + J
     A = lil_matrix((rows, nv))
     lo, hi = np.zeros(rows), np.zeros(rows)
     r = 0
@@ -141,21 +174,35 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0, pr
             A[r, im(n, j)] = -1.0
             lo[r], hi[r] = -1.0, np.inf
             r += 1
+    for j in range(J):  # Σ_n γ_n + z_j0 ≥ 1 (valid: see the docstring)
+        for n in range(N):
+            A[r, ig(n)] = 1.0
+        A[r, iz(j, 0)] = 1.0
+        lo[r], hi[r] = 1.0, np.inf
+        r += 1
     integrality = np.zeros(nv)
     integrality[: nm + nz] = 1
     ub = np.full(nv, np.inf)
     ub[: nm + nz] = 1.0
+    start = time.perf_counter()
     res = milp(cost / d_w, constraints=LinearConstraint(A.tocsr(), lo, hi), integrality=integrality,
                bounds=Bounds(np.zeros(nv), ub), options={"time_limit": time_limit})
+    seconds = time.perf_counter() - start
     if res.x is None or not (res.success or res.status == 1):  # 1: a limit reached, res.x the incumbent
         raise ConfigError(f"perfedmask: P^mask has no solution ({res.message}); check the budgets ψ_n ≥ 0")
-    if not res.success:
-        gap = getattr(res, "mip_gap", float("nan"))
-        warnings.warn(f"perfedmask: P^mask's MILP stopped at its time limit ({time_limit:g} s) with a relative "
-                      f"gap of {gap:.1%} to the optimum; using the best masking vectors found. Raise "
-                      f"algorithm.args.milp_time_limit for a closer choice", RuntimeWarning, stacklevel=2)
     m = np.round(res.x[:nm]).reshape(N, J).astype(np.int64)
-    return m, pmask_objective(m, s, p, w if printed else None)
+    objective = pmask_objective(m, s, p, w if printed else None)
+    if res.success:
+        sol = PmaskSolution(m, objective, "optimal", objective, seconds)
+    else:  # the MILP's cost is the objective / d_w without its constant −Σ_j w_j
+        dual = getattr(res, "mip_dual_bound", None)
+        bound = d_w * dual - float(w.sum()) if dual is not None and np.isfinite(dual) else -np.inf
+        sol = PmaskSolution(m, objective, "time_limit", min(bound, objective), seconds)
+        warnings.warn(f"perfedmask: P^mask's MILP stopped at its time limit ({time_limit:g} s) with a relative "
+                      f"gap of {sol.gap:.1%} to the optimum; using the best masking vectors found, feasible but "
+                      f"not proven optimal. Raise algorithm.args.milp_time_limit for a closer choice",
+                      RuntimeWarning, stacklevel=2)
+    return sol
 
 
 @ALGORITHMS.register("perfedmask")
@@ -187,8 +234,9 @@ class PerFedMask(Algorithm):
             full = set(rng.permutation(N)[: int(round(self.args.nu * N))].tolist())
             frac = [1.0 if i in full else self.args.budget for i in range(N)]
         self.psi = [f * d_w for f in frac]
-        m, self.objective = solve_pmask(sizes, self.psi, self.args.milp_time_limit,
-                                        printed=self.args.objective == "printed")
+        self.pmask = solve_pmask(sizes, self.psi, self.args.milp_time_limit,
+                                 printed=self.args.objective == "printed")
+        m = self.pmask.masks
         names = list(self.layers)
         self.layer_masks = {cid: {names[j]: int(m[i, j]) for j in range(len(names))}
                             for i, cid in enumerate(self.client_ids)}
@@ -272,7 +320,8 @@ class PerFedMask(Algorithm):
         return ClientState(params=dict(self.heads.get(cid, {})))
 
     def summary_extra(self) -> dict:
-        return {"pmask_objective": self.objective, "flops_fwd_per_sample": self.fwd,
+        return {"pmask_objective": self.pmask.objective, "pmask": self.pmask.summary(),
+                "flops_fwd_per_sample": self.fwd,
                 "devices": {cid: {"budget": self.psi[i], "trainable_params": sum(int(m.sum()) for m in self.keep[cid].values()),
                                   "layers_trained": sum(self.layer_masks[cid].values()),
                                   "flops_fwd_per_sample": self.fwd, "flops_bwd_per_sample": self.bwd[cid]}

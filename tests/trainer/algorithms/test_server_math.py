@@ -38,9 +38,13 @@ def _brute_force(sizes, psi):
 
 
 @pytest.mark.parametrize("sizes,psi", [([3, 5, 2, 4], [14, 7, 5]), ([4, 1, 6], [11, 6, 2]), ([2, 2, 3], [7, 7, 3]),
-                                       ([1, 1, 1, 8], [8, 3])])
+                                       ([1, 1, 1, 8], [8, 3]),
+                                       # equal budgets (interchangeable devices)
+                                       ([3, 1, 2], [3, 3, 3, 6]), ([2, 5, 1, 3], [6, 6, 11, 11]),
+                                       ([4, 4, 1], [5, 5, 5]), ([1, 2, 3, 4], [5, 5, 10])])
 def test_pmask_milp_equals_brute_force(sizes, psi):
-    m, obj = solve_pmask(sizes, psi)
+    sol = solve_pmask(sizes, psi)
+    m, obj = sol.masks, sol.objective
     best, argmins = _brute_force(sizes, psi)
     assert obj == pytest.approx(best)
     assert tuple(m.ravel().tolist()) in argmins  # the chosen vectors themselves are optimal
@@ -53,7 +57,8 @@ def test_pmask_weighs_a_layer_by_its_parameter_count():
     # small layers on both devices and never trained the 4-parameter one. Weighted by |π_j| (the poster's bound):
     # device 0 trains the big layer alone: 6·1 − 4·1 + 0 = 2, device 1 nothing: 0 − 0 + 2 = 2, total 4; the
     # two-small-layers choice costs (6·½ − 1 + 2) + (6·½ − 1 + 0) = 6. Brute force: the only optimum.
-    m, obj = solve_pmask([1, 1, 4], [4, 2])
+    sol = solve_pmask([1, 1, 4], [4, 2])
+    m, obj = sol.masks, sol.objective
     assert m.tolist() == [[0, 0, 1], [0, 0, 0]]
     assert obj == pytest.approx(4.0)
     assert _brute_force([1, 1, 4], [4, 2]) == (pytest.approx(4.0), {(0, 0, 1, 0, 0, 0)})
@@ -69,13 +74,22 @@ def test_pmask_past_its_time_limit_uses_the_incumbent_and_warns(monkeypatch):
 
     def timed_out(*args, **kwargs):
         res = real(*args, **kwargs)
-        res.status, res.success, res.message, res.mip_gap = 1, False, "Time limit reached.", 0.25
+        res.status, res.success, res.message = 1, False, "Time limit reached."
+        # HiGHS's bound on its cost, Σ_n (d_w γ_n + ε_n)/d_w + Σ_j |π_j| z_j0/d_w: 1.5 is P^mask's 1.5·6 − 6 = 3
+        res.mip_dual_bound = 1.5
         return res
 
     monkeypatch.setattr(scipy.optimize, "milp", timed_out)
     with pytest.warns(RuntimeWarning, match="time limit .* gap of 25.0%"):
-        m, obj = solve_pmask([1, 1, 4], [4, 2], time_limit=5)
+        sol = solve_pmask([1, 1, 4], [4, 2], time_limit=5)
+        m, obj = sol.masks, sol.objective
     assert m.tolist() == [[0, 0, 1], [0, 0, 0]] and obj == pytest.approx(4.0)
+    assert (sol.status, sol.bound, sol.gap) == ("time_limit", pytest.approx(3.0), pytest.approx(0.25))  # (4 − 3)/4
+    entry = sol.summary()
+    assert entry["status"] == "time_limit" and "a feasible, not an optimal, solution" in entry["note"]
+    monkeypatch.undo()
+    assert solve_pmask([1, 1, 4], [4, 2]).summary() == {"status": "optimal", "objective": pytest.approx(4.0),
+                                                         "bound": pytest.approx(4.0), "gap": 0.0}
 
 
 def test_pmask_objective_by_hand():
