@@ -7,14 +7,17 @@ Cases:
   ``--seconds``);
 * ``vgg16``: VGG16 in FedMask's IC-CIFAR10 setting with ``--clients`` clients (default 16): the last 8 masked layers
   keep a share drawn per client and layer from 10–40 % (around FedMask's 20 %, varied so widths differ),
-  ONNX. CIFAR-10 is a stand-in: random pixels in the standard batch format (latency does not depend on them).
+  ONNX and ExecuTorch. CIFAR-10 is a stand-in: random pixels in the standard batch format (latency does not
+  depend on them).
 
-Every client is measured; each is then predicted from a fit on all the others (leave-one-out). Per case and
-runtime: clients, share within ±10 % and ±5 %, worst |error|; then per client measured vs predicted. A runtime
-without per-operator events (ExecuTorch until ETDump lands) is listed with the reason.
+Per-layer times: onnxruntime's profiler events by graph name; ExecuTorch's ETDump (XNNPACK) events, mapped to layers
+through the .pte's ETRecord (``profiling.layers.attach_etdump``). Every client is measured; each is then predicted
+from a fit on all the others (leave-one-out). Per case and runtime: clients, share within ±10 % and ±5 %, worst
+|error|; then per client measured vs predicted. A runtime whose layers could not be timed is listed with the
+predictor's reason (``profiling.predict.setting_inputs``).
 
     .venv/bin/python benchmarks/bench_predict.py [--cases demo,vgg16] [--clients 16] [--seconds 1.0]
-        [--demo-formats onnx,pte]
+        [--demo-formats onnx,pte] [--vgg16-formats onnx,pte]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from bench_export import fedmask_masks  # noqa: E402
 from bench_export_jobs import write_cifar_standin  # noqa: E402
 from edgemask.export import export_run  # noqa: E402
 from edgemask.profiling.campaign import parse_campaign, run_campaign  # noqa: E402
-from edgemask.profiling.predict import error_summary, held_out_table, leave_one_out, setting_clients  # noqa: E402
+from edgemask.profiling.predict import error_summary, held_out_table, leave_one_out, setting_inputs  # noqa: E402
 from edgemask.profiling.stats import summarize  # noqa: E402
 from edgemask.profiling.store import ResultsStore  # noqa: E402
 from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
@@ -83,8 +86,8 @@ def measure(ws: Path, run: Path, formats: tuple[str, ...], seconds: float, name:
     with ResultsStore.open(camp.results_dir(ws) / "results.sqlite") as store:
         summary = summarize(store.to_dataframe())
         data = (store.artifacts(), store.profiles(), store.profiled_runs(), store.operator_samples())
-        reasons = {f"{r.format}": r.reason for r in store.profiles().itertuples() if not r.available}
-    return {"settings": setting_clients(summary, *data), "reasons": reasons, "summary": summary}
+    settings, why = setting_inputs(summary, *data)  # why: the predictor's reason where a runtime has no layer times
+    return {"settings": settings, "reasons": {k[2]: u.reason for k, u in why.items()}, "summary": summary}
 
 
 def main() -> None:
@@ -92,8 +95,8 @@ def main() -> None:
     ap.add_argument("--cases", default="demo,vgg16")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=1.0)
-    ap.add_argument("--demo-formats", default="onnx,pte", help="formats of the demo case (pte: no per-layer "
-                    "times until ExecuTorch's ETDump is read, so its export time buys only the reason line)")
+    ap.add_argument("--demo-formats", default="onnx,pte", help="formats of the demo case")
+    ap.add_argument("--vgg16-formats", default="onnx,pte", help="formats of the vgg16 case")
     args = ap.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="bench_predict."))
     load0 = os.getloadavg()
@@ -103,7 +106,7 @@ def main() -> None:
         if case == "demo":
             run, formats = demo_run(ws), tuple(args.demo_formats.split(","))
         else:
-            run, formats = vgg_run(ws, args.clients), ("onnx",)
+            run, formats = vgg_run(ws, args.clients), tuple(args.vgg16_formats.split(","))
         got = measure(ws, run, formats, args.seconds, f"predict-{case}")
         for (run_id, device, fmt, variant, threads), clients in sorted(got["settings"].items()):
             held = leave_one_out(clients)
@@ -111,7 +114,8 @@ def main() -> None:
             rows.append((case, fmt, s["n"], s["within_10"], s["within_5"], s["worst"]))
             details.append((case, fmt, held_out_table(clients)))
         for fmt in formats:
-            if fmt not in {k[2] for k in got["settings"]}:
+            if fmt not in {k[2] for k in got["settings"]}:  # in the table too, not only below it
+                rows.append((case, fmt, None, float("nan"), float("nan"), float("nan")))
                 notes.append(f"{case}, {fmt}: no per-layer times ({got['reasons'].get(fmt, 'none profiled')})")
         valid = got["summary"]["valid"].mean() if len(got["summary"]) else float("nan")
         notes.append(f"{case}: {len(got['summary'])} settings measured, {100 * valid:.0f} % VALID; "
@@ -121,6 +125,10 @@ def main() -> None:
     print("| case | runtime | held-out clients | within ±10 % | within ±5 % | worst |")
     print("|---|---|---|---|---|---|")
     for case, fmt, n, w10, w5, worst in rows:
+        if not n:
+            why = "no per-layer times: see below" if n is None else "a held-out error needs 2 measured"
+            print(f"| {case} | {fmt} | 0 ({why}) | — | — | — |")
+            continue
         print(f"| {case} | {fmt} | {n} | {100 * w10:.0f} % | {100 * w5:.0f} % | {100 * worst:.1f} % |")
     for case, fmt, table in details:
         print(f"\n{case}, {fmt}: per client (leave-one-out)\n")

@@ -189,8 +189,8 @@ def setting_inputs(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.
     over :func:`edgemask.profiling.layers.layer_index`: ONNX graph names, or for ``.pte`` the layer names the ETDump's
     events were given) and timed p50. Key: ``(run_id, device, format, variant, threads)``.
 
-    Second: per setting measured without a single client's per-layer times, while the run has clients left to
-    predict, an :class:`Unpredicted` saying why none can be (no profiled runs, the runtime gave no per-operator
+    Second: per setting measured without a single client's per-layer times, an :class:`Unpredicted` saying why
+    none of the run's other clients can be predicted there (no profiled runs, the runtime gave no per-operator
     events, a manifest without per-layer records for the file, no operator event mapped to a layer)."""
     from edgemask.profiling.layers import _runs, by_setting, layer_index, layer_ms
     from edgemask.targets import artifact_format
@@ -244,7 +244,7 @@ def setting_inputs(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.
                 clients.append(ClientLayers(art, kept, flops))
     left = {s: sum(1 for a, m in manifests.items() if m.get("run_id") == s[0] and m.get("layers") and a not in have)
             for s, have in measured.items()}
-    return out, {s: Unpredicted(len(measured[s]), left[s], w) for s, w in why.items() if s not in out and left[s]}
+    return out, {s: Unpredicted(len(measured[s]), left[s], w) for s, w in why.items() if s not in out}
 
 
 def setting_clients(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFrame,
@@ -267,6 +267,8 @@ def predicted_rows(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.
     rows, errors = [], []
     by_setting, why = setting_inputs(summary, artifacts, profiles, runs, ops)
     for (run_id, device, fmt, variant, threads), u in sorted(why.items()):
+        if not u.left:  # nothing left to predict there: nothing to explain
+            continue
         errors.append({"run_id": run_id, "device": device, "format": fmt, "variant": variant, "threads": threads,
                        "measured": u.measured, "predicted": 0, "unpredicted": u.left,
                        **{f"loo_{k}": v for k, v in error_summary([]).items()}, "reason": u.reason})
