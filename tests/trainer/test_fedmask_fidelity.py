@@ -119,25 +119,33 @@ def test_both_masks_accuracies_are_reported_and_labelled(two_rounds):
 
 
 def _element_flops(masks: dict[str, torch.Tensor]) -> int:
-    """Forward FLOPs per sample of the 64-128-64-10 MLP under ``masks``, by hand: 2 × the non-zero weight
-    elements whose input unit is alive (every pixel; a hidden unit whose mask row has a 1: its bias then makes
-    it non-zero, and a dead row's bias is gated)."""
-    a1 = masks["fc1.weight"].ne(0).any(1)
-    a2 = masks["fc2.weight"].ne(0).any(1)
-    n = masks["fc1.weight"].ne(0).sum() + (masks["fc2.weight"].ne(0) & a1[None]).sum() \
-        + (masks["out.weight"].ne(0) & a2[None]).sum()
+    """Forward FLOPs per sample of the 64-128-64-10 MLP under ``masks``, by hand, on what the compacted model
+    computes: a hidden unit stays when its mask row has a 1 (alive: its bias then makes it non-zero; a dead row's
+    bias is gated) and a kept unit of the layer after reads it (a 1 in its column of a kept row; the head's 10 rows
+    always stay); 2 × the non-zero weight elements of kept rows over kept inputs (every pixel)."""
+    w1, w2, w3 = (masks[k].ne(0) for k in ("fc1.weight", "fc2.weight", "out.weight"))
+    k2 = w2.any(1) & w3.any(0)  # fc2: alive and read by the head
+    k1 = w1.any(1) & (w2 & k2[:, None]).any(0)  # fc1: alive and read by a kept fc2 row
+    assert k1.any() and k2.any()  # (else compaction keeps a layer's first unit: not these tests' masks)
+    n = (w1 & k1[:, None]).sum() + (w2 & k2[:, None] & k1[None, :]).sum() + (w3 & k2[None, :]).sum()
     return 2 * int(n)
 
 
 def test_training_flops_count_the_masks_the_forward_ran():
     """Soft forward: σ(m^r) is never 0, so every element the pruning keeps ran: fc1 whole (8192), 20 % of fc2
-    (1638) and of the head (128), 2 × 9958 = 19,916 FLOPs per sample, whatever the end-of-round mask is.
-    Binary forward: the union of the round's start mask and its upload, counted by hand."""
+    (1638) and of the head (128), 2 × 9958 = 19,916 FLOPs per sample before compaction, whatever the end-of-round
+    mask is; the compacted model computes fewer (fc2 units whose head column the pruning removed whole are
+    unread: their rows, and fc1 units only they read, cost nothing). Binary forward: the union of the round's
+    start mask and its upload. Both counted by hand (_element_flops)."""
     soft = simulate(cfg(rounds=1, lambda_r=2e-3, forward="soft"))
+    algo = soft.algorithm
     fwd = [r for r in soft.history if r["metric"] == "flops_fwd"]
     for r in fwd:
-        n = soft.algorithm.dataset.client(r["client"]).num_train
-        assert r["value"] == 19916 * n
+        keep = algo.keep.unpacked(r["client"], list(algo.mask_names))
+        assert sum(int(m.sum()) for m in keep.values()) == 9958  # the pruning structure: σ(m^r) > 0 on it
+        expect = _element_flops(keep)
+        assert expect < 19916  # a wrong count that skips the unread rule gets 19,916
+        assert r["value"] == expect * algo.dataset.client(r["client"]).num_train
     binary = simulate(cfg(rounds=1, lambda_r=2e-3))
     algo = binary.algorithm
     for r in (r for r in binary.history if r["metric"] == "flops_fwd"):
