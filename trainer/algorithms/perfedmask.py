@@ -188,6 +188,9 @@ def solve_pmask(sizes: list[int], psi: list[float], time_limit: float = 60.0, pr
     res = milp(cost / d_w, constraints=LinearConstraint(A.tocsr(), lo, hi), integrality=integrality,
                bounds=Bounds(np.zeros(nv), ub), options={"time_limit": time_limit})
     seconds = time.perf_counter() - start
+    if res.x is None and res.status == 1:  # the limit came before any feasible choice
+        raise ConfigError(f"perfedmask: P^mask's MILP found no feasible masking vectors within its time limit "
+                          f"({time_limit:g} s); raise algorithm.args.milp_time_limit")
     if res.x is None or not (res.success or res.status == 1):  # 1: a limit reached, res.x the incumbent
         raise ConfigError(f"perfedmask: P^mask has no solution ({res.message}); check the budgets ψ_n ≥ 0")
     m = np.round(res.x[:nm]).reshape(N, J).astype(np.int64)
