@@ -104,6 +104,29 @@ class Tolerance(_RelativePart):
     max_abs_diff: dict[str, float]  # "torch" and each fp32 format -> its max abs diff
 
 
+class TrainingInfo(TypedDict):
+    """The client's local step (issue #39, ``export.training``): its ``train_io.npz`` (the minibatch, the SGD
+    settings, the host's tensors after one step; ``sha256``, checked where read), the round it belongs to
+    (``steps_per_round`` = ⌈num_train / batch_size⌉ · epochs), what trains, and the rule each training file's
+    one step met against torch's (|t − t_ref| ≤ limit + rtol·|t_ref|; ``max_abs_diff`` per format)."""
+
+    file: str
+    sha256: str
+    batch_size: int
+    steps_per_round: int
+    epochs: int
+    num_train: int
+    lr: float
+    momentum: float
+    trained: list[str]  # the trainable tensors the step updates, in the programs' t0, t1, ... order
+    frozen: list[str]  # the task's trainable tensors kept whole by grad_keep: constants of the step
+    trained_params: int
+    step: str  # the task's functions: "fedmask.forward + fedmask.group_lasso"
+    limit: float
+    rtol: float
+    max_abs_diff: dict[str, float]
+
+
 @dataclass(frozen=True)
 class Manifest:
     run_id: str
@@ -123,6 +146,7 @@ class Manifest:
     created: str
     etrecord: str | None = None  # ExecuTorch ETRecord file beside the .pte (export.layers.write_etrecord)
     input_hash: str = ""  # sha256 of the run's weights + client file + export settings (skip if unchanged)
+    training: TrainingInfo | None = None  # the local step's files (formats pte-train, torch-train), if exported
     schema: int = SCHEMA
 
     @property
@@ -164,6 +188,8 @@ class Manifest:
         m = _parse(d, cls, "")
         names = {f"files[{i}].file": f.file for i, f in enumerate(m.files)}
         names["sample_io.file"] = m.sample_io["file"]
+        if m.training is not None:
+            names["training.file"] = m.training["file"]
         for where, name in names.items():  # each becomes <artifact>/<file>: never a path out of the artifact directory
             try:
                 check_name(name, f"field {where!r}")
@@ -232,6 +258,8 @@ def load_artifact(path: str | Path) -> Manifest:
                                f"{where.parent.name}`) instead of copying")
     checks = [(f"files[{i}]", f.file, f.bytes, f.sha256) for i, f in enumerate(m.files)]
     checks.append(("sample_io", m.sample_io["file"], None, m.sample_io["sha256"]))
+    if m.training is not None:
+        checks.append(("training", m.training["file"], None, m.training["sha256"]))
     for field, name, size, digest in checks:
         f = where / name
         try:

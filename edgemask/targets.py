@@ -31,6 +31,8 @@ class FormatFacts:
     # the artifact file this format's runtime reads: itself for the exported formats; "onnx" for "trt", whose
     # engine the board builds from the artifact's ONNX (engines are not portable across GPUs)
     reads: str = ""
+    stem: str = "model"  # "train" for the training formats: a client's local step (issue #39), beside its model
+    training: bool = False  # the file is a local training step, not an inference model
 
     @property
     def artifact_format(self) -> str:
@@ -38,13 +40,19 @@ class FormatFacts:
 
     def file_name(self, variant: str = "fp32") -> str:
         """The file an artifact directory holds for ``variant``: ``model.onnx``, ``model.int8.onnx``."""
-        return f"model{self.suffix}" if variant == "fp32" else f"model.{variant}{self.suffix}"
+        return f"{self.stem}{self.suffix}" if variant == "fp32" else f"{self.stem}.{variant}{self.suffix}"
 
 
 FORMATS: dict[str, FormatFacts] = {
     "onnx": FormatFacts("onnx", "onnxruntime", ".onnx", "ONNX for onnxruntime"),
     "pte": FormatFacts("pte", "executorch", ".pte", "ExecuTorch, XNNPACK"),
     "tflite": FormatFacts("tflite", "tflite", ".tflite", "LiteRT; needs the tflite extra"),
+    # a client's local training step (export.training): ExecuTorch's joint forward-backward program, and the same
+    # step as a torch.export program for torch on the board's Python (the fallback)
+    "pte-train": FormatFacts("pte-train", "executorch", ".pte", "ExecuTorch training step (portable kernels)",
+                             stem="train", training=True),
+    "torch-train": FormatFacts("torch-train", "torch", ".pt2", "torch.export training step, torch on the board",
+                               stem="train", training=True),
 }
 # What export writes unless told otherwise (`edgemask export` / `edgemask demo` --formats, export_run): the one
 # declaration of that default
@@ -56,7 +64,8 @@ BOARD_BUILT_FORMATS: dict[str, FormatFacts] = {
 }
 # Every format a campaign may name -> the runtime that reads it
 FORMAT_RUNTIME: dict[str, str] = {f.name: f.runtime for f in (*FORMATS.values(), *BOARD_BUILT_FORMATS.values())}
-RUNTIME_NAMES: tuple[str, ...] = ("onnxruntime", "executorch", "tflite", "tensorrt")
+RUNTIME_NAMES: tuple[str, ...] = ("onnxruntime", "executorch", "tflite", "tensorrt", "torch")
+TRAINING_FORMATS: tuple[str, ...] = tuple(f.name for f in FORMATS.values() if f.training)
 
 
 def artifact_format(fmt: str) -> str:

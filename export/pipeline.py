@@ -32,6 +32,7 @@ from edgemask.export.compact import compact
 from edgemask.export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
 from edgemask.export.layers import ETRECORD, layer_records, write_etrecord
 from edgemask.export.parallel import export_pending
+from edgemask.export.training import STEP_RULE, TRAIN_IO, write_training
 from edgemask.export.verify import TOLERANCE, Tolerance, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -74,7 +75,8 @@ def _unchanged(dest: Path, digest: str, etrecord: bool = False, rule: Tolerance 
         return False
     if rule is not None and m.tolerance_rule != (rule.atol, rule.rtol):
         return False
-    return m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
+    return (m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
+            and (m.training is None or (dest / m.training["file"]).is_file()))
 
 
 def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -95,6 +97,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     fmts = [FORMATS.get(f) for f in formats]
     for f in fmts:
         f.check_available()
+    steps = [f for f in fmts if getattr(f, "training", False)]  # the local step's formats (export.training)
+    fmts = [f for f in fmts if f not in steps]
     data_client = client_id if client_id is not None else run.client_ids[0]
     data = ds.client(data_client)
     masked = run.build_model(client_id)
@@ -140,6 +144,14 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                                           bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
                                           backend=info.get("backend"), **extra, **measured_on))
 
+        training = None
+        if steps:
+            written, training = write_training(run, client_id, tmp, steps, STEP_RULE)
+            for fmt, path, info, d in written:
+                files.append(ArtifactFile(format=fmt.name, variant="fp32", file=path.name, sha256=sha256_file(path),
+                                          bytes=path.stat().st_size, runtime=info["runtime"],
+                                          backend=info.get("backend"), max_abs_diff=d))
+            training["sha256"] = sha256_file(tmp / TRAIN_IO)
         write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
         layers = layer_records(masked.base, model, (x[:1],), result.layers,
                                {f.file: tmp / f.file for f in files if f.format == "onnx"})
@@ -161,6 +173,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
             tolerance={"limit": tol.atol, "rtol": tol.rtol, "max_abs_diff": diffs},  # the rule: devices hold to it
             created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             input_hash=input_hash(run, client_id, formats, settings),
+            training=training,
         )
         write_manifest(tmp, manifest)
     return out_dir

@@ -176,6 +176,18 @@ class Algorithm:
         return {**self.global_params, **self.global_buffers}
 
     # -- optional hooks ------------------------------------------------------------------------------------
+    def device_task(self, cid: str | None, state: ClientState) -> LocalTask | None:
+        """The local task device ``cid`` runs in a round, rebuilt without :meth:`setup` from what the run
+        directory keeps: ``state`` (its :meth:`client_state`; empty for the dense baseline, ``cid`` None) and the
+        shared weights, loaded into ``global_params`` / ``global_buffers``. What a training artifact exports
+        (:mod:`edgemask.export.training`, issue #39): the tensors and functions of a real round's step, so its cost
+        is that step's. The default: :class:`Algorithm`'s own task (the whole model trainable, the run's
+        settings) where the algorithm keeps it; ``None`` (no training artifact, said at export) where it trains
+        something else and does not say how to rebuild it."""
+        if type(self).local_task is not Algorithm.local_task:
+            return None
+        return Algorithm.local_task(self, cid or "dense", 0)
+
     def finetune_task(self, cid: str) -> LocalTask | None:
         """After the last round: what client ``cid`` fine-tunes (``None``, the default: nothing)."""
         return None

@@ -373,6 +373,20 @@ class FedMask(Algorithm):
         self.round_start.set_packed(cid, bits)
         return start
 
+    def device_task(self, cid: str | None, state: ClientState) -> LocalTask:
+        """A round's step from what the run directory keeps of the device: its scores start from its stored binary
+        mask (Alg. 1 line 14, ±``init_scale``), and the pruned layers' structure is read as that mask (the run
+        keeps m_k only as the mask it infers with, a subset of the structure). The values differ from a real
+        round's start; the tensors, their shapes and the step's operations do not, so its cost is the round's. The
+        dense baseline (``cid`` None): the step from m^0 = 1, ClientPruning's first epoch without the group lasso's
+        pruned structure."""
+        self.weights = dict(self.global_params)
+        shapes = {w: s.mask_shape(self.weights[w]) for s in self.sites for w in s.weights}
+        masks = {w: state.masks[w].float() if w in state.masks else torch.ones(shapes[w]) for w in shapes}
+        keep = {w: masks[w].bool() for w in self._pruned()} if cid is not None else {}
+        self.buffers = {cid or "dense": dict(state.params) or dict(self.global_buffers)}
+        return self._task(cid or "dense", self._start_scores(masks, keep), keep)
+
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         # the pruning structure as bool: the task multiplies by it (the same values as float 0 / 1), a quarter the bytes
         return self._task(cid, self.start_scores(cid), self.keep.unpacked(cid, self.pruned, torch.bool))
