@@ -89,6 +89,12 @@ class Measurement:
     # sha256 of the model file measured: the digest devices.benchmark checked the local file against and
     # devices.deploy verified on the board (the blob's name); None when no file was deployed
     artifact_sha256: str | None = None
+    # a training job (formats pte-train, torch-train; issue #39): each latency sample is one local step (forward,
+    # backward, SGD update) of ``batch_size`` samples; ``steps_per_round`` (from the manifest: ⌈num_train / batch⌉ ·
+    # epochs); ``round_ms``: wall times of whole local rounds run back to back after the timed steps;
+    # ``check_max_abs_diff``: the board's one step from the file's state against the host's updated tensors;
+    # ``train_io_sha256``: the digest of the train_io.npz the check read. Empty for inference jobs.
+    training: dict[str, Any] = field(default_factory=dict)
 
     # -- counts (never stored separately) ------------------------------------------------------------
     @property
