@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from edgemask.errors import UnknownNameError
-from edgemask.targets import BOARDS, FORMAT_RUNTIME, FORMATS, artifact_format
+from edgemask.targets import BOARDS, FORMAT_RUNTIME, FORMATS, TRAINING_FORMATS, artifact_format
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,12 @@ def test_targets_import_no_stage_and_no_torch():
 
 
 def test_format_facts_by_hand():
-    assert FORMAT_RUNTIME == {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite", "trt": "tensorrt"}
-    assert sorted(FORMATS) == ["onnx", "pte", "tflite"]  # "trt" is built on the board, from the ONNX file
+    assert FORMAT_RUNTIME == {"onnx": "onnxruntime", "pte": "executorch", "tflite": "tflite", "trt": "tensorrt",
+                              "pte-train": "executorch", "torch-train": "torch"}
+    # "trt" is built on the board, from the ONNX file
+    assert sorted(FORMATS) == ["onnx", "pte", "pte-train", "tflite", "torch-train"]
+    assert TRAINING_FORMATS == ("pte-train", "torch-train")
+    assert FORMATS["pte-train"].file_name() == "train.pte" and FORMATS["torch-train"].file_name() == "train.pt2"
     assert artifact_format("trt") == "onnx" and artifact_format("pte") == "pte"
     assert FORMATS["onnx"].file_name() == "model.onnx"
     assert FORMATS["onnx"].file_name("int8") == "model.int8.onnx"
@@ -69,7 +73,8 @@ def test_export_formats_and_campaign_formats_follow_the_facts():
     for name in FORMATS:
         fmt = EXPORT_FORMATS.get(name)
         assert fmt.runtime == FORMAT_RUNTIME[name] == CAMPAIGN_FORMATS.get(name)
-        assert fmt.filename("fp32") == f"model.{name}" and fmt.filename("int8") == f"model.int8.{name}"
+        stem, suffix = ("train", FORMATS[name].suffix) if name in TRAINING_FORMATS else ("model", f".{name}")
+        assert fmt.filename("fp32") == f"{stem}{suffix}" and fmt.filename("int8") == f"{stem}.int8{suffix}"
 
 
 def test_the_board_side_runner_agrees_with_the_facts():

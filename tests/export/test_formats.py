@@ -106,5 +106,5 @@ def test_tflite_without_extra_says_how_to_install(monkeypatch):
 
 
 def test_unknown_format_lists_the_valid_ones():
-    with pytest.raises(UnknownNameError, match="onnx, pte, tflite"):
+    with pytest.raises(UnknownNameError, match="onnx, pte, pte-train, tflite, torch-train"):
         FORMATS.get("coreml")
