@@ -7,6 +7,7 @@ runtime it uses (onnxruntime, ExecuTorch's runtime or a TFLite interpreter) impo
 other relatively and nothing else of ours; valid on Python 3.6 (Jetson TX2, JetPack 4.6), which vermin checks.
 
     python3 runner.pyz --model FILE --format onnx|pte|tflite|trt --sample-io FILE [settings] [--power-sensor NAME]
+    python3 runner.pyz --model FILE --format pte-train|torch-train --train-io FILE --round-steps S [--train-rounds R]
     python3 runner.pyz --probe
     python3 runner.pyz --strays [--lock FILE --token T]   # kill runners of this workdir left by an earlier session
     python3 runner.pyz --hold-lock FILE --holder JSON --watch-stdin   # hold the board for one campaign
@@ -26,7 +27,7 @@ The rooms (each imports only the ones listed before it; tests/test_architecture.
 
     system        the board's /sys and /proc files, tools, where this runner lives
     errors        RunFailed, ProfilerMissing
-    reference     sample_io.npz read, a job's outputs checked against the host's
+    reference     sample_io.npz read, a job's outputs checked against the host's (train_io.npz: a step's)
     options       the measurement settings and their defaults (the host's RunnerSettings derives from it)
     sensors       power sensors (registry SENSORS) and the background PowerSampler
     parsers       tegrastats, get_throttled, nvpmodel, meminfo
@@ -37,8 +38,10 @@ The rooms (each imports only the ones listed before it; tests/test_architecture.
     profilers     per-operator profiles read (onnxruntime trace, ExecuTorch ETDump)
     trt_files     trtexec's files and output parsed
     trt           trtexec run, the engine cache, the TensorRT runtime entry
+    training      the training runtimes (a client's local step), registry TRAINING_RUNTIMES
     runtimes      the runtime registry RUNTIMES (format -> class)
     trt_benchmark a "trt" job
+    train_benchmark a "pte-train" or "torch-train" job (a local training step, checked against train_io.npz)
     benchmark     a job (timed runs, then profiled runs)
     probe         --probe
     cli           the command line

@@ -13,6 +13,7 @@ from .reference import OutputCheck, read_sample_io
 from .runtimes import RUNTIMES
 from .sensors import PowerSampler, find_sensor, idle_power_w
 from .state import device_state, rss_kb
+from .train_benchmark import benchmark_training
 from .trt_benchmark import benchmark_trt
 
 
@@ -32,6 +33,8 @@ def inferences_per_sample(sample_min_ms, warm_ms):
 def benchmark(args):
     if args.format == "trt":
         return benchmark_trt(args)
+    if getattr(RUNTIMES[args.format], "training", False):  # a local training step (issue #39), not an inference model
+        return benchmark_training(args)
 
     state_before = device_state()
     try:

@@ -13,7 +13,7 @@ from .benchmark import benchmark
 from .clocks import jetson_clocks, set_governors
 from .errors import RunFailed
 from .lock import lock_held_by, take_lock
-from .options import MEASUREMENT, flag
+from .options import MEASUREMENT, TRAINING, flag
 from .probe import probe
 from .runtimes import RUNTIMES
 from .session import find_strays, start_watchdog
@@ -26,7 +26,11 @@ def build_parser():
     p.add_argument("--model")
     p.add_argument("--format", choices=sorted(RUNTIMES))
     p.add_argument("--sample-io")
-    for name, kind, default, what in MEASUREMENT:  # the measurement settings, declared once (options.py)
+    p.add_argument("--train-io", help="a training format: the artifact's train_io.npz (the minibatch and the host's "
+                   "step), checked and stepped on instead of --sample-io")
+    p.add_argument("--round-steps", type=int, default=1, help="a training format: steps of one local round "
+                   "(the manifest's steps_per_round; default 1)")
+    for name, kind, default, what in MEASUREMENT + TRAINING:  # the measurement settings, declared once (options.py)
         if kind is bool:
             p.add_argument(flag(name), action="store_true", help=what)
         else:
@@ -115,10 +119,13 @@ def main(argv=None):
                     raise RunFailed("--jetson-clocks needs --state-file")
                 result = jetson_clocks(args.jetson_clocks, args.state_file)
             else:
-                for name in ("model", "format", "sample_io"):
+                inputs = ("model", "format", "train_io" if getattr(RUNTIMES.get(args.format), "training", False)
+                                             else "sample_io")
+                for name in inputs:
                     if getattr(args, name) is None:
-                        raise RunFailed("--%s is required" % name.replace("_", "-"))
-                for path in (args.model, args.sample_io):
+                        raise RunFailed("--%s is required%s" % (name.replace("_", "-"), " for format %s" % args.format
+                                                                if name == "train_io" else ""))
+                for path in [getattr(args, name) for name in inputs if name != "format"]:
                     if not os.path.isfile(path):
                         raise RunFailed("no such file: %s" % path)
                 result = benchmark(args)

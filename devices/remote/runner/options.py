@@ -24,7 +24,13 @@ MEASUREMENT = (
     ("profile_runs", int, 20, "profiled runs: how many"),
     ("profile_warmup", int, 5, "profiled runs: warm-up runs first"),
 )
+# A training job (formats pte-train, torch-train): the rounds timed after the step samples. --round-steps (a round's
+# steps) is the artifact's own (its manifest's steps_per_round), sent by the host with --train-io.
+TRAINING = (
+    ("train_rounds", int, 1, "training job: whole local rounds (--round-steps steps each) timed after the steps"),
+)
 DEFAULTS = dict((name, default) for name, _, default, _ in MEASUREMENT)
+TRAINING_DEFAULTS = dict((name, default) for name, _, default, _ in TRAINING)
 # sent by the host only when profile_layers is on: a runner command without profiling stays as it was
 PROFILE_OPTIONS = ("profile_layers", "profile_warmup", "profile_runs")
 

@@ -16,7 +16,7 @@ from .trt import TRTEXEC, find_trtexec, probe_tensorrt
 
 # The distributions behind each runtime (the first installed one counts), for the installed size in --probe
 RUNTIME_DISTS = (("onnxruntime", ("onnxruntime", "onnxruntime-gpu")), ("tflite", ("tflite-runtime", "ai-edge-litert")),
-                 ("executorch", ("executorch",)))
+                 ("executorch", ("executorch",)), ("torch", ("torch",)))
 # What a runtime imports without declaring it: executorch 1.5.1's Python runtime imports torch (1.4.1 declared it)
 RUNTIME_IMPORTS = {"executorch": ("torch",)}
 
@@ -95,11 +95,29 @@ def probe():
     for fmt, cls in sorted(RUNTIMES.items()):
         if fmt == "trt" and find_trtexec(TRTEXEC[0]) is None:
             continue  # no TensorRT here (the board's "tensorrt" section says where it looked)
+        if getattr(cls, "training", False):
+            continue  # below: a training format needs more of its runtime than inference does
         try:
             info["runtimes"][cls.runtime] = cls.installed_version()
         except ImportError as e:
             info["runtimes"][cls.runtime] = None
             info.setdefault("runtime_errors", {})[cls.runtime] = str(e).splitlines()[0] if str(e) else "ImportError"
+    # the training formats (a client's local step): each one's runtime as it takes a step (ExecuTorch's training
+    # extension, torch >= 2.1 with torch.export), and torch among the runtimes
+    info["training_runtimes"] = {}
+    for fmt, cls in sorted(RUNTIMES.items()):
+        if not getattr(cls, "training", False):
+            continue
+        try:
+            version = cls.installed_version()
+        except ImportError as e:
+            version = None
+            info.setdefault("training_errors", {})[fmt] = str(e).splitlines()[0] if str(e) else "ImportError"
+        info["training_runtimes"][fmt] = version
+        if cls.runtime not in info["runtimes"]:  # torch: a runtime of its own
+            info["runtimes"][cls.runtime] = version
+            if version is None:
+                info.setdefault("runtime_errors", {})[cls.runtime] = info["training_errors"][fmt]
     here = os.path.dirname(runner_file())
     st = os.statvfs(here)
     info["disk_free_mb"] = st.f_bavail * st.f_frsize // (1 << 20)

@@ -81,3 +81,99 @@ class OutputCheck(object):
         """What a passed check adds to the job's result."""
         return {"output_max_abs_diff": self.max_diff, "output_check_passed": True, "samples_checked": self.n,
                 "accuracy": self.correct / float(self.n) if self.labels is not None else None}
+
+
+def read_train_io(path):
+    """train_io.npz (a training job's reference, written by export.training.write_train_io) -> dict: ``x`` (B, ...)
+    float32, ``y`` (B,) int64, ``lr``, ``momentum``, ``loss`` (floats: the host's first-step loss), ``names``
+    (the task's names of t0, t1, ...), ``checks`` [(i, flat indices, the host's values of t<i> there after one
+    SGD step from the file's state)]."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as npz:
+        missing = [k for k in ("x", "y", "lr", "momentum", "loss", "names", "index_0", "after_0")
+                   if k not in npz.files]
+        if missing:
+            raise RunFailed("%s has no array %s (has %s); export the artifact again"
+                            % (path, ", ".join(repr(k) for k in missing), ", ".join(sorted(npz.files))))
+        io = {"x": np.ascontiguousarray(npz["x"], dtype=np.float32),
+              "y": np.ascontiguousarray(npz["y"], dtype=np.int64),
+              "lr": float(npz["lr"]), "momentum": float(npz["momentum"]), "loss": float(npz["loss"]),
+              "names": [str(n) for n in npz["names"]], "checks": []}
+        i = 0
+        while "index_%d" % i in npz.files:
+            if "after_%d" % i not in npz.files:
+                raise RunFailed("%s has index_%d but no after_%d; export the artifact again" % (path, i, i))
+            idx = np.asarray(npz["index_%d" % i], dtype=np.int64)
+            after = np.asarray(npz["after_%d" % i], dtype=np.float32)
+            if idx.shape != after.shape:
+                raise RunFailed("%s: index_%d has shape %s but after_%d %s" % (path, i, idx.shape, i, after.shape))
+            io["checks"].append((i, idx, after))
+            i += 1
+    if io["x"].shape[0] == 0 or io["x"].shape[0] != io["y"].shape[0]:
+        raise RunFailed("%s: x holds %d samples and y %d" % (path, io["x"].shape[0], io["y"].shape[0]))
+    return io
+
+
+class StepCheck(object):
+    """One training step from the file's state held to the host's (export's rule, docs/contracts.md), elementwise
+    on the tensors train_io.npz holds:
+
+        |t - t_ref| <= atol + rtol*|t_ref|   and the loss   |loss - loss_ref| <= atol + rtol*|loss_ref|
+
+    (t_ref: the host's ``after_<i>`` at ``index_<i>``; a NaN on either side fails). ``failure()`` names the first
+    quantity past its limit."""
+
+    def __init__(self, io, atol, rtol=0.0):
+        self.io, self.atol, self.rtol = io, float(atol), float(rtol)
+        self.max_diff = 0.0
+        self.failed = None
+
+    def _name(self, i):
+        names = self.io["names"]
+        return "t%d (%r)" % (i, names[i]) if i < len(names) else "t%d" % i
+
+    def check(self, loss, trained):
+        """``loss``: the step's loss (float); ``trained(i)``: t<i> after the step, flat. Sets ``failed``."""
+        import numpy as np
+
+        ref = self.io["loss"]
+        d = abs(loss - ref)
+        limit = self.atol + self.rtol * abs(ref)
+        if not d <= limit:
+            self.failed = ("the step's loss %.6g differs from the host's %.6g by %.3g where the limit is %.3g (%s)"
+                           % (loss, ref, d, limit, self.rule()))
+            return
+        for i, idx, after in self.io["checks"]:
+            try:
+                t = trained(i)
+            except (KeyError, IndexError):
+                self.failed = "the program has no trained tensor %s that train_io.npz checks" % self._name(i)
+                return
+            if idx.size and (int(idx.max()) >= t.size or int(idx.min()) < 0):
+                self.failed = ("%s holds %d elements; train_io.npz checks index %d"
+                               % (self._name(i), t.size, int(idx.max())))
+                return
+            got = t[idx].astype(np.float64)
+            with np.errstate(invalid="ignore"):
+                diff = np.abs(got - after)
+                past = diff - (self.atol + self.rtol * np.abs(after.astype(np.float64)))
+            past[np.isnan(past)] = np.inf
+            j = int(np.argmax(past)) if past.size else 0
+            worst = float(np.max(diff)) if diff.size else 0.0
+            if not worst <= self.max_diff:
+                self.max_diff = worst
+            if past.size and past[j] > 0:
+                self.failed = ("after one step, %s differs from the host's by %.3g at element %d where the limit is "
+                               "%.3g (%s)" % (self._name(i), float(diff[j]), int(idx[j]),
+                                              self.atol + self.rtol * abs(float(after[j])), self.rule()))
+                return
+
+    def rule(self):
+        return "atol %g + rtol %g*|t_ref|" % (self.atol, self.rtol)
+
+    def failure(self):
+        if self.failed is None:
+            return None
+        return {"ok": False, "output_max_abs_diff": self.max_diff if math.isfinite(self.max_diff) else None,
+                "error": "training step check failed: " + self.failed}

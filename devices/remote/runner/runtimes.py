@@ -1,10 +1,11 @@
 """Runtimes, one registry: format -> class with installed_version(), load(path, threads, profile_dir), run(x) ->
-output array, version(), collect_profile(...). numpy and each runtime are imported where used."""
+output array, version(), collect_profile(...); the training formats' classes (``training.py``) step instead. numpy and each runtime are imported where used."""
 
 import os
 
 from .errors import ProfilerMissing
 from .profilers import TFLITE_NO_PROFILER, executorch_profile, onnxruntime_profile
+from .training import TRAINING_RUNTIMES
 from .trt import TensorRtRuntime
 
 
@@ -167,5 +168,7 @@ def _tflite_dequantize(q, detail):
     return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
 
 
-# One registry: format -> runtime class (edgemask/targets.py holds the host's copy of this table; a test compares)
+# One registry: format -> runtime class (edgemask/targets.py holds the host's copy of this table; a test compares).
+# The training formats' classes (``training``: a local step, not a model) are the training room's.
 RUNTIMES = {"onnx": OnnxRuntime, "pte": ExecuTorchRuntime, "tflite": TfliteRuntime, "trt": TensorRtRuntime}
+RUNTIMES.update(TRAINING_RUNTIMES)

@@ -1,0 +1,127 @@
+"""A training job (formats ``pte-train``, ``torch-train``; issue #39): a client's local step timed on the board.
+
+Load the step's program, take ONE step from the file's state on train_io.npz's minibatch and hold the loss and
+the updated tensors to the host's (``reference.StepCheck``: a board never reports the speed of a step that
+computes something else), then go on from there: warm up (--warmup-runs / --warmup-seconds), time steps as the
+latency samples (--min-runs / --min-seconds; each sample ONE step: forward, backward and the SGD update) while
+sampling power, then time --train-rounds whole local rounds of --round-steps steps back to back (the round the
+client runs between two server rounds, on the same minibatch). The JSON has devices.records.Measurement's fields
+(``inferences_per_sample`` 1: a sample is a step) and ``training``."""
+
+import hashlib
+import time
+
+from .errors import RunFailed
+from .reference import StepCheck, read_train_io
+from .sensors import PowerSampler, find_sensor, idle_power_w
+from .state import device_state, rss_kb
+from .training import TRAINING_RUNTIMES
+
+
+def _ms(t0, t1):
+    return (t1 - t0) * 1000.0
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def benchmark_training(args):
+    if not args.train_io:
+        raise RunFailed("format %s needs --train-io (the artifact's train_io.npz)" % args.format)
+    if args.round_steps < 1 or args.train_rounds < 0:
+        raise RunFailed("--round-steps must be >= 1 and --train-rounds >= 0")
+    state_before = device_state()
+    try:
+        rt = TRAINING_RUNTIMES[args.format]()
+    except ImportError as e:
+        raise RunFailed("runtime for format %s is not installed on this device: %s" % (args.format, e))
+
+    io = read_train_io(args.train_io)
+    io_sha = _sha256(args.train_io)
+
+    rss_before, _ = rss_kb()
+    t0 = time.perf_counter()
+    rt.load(args.model, args.threads, io["lr"], io["momentum"])
+    load_ms = _ms(t0, time.perf_counter())
+    rss_loaded, _ = rss_kb()
+    x, y = rt.tensors(io["x"], io["y"])
+
+    # ONE step from the file's state against the host's, before anything is timed
+    t0 = time.perf_counter()
+    loss = rt.step(x, y)
+    first_ms = _ms(t0, time.perf_counter())
+    check = StepCheck(io, args.tolerance, args.rtol)
+    check.check(rt.loss_value(loss), rt.trained)
+    failed = check.failure()
+    if failed:
+        return failed
+
+    sensor, missing = find_sensor(args.power_sensor)
+    idle_w = idle_power_w(sensor, args.idle_seconds, args.power_rate_hz)
+
+    # the steps go on from the checked state, as a client's round does
+    k = 0
+    t_end = time.perf_counter() + args.warmup_seconds
+    while k < args.warmup_runs or time.perf_counter() < t_end:
+        rt.step(x, y)
+        k += 1
+
+    step = rt.step
+    sampler = PowerSampler(sensor, args.power_rate_hz) if sensor is not None else None
+    if sampler is not None:
+        sampler.start()
+    latencies = []
+    clock = time.perf_counter
+    w0 = clock()
+    t_end = w0 + args.min_seconds
+    while len(latencies) < args.min_runs or clock() < t_end:
+        t0 = clock()
+        step(x, y)
+        latencies.append(_ms(t0, clock()))
+    window_s = clock() - w0
+    power = sampler.stop() if sampler is not None else []
+
+    round_ms = []
+    for _ in range(args.train_rounds):
+        t0 = clock()
+        for _ in range(args.round_steps):
+            step(x, y)
+        round_ms.append(_ms(t0, clock()))
+
+    _, peak = rss_kb()
+    result = {
+        "ok": True,
+        "latency_ms": latencies,
+        "inferences_per_sample": 1,
+        "load_ms": load_ms,
+        "first_inference_ms": first_ms,
+        "peak_rss_kb": int(peak),
+        "rss_growth_kb": int(rss_loaded - rss_before),
+        "timed_window_s": window_s,
+        "runtime_version": rt.version(),
+        "threads": args.threads,
+        "state_before": state_before,
+        "output_max_abs_diff": check.max_diff,
+        "output_check_passed": True,
+        "samples_checked": int(io["x"].shape[0]),
+        "accuracy": None,
+        "training": {"batch_size": int(io["x"].shape[0]), "steps_per_round": args.round_steps,
+                     "round_ms": round_ms, "check_max_abs_diff": check.max_diff, "train_io_sha256": io_sha,
+                     "loss": rt.loss_value(loss)},
+    }
+    if sensor is not None and power:
+        result.update({"power_source": sensor.source, "power_w": power,
+                       "power_rate_hz": sampler.achieved_rate_hz, "idle_power_w": idle_w})
+    else:
+        result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
+                       "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
+    result["state_after"] = device_state()
+    if args.profile_layers:
+        result["profile"] = {"available": False, "runs": [], "blocks": [],
+                             "reason": "a training step has no per-operator profile here (format %s)" % args.format}
+    return result
