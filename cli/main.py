@@ -227,6 +227,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_budgets(args: argparse.Namespace) -> int:
+    from edgemask.cli.budgets import parse_mix, write_budgets
+
+    out = Path(args.out)
+    devices = write_budgets(Path(args.config), Path(args.results), parse_mix(args.mix), args.deadline, out,
+                            args.format, args.threads, args.measured_run, args.run_id)
+    for cid, d in devices.items():
+        late = "" if d["meets_deadline"] else "  (misses the deadline even training nothing)"
+        print(f"{cid}  {d['board']:<16} psi/d_w {d['fraction']:.3f}  {d['steps_per_round']} steps, predicted round "
+              f"{d['predicted_round_s']:.2f} s{late}")
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from edgemask.cli.demo import run_demo
 
@@ -346,6 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "the highest every replayed run reaches)")
     rp.add_argument("--metric", default="mean_accuracy", help="the server-side history metric the target applies "
                     "to (default: mean_accuracy, the clients' mean personalized accuracy)")
+    bg = add("budgets", "PerFedMask's budgets psi_n from measured training steps: each simulated device a board "
+             "of a measured mix, psi_n the largest trainable part whose local round meets a deadline", cmd_budgets)
+    bg.add_argument("--config", required=True, help="the PerFedMask training config, e.g. configs/digits-perfedmask.toml")
+    bg.add_argument("--results", required=True, help="a campaign's results directory holding the training rows of "
+                    "a PerFedMask run's clients, e.g. workspace/results/budgets")
+    bg.add_argument("--mix", required=True, help="boards (campaign device names) and their shares of the devices, "
+                    "e.g. local=0.3,pi-standin=0.7")
+    bg.add_argument("--deadline", type=float, required=True, metavar="SECONDS", help="a local round's deadline")
+    bg.add_argument("--out", required=True, help="the training config to write (budgets and budget_source set)")
+    bg.add_argument("--format", default="torch-train", help="the training format whose steps set the cost "
+                    "(default: torch-train)")
+    bg.add_argument("--threads", type=int, default=1, help="the runtime threads of the rows used (default: 1)")
+    bg.add_argument("--measured-run", default=None, help="the run whose clients were measured (default: the "
+                    "config's run id)")
+    bg.add_argument("--run-id", default=None, help="run id of the written config (default: <run id>-measured)")
     return p
 
 

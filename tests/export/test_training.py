@@ -136,3 +136,19 @@ def test_a_step_that_is_not_one_forward_backward_is_refused_in_one_line(tmp_path
         export_run(run.path, tmp_path / "artifacts", [], ["torch-train"], progress=False)
     assert "\n" not in str(e.value)
     assert "bnn_fedavg" in str(e.value) or "projects" in str(e.value)
+
+
+def test_perfedmask_steps_train_only_the_layers_p_mask_gave_them(tmp_path):
+    """PerFedMask's step freezes what P^mask does not give the device: those tensors become constants of the step
+    (no gradient computed), so the measured cost is the budget's; the dense baseline trains the whole body."""
+    run = _run(tmp_path, "perfedmask", {"budgets": [1.0, 0.5]}, lr=0.05)
+    s_full = TrainStep(step_spec(run, "client-000").task)
+    assert {"out.weight", "out.bias"} <= set(s_full.frozen)  # the head (FedBABU): frozen in training
+    assert s_full.names and set(s_full.names) <= {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    # ψ = d_w / 2 = 1,304 parameters (d_w = 2,080 + 528): P^mask's optimum gives client-001 nothing (its slack
+    # ε = ψ beats sharing fc2 at k̃ = 1/2: d_w/2 − 528/2 + 776 = 1,816 > 1,304), and a step that trains nothing is no
+    # training artifact
+    with pytest.raises(TrainingExportError, match="nothing in its step trains"):
+        TrainStep(step_spec(run, "client-001").task)
+    dense = TrainStep(step_spec(run, None).task)
+    assert dense.names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +60,10 @@ class PerFedMaskArgs:
     # layer weighs by its parameter count). "printed": Σ_j k̃_nj, as the poster prints P^mask (every layer weighs
     # 1). docs/fedmask.md measures the choice.
     objective: str = setting("bound", choices=("bound", "printed"), what="value")
+    # Where ``budgets`` came from, when they were set from measurements (`edgemask budgets`, issue #39): the
+    # results, deadline, device mix, cost model per board and per device its board and predicted local round. Plain
+    # data, recorded in summary.json beside each device's budget; None: the budgets are the config's own numbers.
+    budget_source: dict[str, Any] | None = None
 
 
 def layer_groups(names: list[str]) -> dict[str, list[str]]:
@@ -273,6 +278,17 @@ class PerFedMask(Algorithm):
         return total
 
     # -- training -------------------------------------------------------------------------------------
+    def device_task(self, cid: str | None, state: ClientState) -> LocalTask:
+        """The device's step: the body layers P^mask gives it trained (solved again from the run's config: the
+        same budgets, the same choice where the MILP was proven optimal, ``summary.json``'s ``pmask.status``), the
+        rest frozen; the dense baseline (``cid`` None) trains the whole body. The head stays frozen (FedBABU)."""
+        self.setup()
+        if cid is None:
+            task = super().local_task("dense", 0)
+            task.grad_keep = {k: self._zeros[k] if k in self.head else self._ones[k] for k in self.global_params}
+            return task
+        return self.local_task(cid, 0)
+
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)
         task.grad_keep = self.keep[cid]
@@ -327,5 +343,13 @@ class PerFedMask(Algorithm):
                 "flops_fwd_per_sample": self.fwd,
                 "devices": {cid: {"budget": self.psi[i], "trainable_params": sum(int(m.sum()) for m in self.keep[cid].values()),
                                   "layers_trained": sum(self.layer_masks[cid].values()),
-                                  "flops_fwd_per_sample": self.fwd, "flops_bwd_per_sample": self.bwd[cid]}
-                            for i, cid in enumerate(self.client_ids)}}
+                                  "flops_fwd_per_sample": self.fwd, "flops_bwd_per_sample": self.bwd[cid],
+                                  **self._budget_source(cid)}
+                            for i, cid in enumerate(self.client_ids)},
+                **({"budget_source": {k: v for k, v in self.args.budget_source.items() if k != "devices"}}
+                   if self.args.budget_source else {})}
+
+    def _budget_source(self, cid: str) -> dict:
+        """Where device ``cid``'s budget came from (``budget_source``'s entry for it), or nothing."""
+        src = (self.args.budget_source or {}).get("devices", {}).get(cid)
+        return {"budget_from": src} if src else {}
