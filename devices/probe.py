@@ -12,7 +12,8 @@ from edgemask.devices.deploy import deploy_runner
 from edgemask.devices.errors import DeviceError
 from edgemask.devices.inventory import FORMAT_RUNTIME, DeviceSpec
 from edgemask.devices.records import RunnerSettings
-from edgemask.devices.setup import missing_items
+from edgemask.devices.setup import GENERIC_KINDS, missing_items
+from edgemask.targets import TRAINING_FORMATS
 
 
 def probe(conn: Connection, spec: DeviceSpec, timeout: float = 120.0) -> dict[str, Any]:
@@ -31,9 +32,39 @@ def probe(conn: Connection, spec: DeviceSpec, timeout: float = 120.0) -> dict[st
                           f"({spec.python!r}) on the device") from None
     info.pop("ok", None)
     installed = {rt for rt, version in info.get("runtimes", {}).items() if version}
-    info["formats"] = sorted(fmt for fmt, rt in FORMAT_RUNTIME.items() if rt in installed and rt in spec.runtimes)
+    info["training"] = training_formats(spec, info)
+    info["formats"] = sorted([fmt for fmt, rt in FORMAT_RUNTIME.items()
+                              if rt in installed and rt in spec.runtimes and fmt not in TRAINING_FORMATS]
+                             + [fmt for fmt, line in info["training"].items() if line.startswith("yes")])
     info["reachable"] = True
     return info
+
+
+def training_formats(spec: DeviceSpec, info: dict[str, Any]) -> dict[str, str]:
+    """Whether ``spec`` can take a client's local step in each training format, one line each, from its kind's
+    facts and its probe (``info``: the runner's ``training_runtimes`` and ``training_errors``):
+    {"pte-train": "yes — executorch 1.5.1", "torch-train": "no — torch is not installed ..."}."""
+    lines = {}
+    versions = info.get("training_runtimes") or {}
+    errors = info.get("training_errors") or {}
+    for fmt in TRAINING_FORMATS:
+        rt = FORMAT_RUNTIME[fmt]
+        if spec.profile.no_training:
+            why = spec.profile.no_training
+        elif spec.kind not in GENERIC_KINDS and rt not in spec.profile.runtimes:
+            why = f"a {spec.kind} has no {rt} build ({spec.profile.notes or spec.profile.os})"
+        elif not versions.get(fmt):
+            why = errors.get(fmt) or "the board's runner did not report it"
+            if rt == "torch" and why.startswith("no module named"):
+                why = f"torch is not installed for {info.get('python_executable') or spec.python} ({why})"
+        elif rt not in spec.runtimes:
+            why = f"{rt} is installed ({versions[fmt]}) but not among this device's runtimes; add \"{rt}\" to " \
+                  f"runtimes of [devices.{spec.name}] in devices.toml"
+        else:
+            lines[fmt] = f"yes — {versions[fmt]}"
+            continue
+        lines[fmt] = f"no — {why}"
+    return lines
 
 
 def list_devices(inventory: dict[str, DeviceSpec]) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ What a kind gets (see docs/architecture.md, "What the boards can run"):
   Python 3.6, no ExecuTorch (it needs Python >= 3.10).
 - rpi4 (Python 3.11): numpy, onnxruntime, tflite-runtime (then numpy<2), ExecuTorch's runtime; with ExecuTorch
   wanted too, ai-edge-litert for TFLite.
-- linux, local: numpy and whatever the inventory declares (onnxruntime, ai-edge-litert, executorch).
+- linux, local: numpy and whatever the inventory declares (onnxruntime, ai-edge-litert, executorch, torch).
+- "torch" (format torch-train, a client's local training step) on a Pi or a generic Linux: torch==2.13.0, the
+  release the host exports with; a TX2 has none for Python 3.6 (``targets.TX2_NO_TRAINING``).
 
 tflite-runtime 2.14 needs numpy<2 and ExecuTorch needs numpy>=2, so a Pi that wants both gets ai-edge-litert,
 which the runner also accepts.
@@ -81,12 +83,16 @@ def packages_for(spec: DeviceSpec) -> list[Package]:
                     else Package("tflite", "ai-edge-litert", "ai_edge_litert"))
     if "executorch" in wanted:
         pkgs.append(EXECUTORCH)
+    if "torch" in wanted:  # format torch-train (a client's local step); with ExecuTorch, the same torch
+        pkgs.append(TORCH)
     return pkgs
 
 
 # The runtime the host exports .pte files with (pyproject.toml), and what importing it needs (see the docstring)
 EXECUTORCH = Package("executorch", "executorch==1.5.1", "executorch.runtime",
                      deps=("torch==2.13.0", "flatbuffers", "ruamel.yaml", "tabulate"))
+# torch for the torch-train step: the release the host exports torch.export programs with (pyproject.toml)
+TORCH = Package("torch", "torch==2.13.0", "torch")
 
 
 def pip_installs(packages: list[Package]) -> list[list[str]]:
@@ -95,6 +101,7 @@ def pip_installs(packages: list[Package]) -> list[list[str]]:
     ``["--no-deps", ...]`` list. E.g. [["numpy", "torch==2.13.0", ...], ["--no-deps", "executorch==1.5.1"]]."""
     with_deps = [p.requirement for p in packages if not p.deps]
     with_deps += [r for p in packages for r in p.deps]
+    with_deps = list(dict.fromkeys(with_deps))  # torch once, whether ExecuTorch or torch-train asked for it
     no_deps = [p.requirement for p in packages if p.deps]
     return [with_deps] + ([["--no-deps", *no_deps]] if no_deps else [])
 

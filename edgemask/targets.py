@@ -83,6 +83,11 @@ TX2_MAX_ONNX_OPSET = 15
 # (platformHasFastInt8() is false): FP16 is its fast mode, so engines are built with --fp16.
 TX2_TENSORRT = ("8.0.1", "8.2.1")
 TX2_TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
+# The training formats need ExecuTorch's training extension (Python >= 3.10) or torch >= 2.1 with torch.export; for
+# Python 3.6 NVIDIA's newest Jetson wheel is torch 1.10 (JetPack 4.6), which has no torch.export.
+TX2_NO_TRAINING = ("Python 3.6 on a TX2 (JetPack 4.6): no ExecuTorch (needs Python >= 3.10) and no torch >= 2.1 "
+                   "(NVIDIA's newest wheel for it is torch 1.10, without torch.export); time the local step on "
+                   "another board")
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ class BoardProfile:
     notes: str = ""
     # runtime (or "numpy") -> the pip requirement setup installs on this kind; absent: the newest that fits
     requirements: Mapping[str, str] = field(default_factory=dict)
+    # why this kind takes no training step at all (formats pte-train, torch-train); "": it may, if installed
+    no_training: str = ""
 
     @property
     def name(self) -> str:
@@ -107,7 +114,8 @@ class BoardProfile:
 BOARDS: dict[str, BoardProfile] = {  # kind -> profile; the kinds an inventory may name
     "local": BoardProfile(
         kind="local", os=sys.platform, python=".".join(map(str, sys.version_info[:2])),
-        runtimes=("onnxruntime", "executorch", "tflite"), max_onnx_opset=None, power_sensors=("rapl", "hwmon"),
+        runtimes=("onnxruntime", "executorch", "tflite", "torch"), max_onnx_opset=None,
+        power_sensors=("rapl", "hwmon"),
     ),
     "linux": BoardProfile(
         kind="linux", os="any Linux", python="3", runtimes=("onnxruntime",), max_onnx_opset=None,
@@ -124,15 +132,17 @@ BOARDS: dict[str, BoardProfile] = {  # kind -> profile; the kinds an inventory m
         f"JetPack (trtexec at {TX2_TRTEXEC}); no TFLite or ExecuTorch wheel for Python 3.6; "
         "INA3221 input rail VDD_IN (and VDD_SYS_GPU) in sysfs",
         requirements={"numpy": f"numpy=={TX2_NUMPY}", "onnxruntime": f"onnxruntime=={TX2_ONNXRUNTIME}"},
+        no_training=TX2_NO_TRAINING,
     ),
     "rpi4": BoardProfile(
         kind="rpi4",
         os="Raspberry Pi OS bookworm (glibc 2.36), aarch64",
         python="3.11",
-        runtimes=("onnxruntime", "tflite", "executorch"),
+        runtimes=("onnxruntime", "tflite", "executorch", "torch"),
         max_onnx_opset=None,
         power_sensors=("hwmon",),
         notes="onnxruntime 1.31.1; tflite-runtime 2.14 (numpy<2) or ai-edge-litert 2.3; executorch 1.5.1 needs "
-        "torch on the board; power only with an INA219/INA226 hwmon board; vcgencmd for throttling",
+        "torch on the board (torch 2.13.0 CPU, which also takes the torch-train step); power only with an "
+        "INA219/INA226 hwmon board; vcgencmd for throttling",
     ),
 }

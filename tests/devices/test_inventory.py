@@ -51,7 +51,7 @@ def test_good_inventory_resolves_paths_and_defaults(tmp_path):
     assert tx2.profile.max_onnx_opset == 15 and tx2.jetson_clocks
     assert (pi.port, pi.trust_on_first_use, pi.governor, pi.key_file) == (2222, True, "performance", None)
     assert pi.known_hosts_path() == Path.home() / ".ssh" / "known_hosts"
-    assert set(pi.runtimes) == {"onnxruntime", "tflite", "executorch"}
+    assert set(pi.runtimes) == {"onnxruntime", "tflite", "executorch", "torch"}  # torch: format torch-train
     assert local.kind == "local" and local.python == sys.executable
     assert local.workdir == str((tmp_path / "ws" / "devices" / "local").resolve())
 
