@@ -15,6 +15,15 @@ from typing import Any
 
 from edgemask.devices.records import RunnerSettings
 from edgemask.manifest import ArtifactFile
+from edgemask.targets import TRAINING_FORMATS
+
+# How a training job (formats pte-train, torch-train: a client's local step, issue #39) is measured when the
+# campaign's [training_runner] table does not say otherwise: a step is 10^2-10^4 times an inference (demo MLP: ~150 ms
+# a torch step, ~1.9 s an ExecuTorch portable step), so [runner]'s inference settings (hundreds of runs, a warm-up of
+# seconds, back-to-back loops of sample_min_ms) would take minutes a job. The one declaration of these defaults: the
+# [training_runner] schema (profiling.campaign.config) takes its defaults from here.
+TRAINING_RUNNER = RunnerSettings(warmup_runs=3, warmup_seconds=0.0, min_runs=20, min_seconds=2.0, sample_min_ms=0.0,
+                                 profile_layers=False)
 
 
 @dataclass(frozen=True)
@@ -28,8 +37,9 @@ class ArtifactSelection:
 
 @dataclass(frozen=True)
 class CampaignConfig:
-    """A campaign: ``campaign.toml``'s ``[campaign]`` table, its ``[[artifacts]]`` and ``[runner]``. The one
-    declaration of each setting's type and default (``profiling.campaign.config`` derives the file's schema)."""
+    """A campaign: ``campaign.toml``'s ``[campaign]`` table, its ``[[artifacts]]``, ``[runner]`` and
+    ``[training_runner]``. The one declaration of each setting's type and default (``profiling.campaign.config``
+    derives the file's schema)."""
 
     name: str  # results/<name>/
     artifacts: tuple[ArtifactSelection, ...]
@@ -39,6 +49,8 @@ class CampaignConfig:
     threads: tuple[int, ...] = (1,)  # runtime threads per measurement
     repetitions: int = 1  # each artifact × format × variant × device × threads measured this many times
     runner: RunnerSettings = field(default_factory=RunnerSettings)  # threads: each job's, from ``threads``
+    # the settings of a training format's jobs (pte-train, torch-train): [training_runner], same fields as [runner]
+    training_runner: RunnerSettings = field(default_factory=lambda: TRAINING_RUNNER)
     timeout_s: float = 600.0  # per job
     cooldown_s: float = 0.0  # idle seconds between two jobs on one device
     retries: int = 2  # extra attempts after a connection fault
@@ -57,6 +69,16 @@ class CampaignConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def settings_for(self, fmt: str) -> RunnerSettings:
+        """The runner settings of a job of format ``fmt``: ``training_runner`` for a training format, else
+        ``runner`` (threads: the job's own, set by the worker)."""
+        return self.training_runner if is_training_format(fmt) else self.runner
+
+
+def is_training_format(fmt: str) -> bool:
+    """Whether a job of ``fmt`` measures a local training step (edgemask.targets.TRAINING_FORMATS)."""
+    return fmt in TRAINING_FORMATS
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from edgemask.profiling.verdict import CV_THRESHOLD, VerdictRules, flag_set, judge
+from edgemask.profiling.records import is_training_format
+from edgemask.profiling.verdict import (CV_THRESHOLD, MIN_TRAIN_SECONDS, MIN_TRAIN_STEPS, VerdictRules, flag_set,
+                                        judge)
 
 DEFAULT_CV_THRESHOLD = CV_THRESHOLD
 # One setting's repetitions pool into one row only when they measured the same model file: the file's sha256 is a
@@ -23,6 +25,17 @@ DEFAULT_CV_THRESHOLD = CV_THRESHOLD
 # A row with no digest (stored before digests were kept) is its own group, an unknown file.
 SETTING_COLUMNS = ["artifact", "format", "variant", "device", "threads"]
 GROUP_KEYS = [*SETTING_COLUMNS, "artifact_sha256"]
+# What a setting measured: ``inference`` (a model file, one latency sample per inference or loop of them) or
+# ``train`` (a training format, issue #39: one latency sample per local step of ``batch_size`` samples)
+INFERENCE, TRAIN = "inference", "train"
+# results.parquet's columns for a training row (NaN / null on inference rows; docs/contracts.md)
+TRAINING_COLUMNS = ["batch_size", "steps_per_round", "num_train", "epochs", "trained_params", "step_p50_ms",
+                    "local_round_ms", "local_rounds", "local_round_pred_ms", "step_energy_mj",
+                    "local_round_energy_mj", "check_max_abs_diff", "train_io_sha256"]
+# the dense comparison means nothing for a training step (its FLOP bound is the inference model's): left empty there
+_COMPARISONS = ["dense_p50_ms", "dense_rss_growth_kb", "dense_model_bytes", "dense_energy_mj", "speedup",
+                "memory_reduction", "size_reduction", "energy_reduction", "flop_bound", "speedup_vs_bound",
+                "param_ratio"]
 
 
 # -- samples --------------------------------------------------------------------------------------
@@ -146,19 +159,62 @@ def _summarize_group(g: pd.DataFrame, rules: VerdictRules) -> dict[str, Any]:
     return row
 
 
+def workload(fmt: str) -> str:
+    """``train`` for a training format's setting (a local step per sample), else ``inference``."""
+    return TRAIN if is_training_format(str(fmt)) else INFERENCE
+
+
+def _first_int(values: Any) -> float:
+    v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return int(v[0]) if v else math.nan
+
+
+def training_row(g: pd.DataFrame, step_p50_ms: float, step_energy_mj: float) -> dict[str, Any]:
+    """The training columns of one training setting's rows: the local round's shape (``batch_size``,
+    ``steps_per_round`` from the runner's ``training`` record, ``num_train``, ``epochs`` and ``trained_params`` from
+    the manifest), ``step_p50_ms`` (the p50 of the step samples), ``local_round_ms`` (the median of every measured
+    whole round, all repetitions pooled) over ``local_rounds`` rounds, ``local_round_pred_ms`` = step p50 ×
+    steps_per_round, energy per step and per round (step × steps_per_round) where power was measured, the largest
+    one-step check difference and the train_io digest the board checked against."""
+    ok = g[g["ok"].astype(bool)]
+    info = [t if isinstance(t, dict) else {} for t in (ok["training"] if "training" in ok.columns else [])]
+    rounds = [float(x) for t in info for x in (t.get("round_ms") or [])]
+    steps = _first_int(t.get("steps_per_round") for t in info)
+    diffs = [float(t["check_max_abs_diff"]) for t in info if _finite(t.get("check_max_abs_diff"))]
+    ios = [t.get("train_io_sha256") for t in info if t.get("train_io_sha256")]
+    out = {"batch_size": _first_int(t.get("batch_size") for t in info), "steps_per_round": steps,
+           **{k: _first_int(ok[k]) if k in ok.columns else math.nan for k in ("num_train", "epochs", "trained_params")},
+           "step_p50_ms": step_p50_ms, "local_round_ms": float(np.median(rounds)) if rounds else math.nan,
+           "local_rounds": len(rounds), "local_round_pred_ms": step_p50_ms * steps,
+           "step_energy_mj": step_energy_mj, "local_round_energy_mj": step_energy_mj * steps,
+           "check_max_abs_diff": max(diffs) if diffs else math.nan, "train_io_sha256": ios[0] if ios else None}
+    return out
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def summarize(df: pd.DataFrame, cv_threshold: float = DEFAULT_CV_THRESHOLD,
-              rules: VerdictRules | None = None) -> pd.DataFrame:
+              rules: VerdictRules | None = None, training_rules: VerdictRules | None = None) -> pd.DataFrame:
     """One row per artifact × format × variant × device × threads from ``ResultsStore.to_dataframe()``.
 
     Latency statistics pool the raw samples of all repetitions; memory is the median over repetitions;
     energy per inference is the mean of the repetitions that measured it. Each row carries its verdict
     (``profiling.verdict``: ``verdict``, ``valid``, ``invalid_rules``, ``reasons``, ``not_checked``); then the
     dense comparison (``compare_to_dense``). ``rules`` defaults to ``VerdictRules(cv_threshold=cv_threshold)``.
+
+    ``workload`` says what a row measured: ``inference``, or ``train`` for a training format's setting (each
+    latency sample one local step), judged by ``training_rules`` (default: the floors ``MIN_TRAIN_STEPS`` and
+    ``MIN_TRAIN_SECONDS``, ``rules``' CV threshold) and given :data:`TRAINING_COLUMNS` (:func:`training_row`);
+    its dense comparison columns stay empty (a step is no inference; ``comparison_valid`` False).
     """
     rules = rules or VerdictRules(cv_threshold=cv_threshold)
+    training_rules = training_rules or VerdictRules(min_runs=MIN_TRAIN_STEPS, min_seconds=MIN_TRAIN_SECONDS,
+                                                    cv_threshold=rules.cv_threshold)
     if df.empty:
-        return pd.DataFrame(columns=[*GROUP_KEYS, *_CARRIED, "p50_ms", "verdict", "valid", "invalid_rules",
-                                     "reasons", "not_checked", "comparison_valid"])
+        return pd.DataFrame(columns=[*GROUP_KEYS, *_CARRIED, "workload", "p50_ms", "verdict", "valid",
+                                     "invalid_rules", "reasons", "not_checked", "comparison_valid"])
     if "artifact_sha256" not in df.columns:
         df = df.assign(artifact_sha256=None)
     rows = []
@@ -166,9 +222,22 @@ def summarize(df: pd.DataFrame, cv_threshold: float = DEFAULT_CV_THRESHOLD,
         row = dict(zip(GROUP_KEYS, keys))
         first = g.iloc[0]
         row.update({c: first[c] for c in _CARRIED if c in g.columns})
-        row.update(_summarize_group(g, rules))
+        row["workload"] = workload(row["format"])
+        train = row["workload"] == TRAIN
+        row.update(_summarize_group(g, training_rules if train else rules))
+        if train:
+            row.update(training_row(g, row["p50_ms"], row["energy_mj"]))
         rows.append(row)
-    return compare_to_dense(pd.DataFrame(rows))
+    out = pd.DataFrame(rows)
+    is_train = out["workload"] == TRAIN
+    inference = compare_to_dense(out[~is_train])
+    if not is_train.any():
+        return inference
+    training = out[is_train].assign(comparison_valid=False)
+    training = training.assign(**{c: math.nan for c in _COMPARISONS},
+                               dense_valid=pd.Series(pd.NA, index=training.index, dtype="boolean"))
+    both = pd.concat([inference, training], ignore_index=True)
+    return both.sort_values(GROUP_KEYS, kind="stable", na_position="first").reset_index(drop=True)
 
 
 def compare_to_dense(summary: pd.DataFrame) -> pd.DataFrame:

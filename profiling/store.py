@@ -52,7 +52,8 @@ import pandas as pd
 
 from edgemask.devices.records import Measurement, RunnerSettings
 from edgemask.errors import CorruptFileError, EdgemaskError
-from edgemask.profiling.records import ArtifactInfo, CampaignConfig, Job, SkippedJob
+from edgemask.profiling.records import (TRAINING_RUNNER, ArtifactInfo, CampaignConfig, Job, SkippedJob,
+                                        is_training_format)
 
 SCHEMA_VERSION = 3
 MEASURED, FAILED, INTERRUPTED = "measured", "failed", "interrupted"
@@ -248,12 +249,15 @@ class ResultsStore:
         """Keep the campaign's config. A resume with other runner settings would mix incomparable samples."""
         new = config.to_dict()
         old = self.campaign_config()
-        if old is not None:  # settings added since the campaign started count with their defaults
-            old = {**old, "runner": {**dataclasses.asdict(RunnerSettings()), **(old.get("runner") or {})}}
-        if old is not None and old.get("runner") != new["runner"]:
-            raise EdgemaskError(
-                f"{self.path}: campaign {config.name!r} was started with runner settings {old.get('runner')}, "
-                f"now {new['runner']}; give the campaign a new name or restore the settings")
+        if old is not None:  # settings (and tables) added since the campaign started count with their defaults
+            old = {**old, "runner": {**dataclasses.asdict(RunnerSettings()), **(old.get("runner") or {})},
+                   "training_runner": {**dataclasses.asdict(TRAINING_RUNNER), **(old.get("training_runner") or {})}}
+        for table in ("runner", "training_runner"):
+            if old is not None and old.get(table) != new[table]:
+                raise EdgemaskError(
+                    f"{self.path}: campaign {config.name!r} was started with {table.replace('_', ' ')} settings "
+                    f"{old.get(table)} ([{table}]), "
+                    f"now {new[table]}; give the campaign a new name or restore the settings")
         self._write("INSERT OR REPLACE INTO meta VALUES ('campaign', ?)", [(json.dumps(new),)])
 
     def campaign_config(self) -> dict[str, Any] | None:
@@ -448,14 +452,16 @@ class ResultsStore:
                 rec[f.name] = value
             rec["throttled"] = throttled(m.get("state_before") or {}) or throttled(m.get("state_after") or {})
             rec["model_bytes"] = _file_bytes(manifest, fmt, variant)
+            rec.update(_training_info(manifest, fmt))
             rec["unstable_attempts"] = int(unstable.get(job_id, 0))
             records.append(rec)
         columns = [*_JOB_COLUMNS, "attempts", "recorded_at", *_ARTIFACT_COLUMNS,
                    *[f.name for f in dataclasses.fields(Measurement)
                      if f.name not in _NOT_COLUMNS],
-                   "throttled", "model_bytes", "unstable_attempts"]
+                   "throttled", "model_bytes", *TRAINING_MANIFEST, "unstable_attempts"]
         df = pd.DataFrame.from_records(records, columns=columns)
-        for col in ("params_dense", "params_compacted", "flops_dense", "flops_compacted", "model_bytes"):
+        for col in ("params_dense", "params_compacted", "flops_dense", "flops_compacted", "model_bytes",
+                    *TRAINING_MANIFEST):
             df[col] = df[col].astype("Int64")
         return df
 
@@ -501,6 +507,16 @@ def _insert_profile(cur: sqlite3.Cursor, job_id: str, profile: Mapping[str, Any]
     cur.executemany("INSERT INTO operator_samples VALUES (?,?,?,?,?,?,?)",
                     [(job_id, i, k, str(op[0]), str(op[1]), float(op[2]), op[3] if len(op) > 3 else None)
                      for i, r in enumerate(runs) for k, op in enumerate(r.get("ops") or [])])
+
+
+# The manifest's ``training`` numbers a training job's row carries (None on inference rows): the round the measured
+# steps belong to (``num_train`` samples × ``epochs``) and what trains
+TRAINING_MANIFEST = ("trained_params", "num_train", "epochs")
+
+
+def _training_info(manifest: str | None, fmt: str) -> dict[str, int | None]:
+    info = (json.loads(manifest).get("training") or {}) if manifest and is_training_format(fmt) else {}
+    return {k: (int(info[k]) if info.get(k) is not None else None) for k in TRAINING_MANIFEST}
 
 
 def _file_bytes(manifest: str | None, fmt: str, variant: str) -> int | None:

@@ -30,8 +30,10 @@ SAMPLE_METRICS = {"latency_ms": "latency_ms", "power_w": "power_w"}
 
 
 def results_frame(summary: pd.DataFrame) -> pd.DataFrame:
-    """``profiling.stats.summarize``'s table with the identifying and verdict columns first."""
-    first = [c for c in [*ID_COLUMNS, *VERDICT_COLUMNS] if c in summary.columns]
+    """``profiling.stats.summarize``'s table with the identifying columns, ``workload`` (``inference`` or
+    ``train``) and the verdict columns first; a training row's own columns (``profiling.stats.TRAINING_COLUMNS``)
+    are there when the campaign measured a training format."""
+    first = [c for c in [*ID_COLUMNS, "workload", *VERDICT_COLUMNS] if c in summary.columns]
     return summary[first + [c for c in summary.columns if c not in first]].reset_index(drop=True)
 
 

@@ -9,10 +9,19 @@ variant × device × threads, all its repetitions — is VALID when every rule b
 | `failed`              | every repetition produced a measurement (the runner did not fail)             |
 | `output-check-failed` | the outputs on the device matched the host's reference within tolerance        |
 | `too-few-runs`        | each repetition timed at least ``min_runs`` latency samples                    |
+|                       | (inference: max(``MIN_RUNS`` 50, ``[runner] min_runs``); a training step:      |
+|                       | max(``MIN_TRAIN_STEPS`` 20, ``[training_runner] min_runs``) steps)             |
 | `too-short`           | each repetition's timed window lasted at least ``min_seconds``                 |
+|                       | (inference: max(``MIN_SECONDS`` 1 s, ``[runner] min_seconds``); a training    |
+|                       | step: max(``MIN_TRAIN_SECONDS`` 1 s, ``[training_runner] min_seconds``))      |
 | `high-cv`             | the pooled latency samples' CV (sample std ÷ mean) is at most ``cv_threshold`` |
 | `throttled`           | the board reported no throttling during any repetition                         |
 | `temperature-drift`   | no thermal zone warmed by more than ``max_temp_drift_c`` across a window        |
+
+A training job (formats pte-train, torch-train; each latency sample one local step) is judged by the same rules
+with its own floors (:meth:`VerdictRules.for_training`): a step lasts 10^2-10^4 inferences, so 50 of them would
+make a job minutes long, while 20 steps over at least a second already put p50 on 20 samples that each span many
+scheduler ticks.
 
 A board that cannot report a signal (no thermal zone, no throttling flags: most x86 hosts and the ``local``
 device) is neither failed nor silently passed on that rule: the verdict lists it under ``not_checked`` with why.
@@ -32,10 +41,16 @@ from typing import Any
 
 import pandas as pd
 
+from edgemask.profiling.records import TRAINING_RUNNER
+
 # The runner's defaults (devices.records.RunnerSettings, after TFLite's benchmark_model): at least 50 timed
 # inferences and 1 s per repetition, so p50/p90 rest on enough samples and a window spans many scheduler ticks.
 MIN_RUNS = 50
 MIN_SECONDS = 1.0
+# A training step's floors (issue #39): at least 20 timed steps and 1 s per repetition (demo MLP: a torch step
+# ~150 ms, an ExecuTorch portable step ~1.9 s: 20 steps is 3 s to 40 s a job).
+MIN_TRAIN_STEPS = 20
+MIN_TRAIN_SECONDS = 1.0
 # Latency spread above which a setting's percentiles are not quoted (the issue's 10 %).
 CV_THRESHOLD = 0.10
 # A zone warming by more than this across one repetition (before loading -> after the timed window) means the
@@ -64,6 +79,18 @@ class VerdictRules:
         return cls(min_runs=max(MIN_RUNS, int(runner.get("min_runs") or 0)),
                    min_seconds=max(MIN_SECONDS, float(runner.get("min_seconds") or 0.0)),
                    cv_threshold=cv_threshold)
+
+    @classmethod
+    def for_training(cls, config: Mapping[str, Any] | None, cv_threshold: float = CV_THRESHOLD) -> "VerdictRules":
+        """The rules for the stored campaign's training rows (a local step per latency sample): the floors
+        ``MIN_TRAIN_STEPS`` / ``MIN_TRAIN_SECONDS`` or the campaign's ``[training_runner] min_runs`` /
+        ``min_seconds`` (``profiling.records.TRAINING_RUNNER``'s where the stored config has no such table),
+        whichever is higher."""
+        runner = (config or {}).get("training_runner") or {}
+        min_runs = runner.get("min_runs", TRAINING_RUNNER.min_runs)
+        min_seconds = runner.get("min_seconds", TRAINING_RUNNER.min_seconds)
+        return cls(min_runs=max(MIN_TRAIN_STEPS, int(min_runs or 0)),
+                   min_seconds=max(MIN_TRAIN_SECONDS, float(min_seconds or 0.0)), cv_threshold=cv_threshold)
 
     def describe(self) -> str:
         return (f"at least {self.min_runs} timed samples and {self.min_seconds:g} s per repetition, CV at most "

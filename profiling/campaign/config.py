@@ -8,6 +8,8 @@ shows every table with what each field means::
     [campaign]            # CampaignConfig: name, formats, variants, devices, threads, repetitions, timeout_s, …
     [[artifacts]]         # ArtifactSelection: run, clients ("all" or a list), dense
     [runner]              # any field of devices.records.RunnerSettings except threads (the campaign's own list)
+    [training_runner]     # the same fields, for the jobs of a training format (pte-train, torch-train); its
+                          # defaults are profiling.records.TRAINING_RUNNER's (a step is far slower than an inference)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from edgemask.schema import Field, Table, schema_of
 from edgemask.targets import FORMAT_RUNTIME
 from edgemask.tomlio import read_toml
 from edgemask.workspace import check_name
-from edgemask.profiling.records import ArtifactSelection, CampaignConfig
+from edgemask.profiling.records import TRAINING_RUNNER, ArtifactSelection, CampaignConfig
 
 # Format name -> the runtime that runs it (docs/contracts.md): edgemask.targets' one map, as a registry so an unknown
 # name in a campaign lists the valid ones.
@@ -61,8 +63,8 @@ def derive_schema(cls: type, limits: Mapping[str, Mapping[str, Any]], skip: Coll
 
 
 _TOP = {"campaign": Field(dict), "artifacts": Field(list, nonempty=True, what="[[artifacts]] table"),
-        "runner": Field(dict, default={})}
-_CAMPAIGN = derive_schema(CampaignConfig, skip=("artifacts", "runner"), limits={
+        "runner": Field(dict, default={}), "training_runner": Field(dict, default={})}
+_CAMPAIGN = derive_schema(CampaignConfig, skip=("artifacts", "runner", "training_runner"), limits={
     "formats": dict(choices=FORMATS, what="format", nonempty=True, unique=True),
     "variants": dict(choices=VARIANTS, what="variant", nonempty=True, unique=True),
     "devices": dict(what="device", nonempty=True, unique=True),
@@ -80,9 +82,13 @@ _SELECTION = derive_schema(ArtifactSelection, limits={
     "clients": dict(kind=(str, list), default="all", what="client id", unique=True)})
 # The runner's counts and times: none negative, counts bounded; at least one timed sample.
 _RUNNER_LIMITS = {int: dict(minimum=0, maximum=MAX_RUNNER_COUNT), float: dict(minimum=0)}
-_RUNNER = derive_schema(RunnerSettings, skip=("threads",), limits={
+_RUNNER_FIELD_LIMITS = {
     name: {**_RUNNER_LIMITS.get(kind, {}), **({"minimum": 1} if name == "min_runs" else {})}
-    for name, kind in typing.get_type_hints(RunnerSettings).items() if name != "threads"})
+    for name, kind in typing.get_type_hints(RunnerSettings).items() if name != "threads"}
+_RUNNER = derive_schema(RunnerSettings, skip=("threads",), limits=_RUNNER_FIELD_LIMITS)
+# [training_runner]: the same fields and limits, each default TRAINING_RUNNER's (profiling.records)
+_TRAINING_RUNNER = derive_schema(RunnerSettings, skip=("threads",), limits={
+    name: {**limits, "default": getattr(TRAINING_RUNNER, name)} for name, limits in _RUNNER_FIELD_LIMITS.items()})
 
 
 def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
@@ -100,8 +106,10 @@ def parse_campaign(data: Mapping[str, Any], source: str = "campaign.toml",
         raise camp.error("name", f"{name!r} is not a directory name", "use letters, digits, '.', '_' and '-'")
     selections = tuple(_selection(top, source, i, entry) for i, entry in enumerate(top["artifacts"]))
     runner = Table(source, "runner", top["runner"], _RUNNER)
+    training = Table(source, "training_runner", top["training_runner"], _TRAINING_RUNNER)
     settings = {key: tuple(v) if isinstance(v := camp[key], list) else v for key in _CAMPAIGN}  # TOML list: tuple
-    return CampaignConfig(**settings, artifacts=selections, runner=RunnerSettings(**runner.values()))
+    return CampaignConfig(**settings, artifacts=selections, runner=RunnerSettings(**runner.values()),
+                          training_runner=dataclasses.replace(TRAINING_RUNNER, **training.values()))
 
 
 def _selection(top: Table, source: str, i: int, entry: Any) -> ArtifactSelection:

@@ -16,7 +16,8 @@ from edgemask.errors import ConfigError
 from edgemask.manifest import MANIFEST, load_artifact
 from edgemask.targets import artifact_format
 from edgemask.profiling.campaign.config import DENSE_CLIENT, FORMATS
-from edgemask.profiling.records import ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob
+from edgemask.profiling.records import (ArtifactInfo, ArtifactSelection, CampaignConfig, Job, SkippedJob,
+                                        is_training_format)
 
 
 def read_manifest(path: str | Path) -> ArtifactInfo:
@@ -90,8 +91,11 @@ def plan_campaign(config: CampaignConfig, workspace: str | Path,
                 for variant in config.variants:
                     if info.file_for(artifact_format(fmt), variant) is None:  # trt: the ONNX file
                         have = ", ".join(f"{f.format}/{f.variant}" for f in info.files) or "none"
-                        skipped.append(SkippedJob(artifact, fmt, variant, device,
-                                                  f"manifest has no {artifact_format(fmt)}/{variant} file (has: {have})"))
+                        why = f"manifest has no {artifact_format(fmt)}/{variant} file (has: {have})"
+                        if is_training_format(fmt):  # a client's local step: fp32 only, written when asked for
+                            why += ("; a local training step is exported as fp32 only" if variant != "fp32" else
+                                    f"; export with --formats {fmt} to write the client's local step")
+                        skipped.append(SkippedJob(artifact, fmt, variant, device, why))
                     elif runtimes and FORMATS.get(fmt) not in runtimes:  # empty: not declared
                         skipped.append(SkippedJob(artifact, fmt, variant, device,
                                                   f"device has no {FORMATS.get(fmt)} runtime "

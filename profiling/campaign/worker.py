@@ -156,7 +156,8 @@ class DeviceWorker:
         self._note("settings_restored", restored, f"restored {_describe(restored)}")
 
     def _run_job(self, job: Job) -> None:
-        settings = dataclasses.replace(self.config.runner, threads=job.threads)
+        # a training format's job (a local step) is measured with [training_runner], every other with [runner]
+        settings = dataclasses.replace(self.config.settings_for(job.format), threads=job.threads)
         artifact_dir = self.workspace / "artifacts" / job.artifact
         attempts = self.config.retries + 1
         unstable = 0  # attempts dropped for their CV (remeasure_unstable)

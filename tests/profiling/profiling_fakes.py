@@ -53,7 +53,8 @@ class FakeConnect:
 
 def write_manifest(workspace: Path, run: str, client: str, *, kind: str, algorithm: str = "fedmask",
                    model: str = "cnn", dataset: str = "digits", formats=(("onnx", "fp32"), ("pte", "fp32")),
-                   params=(1000, 400), flops=(10_000, 2_000), nbytes: int = 4000) -> Path:
+                   params=(1000, 400), flops=(10_000, 2_000), nbytes: int = 4000,
+                   training: dict[str, Any] | None = None) -> Path:
     """A complete manifest.json written by the contract's writer, with files it describes truly: stand-in model
     files of ``nbytes`` bytes (not runnable models: the fake benchmark never runs them) and a real sample_io, each
     with its real size and sha256, so the campaign's checked reader (``edgemask.manifest.load_artifact``) takes it."""
@@ -71,6 +72,12 @@ def write_manifest(workspace: Path, run: str, client: str, *, kind: str, algorit
         digests[path.name] = sha256_file(path)
     write_sample_io(d / SAMPLE_IO, np.zeros((32, 1, 8, 8), np.float32), np.zeros((32, 10), np.float32),
                     np.zeros(32, np.int64))
+    if training is not None:  # the local step's numbers (manifest `training`): a stand-in train_io.npz beside
+        (d / "train_io.npz").write_bytes(f"{run}/{client}/train_io".encode())
+        training = {"file": "train_io.npz", "sha256": sha256_file(d / "train_io.npz"), "batch_size": 32,
+                    "steps_per_round": 1, "epochs": 1, "num_train": 32, "lr": 0.1, "momentum": 0.0,
+                    "trained": ["t0"], "frozen": [], "trained_params": 100, "step": "fedmask.forward",
+                    "limit": 1e-3, "rtol": 1e-4, "max_abs_diff": {}, **training}
     manifest = Manifest(
         run_id=run, client_id=client, kind=kind, algorithm=algorithm, model=model, dataset=dataset,
         inputs=[TensorSpec("input", [1, 1, 8, 8], "float32")], outputs=[TensorSpec("output", [1, 10], "float32")],
@@ -79,7 +86,7 @@ def write_manifest(workspace: Path, run: str, client: str, *, kind: str, algorit
         sample_io={"file": SAMPLE_IO, "sha256": sha256_file(d / SAMPLE_IO), "count": 32},
         params={"dense": params[0], "compacted": params[1]}, flops={"dense": flops[0], "compacted": flops[1]},
         layers=[{"name": "conv1", "kept": 10, "total": 16}], tolerance={"limit": 1e-5, "max_abs_diff": {}},
-        created="2026-11-22T10:00:00Z",
+        created="2026-11-22T10:00:00Z", training=training,
     )
     write_manifest_file(d, manifest)
     return d
@@ -95,7 +102,7 @@ def small_workspace(root: Path, run: str = "run-a", clients=("client-000", "clie
 def campaign_toml(name: str = "camp", *, run: str = "run-a", clients="all", dense: bool = True,
                   devices=("dev-a", "dev-b"), formats=("onnx", "pte"), threads=(1,), repetitions: int = 2,
                   retries: int = 2, cooldown_s: float = 0.0, backoff: float = 0.001, timeout_s: float = 30,
-                  runner: dict[str, Any] | None = None) -> str:
+                  runner: dict[str, Any] | None = None, training_runner: dict[str, Any] | None = None) -> str:
     """The one campaign.toml template of the tests. Defaults: the fake fleet's campaign (every client of run-a and
     its dense baseline on dev-a and dev-b, runner 5 samples / 0.01 s); ``runner``: the [runner] table instead."""
     q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
@@ -118,7 +125,9 @@ clients = {json.dumps(clients) if isinstance(clients, str) else q(clients)}
 dense = {json.dumps(dense)}
 
 [runner]
-""" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in runner.items())
+""" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in runner.items()) + (
+        "" if training_runner is None else "\n[training_runner]\n" + "".join(
+            f"{key} = {json.dumps(value)}\n" for key, value in training_runner.items()))
 
 
 def real_campaign_toml(name: str, *, seconds: float, repetitions: int = 2, device: str = "local") -> str:

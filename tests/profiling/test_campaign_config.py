@@ -27,7 +27,7 @@ def test_loads_every_field(tmp_path):
 
 @pytest.mark.parametrize("edit, words", [
     (('formats = ["onnx", "pte"]', 'formats = ["onnx", "tfjs"]'),
-     ["[campaign] formats: unknown format 'tfjs'; valid names: onnx, pte, tflite"]),
+     ["[campaign] formats: unknown format 'tfjs'; valid names: onnx, pte, pte-train, tflite, torch-train, trt"]),
     (('[campaign]', '[campaign]\nvariants = ["fp16"]'),
      ["[campaign] variants: unknown variant 'fp16'; valid names: fp32, int8"]),
     (('repetitions = 2', 'repetitions = 0'), ["[campaign] repetitions: 0 is out of range; use a value between 1 and 1000"]),
