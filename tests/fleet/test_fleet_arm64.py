@@ -52,7 +52,8 @@ def test_devices_check_shows_an_aarch64_board(arm64_device, tmp_path, capsys):
     assert report["reachable"] is True and report["arch"] == "aarch64"
     assert report["python"].startswith("3.11.") and "aarch64-with-glibc2.36" in report["os"]  # bookworm
     assert report["runtimes"] == {"onnxruntime": "onnxruntime 1.31.1", "tflite": "ai_edge_litert 2.3.0",
-                                  "executorch": "executorch 1.5.1+cpu"}  # its version.py says +cpu
+                                  "executorch": "executorch 1.5.1+cpu",  # its version.py says +cpu
+                                  "torch": "torch 2.13.0+cu130"}  # the rootfs's torch: PyPI's aarch64 build
     assert report["power_sensors"]["hwmon"] == "hwmon:ina226:hwmon0"
     assert report["missing"] == []  # a provisioned Pi
     # without ExecuTorch a Pi's plan is tflite-runtime with numpy<2: the board's numpy 2 is named, with the fix
