@@ -222,7 +222,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from edgemask.profiling.replay import ReplaySettings, replay_report
 
-    settings = ReplaySettings(bandwidth_kbps=args.bandwidth, target=args.target, metric=args.metric)
+    settings = ReplaySettings(bandwidth_kbps=args.bandwidth, target=args.target, metric=args.metric,
+                              measured_rounds=not args.assume_3x)
     print(replay_report(_ws(args).root, args.run, Path(args.trace), settings))
     return 0
 
@@ -360,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "the highest every replayed run reaches)")
     rp.add_argument("--metric", default="mean_accuracy", help="the server-side history metric the target applies "
                     "to (default: mean_accuracy, the clients' mean personalized accuracy)")
+    rp.add_argument("--assume-3x", action="store_true", help="ignore the trace's measured local rounds: every "
+                    "client's training costs FedScale's 3 x batch-1 inference per sample (default: a client's "
+                    "measured local round where the campaign measured a training format)")
     bg = add("budgets", "PerFedMask's budgets psi_n from measured training steps: each simulated device a board "
              "of a measured mix, psi_n the largest trainable part whose local round meets a deadline", cmd_budgets)
     bg.add_argument("--config", required=True, help="the PerFedMask training config, e.g. configs/digits-perfedmask.toml")

@@ -13,6 +13,11 @@ The Pareto view (``pareto_front``): per device × format × variant × threads, 
 client's beats on both accuracy and measured p50 latency, among VALID settings only (an INVALID latency is not a
 number to compare).
 
+Per client, its local round on the row's board (issue #39): ``local_round_ms``, the measured whole local round of the
+training row of the client's model artifact on the same device and threads (``profiling.training.local_rounds``:
+``torch-train``'s where both training formats were measured, unless ``train_format`` names the other), with the
+format, verdict and training file it came from; NaN where no training format was measured.
+
 Columns in ``docs/contracts.md`` ("clients.parquet").
 """
 
@@ -27,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from edgemask.fileio import atomic_path
+from edgemask.profiling.training import DEFAULT_TRAIN_FORMAT, local_rounds
 from edgemask.workspace import check_name
 
 CLIENTS_PARQUET = "clients.parquet"
@@ -143,14 +149,25 @@ def client_training(history: pd.DataFrame | None, client: str) -> dict[str, floa
     return out
 
 
-def ledger_frame(results: pd.DataFrame, runs: dict[str, RunRecord]) -> tuple[pd.DataFrame, list[str]]:
+# local_rounds' columns the ledger carries (the measured local round of the client's model on the row's board)
+LOCAL_ROUND = ["local_round_ms", "local_round_format", "local_round_verdict", "local_round_sha256"]
+
+
+def ledger_frame(results: pd.DataFrame, runs: dict[str, RunRecord],
+                 train_format: str = DEFAULT_TRAIN_FORMAT) -> tuple[pd.DataFrame, list[str]]:
     """Join ``results`` (``results.parquet``'s frame: one row per setting) with each run's training record into
-    the ledger (one row per run × client × setting), with ``on_front`` from :func:`pareto_front`; and the notes
-    on what was left out."""
+    the ledger (one row per run × client × inference setting), with ``on_front`` from :func:`pareto_front` and the
+    measured local round of the client's model on that device and threads (:data:`LOCAL_ROUND`; which training
+    format where both were measured: ``train_format``); and the notes on what was left out."""
     notes: list[str] = []
     rows: list[dict[str, Any]] = []
     if results.empty:
         return pd.DataFrame(), notes
+    rounds = local_rounds(results, train_format)
+    if "workload" in results.columns:  # a training row is no model a client runs: its round is a column
+        results = results[results["workload"] != "train"]
+        if results.empty:
+            return pd.DataFrame(), notes
     for run_id, g in results.groupby("run_id", sort=True):
         rec = runs.get(str(run_id)) or RunRecord(str(run_id))
         notes += rec.notes
@@ -181,6 +198,10 @@ def ledger_frame(results: pd.DataFrame, runs: dict[str, RunRecord]) -> tuple[pd.
     first = ["run_id", "client_id", "algorithm", "model", "dataset", *SETTING, "artifact", "measured_model", *acc]
     df = df[first + [c for c in df.columns if c not in first]]
     df["on_front"] = pareto_front(df)
+    df = df.merge(rounds[["artifact", "device", "threads", *LOCAL_ROUND]], how="left",
+                  on=["artifact", "device", "threads"])
+    for col in LOCAL_ROUND[1:]:  # text: None where no round was measured (as parquet reads it back)
+        df[col] = df[col].astype(object).where(df[col].notna(), None)
     return df.sort_values(["run_id", "client_id", *SETTING]).reset_index(drop=True), notes
 
 
@@ -223,7 +244,8 @@ def write_ledger(results_dir: str | Path, ledger: pd.DataFrame) -> Path:
     return path
 
 
-def build_ledger(results: pd.DataFrame, workspace: str | Path) -> tuple[pd.DataFrame, list[str]]:
+def build_ledger(results: pd.DataFrame, workspace: str | Path,
+                 train_format: str = DEFAULT_TRAIN_FORMAT) -> tuple[pd.DataFrame, list[str]]:
     """:func:`ledger_frame` with the runs ``results`` names read from ``workspace``."""
     runs = {str(r): read_run(workspace, str(r)) for r in (results["run_id"].unique() if len(results) else [])}
-    return ledger_frame(results, runs)
+    return ledger_frame(results, runs, train_format)

@@ -11,6 +11,17 @@ FedScale's cost model (Lai et al., ICML 2022; ``fedscale/cloud/internal/client_m
     round_r   = max_c (compute_c + comm_c)                                  (a round ends with its slowest client)
     energy_r  = Σ_c augmentation × samples_c × train_energy_mj ÷ 1000       (J, the sampled devices' compute only)
 
+Where the trace holds the client's **measured local round** (issue #39: ``local_round_ms``, the median whole round
+of its local step timed on the board, over ``round_samples`` = num_train × epochs training samples) that replaces
+FedScale's assumption, scaled to the round's samples (a round that processed the client's full data every epoch
+costs exactly the measured round):
+
+    compute_c = local_round_ms × samples_c ÷ round_samples ÷ 1000
+    energy_c  = step_energy_mj × steps_per_round × samples_c ÷ round_samples ÷ 1000   (NaN without a power sensor)
+
+and the output lists which clients used it (with its format and verdict) and which fell back to the 3× assumption
+(``ReplaySettings.measured_rounds = False``, ``edgemask replay --assume-3x``: every client falls back).
+
 ``samples_c`` is what the client's local training processed in that round (the history's ``samples_seen``:
 batch × local steps, every epoch counted, the last partial batch as it is). The time and energy to a target
 accuracy are the sums through the first evaluated round whose ``mean_accuracy`` reaches it.
@@ -29,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from edgemask.errors import ConfigError, CorruptFileError
@@ -48,6 +60,8 @@ class ReplaySettings:
     target: float | None = None
     augmentation: float = AUGMENTATION
     metric: str = "mean_accuracy"  # the server-side history metric the target applies to
+    # use a client's measured local round where the trace has one (False: FedScale's 3× assumption for everyone)
+    measured_rounds: bool = True
 
 
 @dataclass
@@ -57,6 +71,10 @@ class RunReplay:
     rounds: pd.DataFrame  # one row per round: round, clients, slowest, compute_s, comm_s, round_s, energy_j, ...
     train_artifacts: list[str] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
+    # clients whose compute cost is their measured local round: client -> (source, verdict), e.g.
+    # ("torch-train measured", "VALID"); and the clients that fell back to the 3× assumption
+    measured: dict[str, tuple[str, str]] = field(default_factory=dict)
+    fallback: list[str] = field(default_factory=list)
 
     def to_target(self, target: float) -> dict[str, float]:
         """Rounds, seconds and joules through the first evaluated round reaching ``target`` (NaN when none)."""
@@ -67,13 +85,26 @@ class RunReplay:
         return {"rounds": int(r["round"]) + 1, "time_s": float(r["cum_time_s"]), "energy_j": float(r["cum_energy_j"])}
 
 
+def measured_clients(costs: pd.DataFrame, measured_rounds: bool = True) -> pd.Series:
+    """Per client of ``costs`` (index ``client_id``): whether its compute cost is its measured local round (a
+    trace row with ``local_round_ms`` and ``round_samples`` > 0), else False: FedScale's 3× assumption."""
+    cost = costs.set_index("client_id")
+    if not measured_rounds or "local_round_ms" not in cost.columns or "round_samples" not in cost.columns:
+        return pd.Series(False, index=cost.index)
+    lr = pd.to_numeric(cost["local_round_ms"], errors="coerce")
+    rs = pd.to_numeric(cost["round_samples"], errors="coerce")
+    return lr.notna() & (rs > 0)
+
+
 def replay_rounds(history: pd.DataFrame, costs: pd.DataFrame, bandwidth_kbps: float,
-                  augmentation: float = AUGMENTATION, run_id: str = "?", metric: str = "mean_accuracy"
-                  ) -> pd.DataFrame:
+                  augmentation: float = AUGMENTATION, run_id: str = "?", metric: str = "mean_accuracy",
+                  measured_rounds: bool = True) -> pd.DataFrame:
     """The cost of every round of ``history`` (long format) under ``costs`` (one row per client: ``client_id``,
-    ``computation_ms``, ``train_energy_mj``), with the cumulative time and energy and the round's accuracy: the
-    server's ``metric`` row (``mean_accuracy``: the clients' mean personalized accuracy; NaN in rounds not
-    evaluated)."""
+    ``computation_ms``, ``train_energy_mj``; optionally its measured ``local_round_ms``, ``round_samples``,
+    ``steps_per_round``, ``step_energy_mj``, used where present unless ``measured_rounds`` is False), with the
+    cumulative time and energy and the round's accuracy: the server's ``metric`` row (``mean_accuracy``: the
+    clients' mean personalized accuracy; NaN in rounds not evaluated). ``measured`` counts the round's clients
+    that were costed by their measured round."""
     if not (bandwidth_kbps > 0 and math.isfinite(bandwidth_kbps)):
         raise ConfigError(f"bandwidth {bandwidth_kbps!r} kbit/s: expected a positive number")
     wide = history[history["client"] != "server"].pivot_table(
@@ -83,21 +114,31 @@ def replay_rounds(history: pd.DataFrame, costs: pd.DataFrame, bandwidth_kbps: fl
                                f"issue 29): retrain the run to replay it")
     wide = wide[wide["samples_seen"].notna()].reset_index()
     cost = costs.set_index("client_id")
-    missing = sorted(set(wide["client"]) - set(cost.index[cost["computation_ms"].notna()]))
+    has_round = measured_clients(costs, measured_rounds)
+    costed = set(cost.index[cost["computation_ms"].notna()]) | set(has_round.index[has_round])
+    missing = sorted(set(wide["client"]) - costed)
     if missing:
         raise ConfigError(f"run {run_id}: the trace has no measured training cost for client(s) "
                           f"{', '.join(missing[:5])}; profile the run's dense artifact on the trace's device")
-    wide["compute_s"] = augmentation * wide["samples_seen"] * cost.loc[wide["client"], "computation_ms"].to_numpy() / 1e3
+    at = lambda col: (pd.to_numeric(cost.loc[wide["client"], col], errors="coerce").to_numpy(dtype=float)  # noqa: E731
+                      if col in cost.columns else np.full(len(wide), np.nan))
+    samples = wide["samples_seen"].to_numpy(dtype=float)
+    use = has_round.loc[wide["client"]].to_numpy(dtype=bool)
+    share = samples / np.where(use, at("round_samples"), 1.0)  # the part of the measured round this round ran
+    assumed_s = augmentation * samples * at("computation_ms") / 1e3
+    assumed_j = augmentation * samples * at("train_energy_mj") / 1e3
+    wide["compute_s"] = np.where(use, at("local_round_ms") * share / 1e3, assumed_s)
     wide["comm_s"] = (wide["bytes_up"] + wide["bytes_down"]) * 8 / 1e3 / bandwidth_kbps
     wide["client_s"] = wide["compute_s"] + wide["comm_s"]
-    wide["energy_j"] = (augmentation * wide["samples_seen"]
-                        * cost.loc[wide["client"], "train_energy_mj"].to_numpy(dtype=float) / 1e3)
+    wide["energy_j"] = np.where(use, at("step_energy_mj") * at("steps_per_round") * share / 1e3, assumed_j)
+    wide["measured"] = use
     rows = []
     for rnd, g in wide.groupby("round", sort=True):
         slow = g.loc[g["client_s"].idxmax()]
-        rows.append({"round": int(rnd), "clients": len(g), "slowest": slow["client"],
-                     "compute_s": float(slow["compute_s"]), "comm_s": float(slow["comm_s"]),
-                     "round_s": float(slow["client_s"]), "energy_j": float(g["energy_j"].sum(min_count=len(g)))})
+        rows.append({"round": int(rnd), "clients": len(g), "measured": int(g["measured"].sum()),
+                     "slowest": slow["client"], "compute_s": float(slow["compute_s"]),
+                     "comm_s": float(slow["comm_s"]), "round_s": float(slow["client_s"]),
+                     "energy_j": float(g["energy_j"].sum(min_count=len(g)))})
     out = pd.DataFrame(rows)
     out["cum_time_s"] = out["round_s"].cumsum()
     out["cum_energy_j"] = out["energy_j"].cumsum()
@@ -111,7 +152,8 @@ def replay_rounds(history: pd.DataFrame, costs: pd.DataFrame, bandwidth_kbps: fl
 
 
 def replay_run(workspace: str | Path, run_id: str, trace: pd.DataFrame, bandwidth_kbps: float,
-               augmentation: float = AUGMENTATION, metric: str = "mean_accuracy") -> RunReplay:
+               augmentation: float = AUGMENTATION, metric: str = "mean_accuracy",
+               measured_rounds: bool = True) -> RunReplay:
     run_dir = Path(workspace) / "runs" / check_name(run_id, "--run")
     path = run_dir / "history.parquet"
     if not path.is_file():
@@ -125,9 +167,30 @@ def replay_run(workspace: str | Path, run_id: str, trace: pd.DataFrame, bandwidt
         algorithm = json.loads((run_dir / "summary.json").read_text()).get("algorithm", "?")
     except (OSError, ValueError):
         algorithm = str(costs["algorithm"].iloc[0])
-    rounds = replay_rounds(history, costs, bandwidth_kbps, augmentation, run_id, metric)
-    return RunReplay(run_id, algorithm, rounds, sorted(costs["train_artifact"].dropna().unique()),
-                     sorted(costs["train_verdict"].dropna().unique()))
+    rounds = replay_rounds(history, costs, bandwidth_kbps, augmentation, run_id, metric, measured_rounds)
+    return run_replay(run_id, algorithm, rounds, costs, history, measured_rounds)
+
+
+def run_replay(run_id: str, algorithm: str, rounds: pd.DataFrame, costs: pd.DataFrame, history: pd.DataFrame,
+               measured_rounds: bool = True) -> RunReplay:
+    """A :class:`RunReplay` of ``rounds`` (:func:`replay_rounds`), naming the artifacts and verdicts the costs rest
+    on and, among the clients that trained in ``history``, those costed by their measured local round and those
+    that fell back to the 3× assumption."""
+    trained = set(history.loc[(history["client"] != "server") & (history["metric"] == "samples_seen"), "client"])
+    use = measured_clients(costs, measured_rounds)
+    cost = costs.set_index("client_id")
+    col = lambda c, name, default: str(cost.at[c, name]) if name in cost.columns else default  # noqa: E731
+    measured = {c: (col(c, "local_round_source", "measured"), col(c, "train_round_verdict", "?"))
+                for c in sorted(trained) if c in use.index and use[c]}
+    fallback = sorted(c for c in trained if c not in measured)
+    fell = costs[costs["client_id"].isin(fallback)]
+    artifacts = dict(zip(fell["train_artifact"], fell["train_verdict"]))
+    if measured and {"train_round_artifact", "train_round_verdict"} <= set(costs.columns):
+        got = costs[costs["client_id"].isin(list(measured))]
+        artifacts.update(zip(got["train_round_artifact"], got["train_round_verdict"]))
+    artifacts = {a: v for a, v in artifacts.items() if isinstance(a, str)}
+    return RunReplay(run_id, algorithm, rounds, sorted(artifacts), [artifacts[a] for a in sorted(artifacts)],
+                     measured, fallback)
 
 
 def replay(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
@@ -135,7 +198,8 @@ def replay(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
     """Replay each run under the trace; return the replays, the target, the trace's metadata and the bandwidth."""
     trace, meta = read_trace(trace_dir)
     bandwidth = settings.bandwidth_kbps if settings.bandwidth_kbps is not None else float(meta["bandwidth_kbps"])
-    runs = [replay_run(workspace, r, trace, bandwidth, settings.augmentation, settings.metric) for r in run_ids]
+    runs = [replay_run(workspace, r, trace, bandwidth, settings.augmentation, settings.metric,
+                       settings.measured_rounds) for r in run_ids]
     target = settings.target
     if target is None:
         target = min(float(r.rounds["accuracy"].max()) for r in runs)
@@ -149,19 +213,52 @@ def assumptions(meta: dict, bandwidth_kbps: float, bandwidth_given: bool, augmen
     lines = [
         (f"device {meta['device']}, {meta['format']}/{meta['variant']}, {meta['threads']} thread(s): every client "
          f"is this device"),
-        f"computation: the measured p50 of one batch-1 inference of the model trained ({meta['train_model']}: "
+        *measured_lines(runs, augmentation),
+        ("computation where no local round was measured (the 3× assumption): " if any(r.measured for r in runs)
+         else "computation: ")
+        + f"the measured p50 of one batch-1 inference of the model trained ({meta['train_model']}: "
         + ("the run's dense artifact, since masks are trained over the whole network" if meta["train_model"] == "dense"
            else "the client's compacted model, a trainer that removed dead units") + ")"
         + f", × {augmentation:g} per training sample (FedScale: backward ≈ 2 × forward)",
         f"communication: bytes up + down ÷ {bandwidth_kbps:,.0f} kbit/s per client ("
         + ("given" if bandwidth_given else "the trace's") + ", assumed, not measured); it costs no device energy",
         "a round ends with its slowest client; clients train in parallel; aggregation and evaluation take no time",
-        "energy: the sampled devices' whole-board energy per inference × the training samples; "
+        "energy: the sampled devices' whole-board energy per inference × the training samples"
+        + (" (measured rounds: energy per step × the round's steps)" if any(r.measured for r in runs) else "") + "; "
         + ("missing (no power sensor measured it)" if all(r.rounds["energy_j"].isna().all() for r in runs) else
            "the sum over a round's clients"),
     ]
     if invalid:
         lines.append(f"the training cost rests on INVALID settings ({', '.join(invalid)}): not numbers to quote")
+    return lines
+
+
+LIST_AT_MOST = 40  # client names printed per line; the rest are counted
+
+
+def _names(clients: list[str]) -> str:
+    shown = ", ".join(clients[:LIST_AT_MOST])
+    return shown + (f" and {len(clients) - LIST_AT_MOST} more" if len(clients) > LIST_AT_MOST else "")
+
+
+def measured_lines(runs: list[RunReplay], augmentation: float = AUGMENTATION) -> list[str]:
+    """Per run: which clients' compute is their measured local round (with its source and verdict) and which fell
+    back to FedScale's 3× assumption."""
+    lines = []
+    for r in runs:
+        if r.measured:
+            by = {}
+            for c, (source, verdict) in r.measured.items():
+                by.setdefault((source, verdict), []).append(c)
+            which = "; ".join(f"{_names(cs)} ({source}, {verdict})" for (source, verdict), cs in sorted(by.items()))
+            lines.append(f"run {r.run_id}: measured local round for {len(r.measured)} client(s), scaled by the "
+                         f"round's samples_seen ÷ the samples it measured (num_train × epochs): {which}")
+        if r.fallback:
+            lines.append(f"run {r.run_id}: {len(r.fallback)} client(s) fell back to the {augmentation:g}× "
+                         f"assumption (no measured local round used on this device and threads): "
+                         f"{_names(r.fallback)}")
+        else:
+            lines.append(f"run {r.run_id}: no client fell back to the {augmentation:g}× assumption")
     return lines
 
 

@@ -17,6 +17,13 @@ Per measured device × format × variant × threads, ``results/<campaign>/traces
 - ``trace.json``: the setting, units, the assumed bandwidth, and the sha256 of each file above (checked by
   :func:`read_trace`).
 
+Where the campaign measured a training format on the same device and threads (issue #39), ``trace.parquet`` also
+holds each client's measured local round (``local_round_ms``: the median whole round of the training row of the
+client's model artifact, ``profiling.training.local_rounds``; ``local_round_source`` says which format, e.g.
+``"torch-train measured"``, and is null where the client has none), the samples that round stands for, its steps,
+energy per step, training file and verdict: ``edgemask replay`` takes it in place of FedScale's 3× assumption.
+FedScale's pickle stays as FedScale defines it (ms per sample).
+
 What a client trains (``train_model``, a named setting): ``"dense"`` (default): the run's dense artifact, because
 every algorithm here trains the full network with its mask multiplied in (FedMask learns masks over the whole
 frozen network: dense kernels do not skip its zeros, docs/contracts.md), so the compacted model's latency is
@@ -42,6 +49,7 @@ from edgemask.fileio import (
     write_json_atomic,
 )
 from edgemask.workspace import check_name
+from edgemask.profiling.training import DEFAULT_TRAIN_FORMAT, local_rounds
 
 FEDSCALE_FILE = "client_device_capacity"
 TRACE_PARQUET = "trace.parquet"
@@ -55,7 +63,10 @@ UNITS = {"computation_ms": "ms per sample (p50 of batch-1 inference of the model
          "inference_ms": "ms per sample (p50 of batch-1 inference of the client's model)",
          "train_energy_mj": "mJ per sample (one inference of the model trained, whole device)",
          "inference_energy_mj": "mJ per sample (one inference of the client's model, whole device)",
-         "communication_kbps": "kbit/s (1 kbit = 1000 bit), assumed"}
+         "communication_kbps": "kbit/s (1 kbit = 1000 bit), assumed",
+         "local_round_ms": "ms per local round of round_samples training samples (measured, median)",
+         "round_samples": "training samples the measured local round processed (num_train × epochs)",
+         "step_energy_mj": "mJ per local step (whole device)"}
 
 
 def setting_dir_name(device: str, fmt: str, variant: str, threads: int) -> str:
@@ -63,9 +74,11 @@ def setting_dir_name(device: str, fmt: str, variant: str, threads: int) -> str:
 
 
 def trace_frame(ledger: pd.DataFrame, results: pd.DataFrame, setting: tuple[str, str, str, int], *,
-                bandwidth_kbps: float = DEFAULT_BANDWIDTH_KBPS,
-                train_model: str = DEFAULT_TRAIN_MODEL) -> tuple[pd.DataFrame, list[str]]:
-    """One setting's trace rows (one per run × client of the ledger measured there) and notes on gaps."""
+                bandwidth_kbps: float = DEFAULT_BANDWIDTH_KBPS, train_model: str = DEFAULT_TRAIN_MODEL,
+                train_format: str = DEFAULT_TRAIN_FORMAT) -> tuple[pd.DataFrame, list[str]]:
+    """One setting's trace rows (one per run × client of the ledger measured there) and notes on gaps. A client's
+    measured local round is its model artifact's training row on the same device and threads (``train_format``'s
+    where both training formats were measured)."""
     if train_model not in TRAIN_MODELS:
         raise ConfigError(f"train model {train_model!r}: expected one of {', '.join(TRAIN_MODELS)}")
     if not (bandwidth_kbps > 0 and math.isfinite(bandwidth_kbps)):
@@ -75,6 +88,8 @@ def trace_frame(ledger: pd.DataFrame, results: pd.DataFrame, setting: tuple[str,
                         & (df["threads"] == threads)]
     led, res = sel(ledger), sel(results)
     dense = {str(r.run_id): r for r in res[res["kind"] == "dense"].itertuples()}
+    rounds = local_rounds(results, train_format)
+    rounds = {r.artifact: r for r in rounds[(rounds["device"] == device) & (rounds["threads"] == threads)].itertuples()}
     notes, rows = [], []
     for run_id, g in led.groupby("run_id", sort=True):
         for i, r in enumerate(g.sort_values("client_id").itertuples(), start=1):
@@ -96,8 +111,20 @@ def trace_frame(ledger: pd.DataFrame, results: pd.DataFrame, setting: tuple[str,
                          "inference_ms": float(r.p50_ms), "inference_energy_mj": float(r.energy_mj),
                          "inference_artifact": r.artifact, "inference_verdict": r.verdict,
                          "inference_artifact_sha256": getattr(r, "artifact_sha256", None),
-                         "communication_kbps": float(bandwidth_kbps)})
+                         "communication_kbps": float(bandwidth_kbps), **_local_round(rounds.get(r.artifact))})
     return pd.DataFrame(rows), sorted(set(notes))
+
+
+def _local_round(t: Any) -> dict[str, Any]:
+    """A trace row's measured local round (None: the client has no measured training row here)."""
+    if t is None:
+        return {"local_round_ms": math.nan, "local_round_source": None, "round_samples": math.nan,
+                "steps_per_round": math.nan, "step_energy_mj": math.nan, "train_round_artifact": None,
+                "train_round_verdict": None, "train_round_sha256": None}
+    return {"local_round_ms": float(t.local_round_ms), "local_round_source": f"{t.local_round_format} measured",
+            "round_samples": float(t.round_samples), "steps_per_round": float(t.steps_per_round),
+            "step_energy_mj": float(t.step_energy_mj), "train_round_artifact": t.artifact,
+            "train_round_verdict": t.local_round_verdict, "train_round_sha256": t.local_round_sha256}
 
 
 def fedscale_capacity(trace: pd.DataFrame, run_id: str) -> dict[int, dict[str, float]]:
@@ -110,15 +137,16 @@ def fedscale_capacity(trace: pd.DataFrame, run_id: str) -> dict[int, dict[str, f
 
 
 def write_traces(results_dir: str | Path, ledger: pd.DataFrame, results: pd.DataFrame, *,
-                 bandwidth_kbps: float = DEFAULT_BANDWIDTH_KBPS,
-                 train_model: str = DEFAULT_TRAIN_MODEL) -> tuple[list[Path], list[str]]:
+                 bandwidth_kbps: float = DEFAULT_BANDWIDTH_KBPS, train_model: str = DEFAULT_TRAIN_MODEL,
+                 train_format: str = DEFAULT_TRAIN_FORMAT) -> tuple[list[Path], list[str]]:
     """Write every setting's trace directory under ``results_dir/traces/`` (each file atomically; ``trace.json``
     last, with the others' digests); return the directories and the notes."""
     out, notes = [], []
     if ledger.empty:
         return out, notes
     for setting, _ in ledger.groupby(["device", "format", "variant", "threads"], sort=True):
-        frame, n = trace_frame(ledger, results, setting, bandwidth_kbps=bandwidth_kbps, train_model=train_model)
+        frame, n = trace_frame(ledger, results, setting, bandwidth_kbps=bandwidth_kbps, train_model=train_model,
+                               train_format=train_format)
         notes += n
         d = Path(results_dir) / "traces" / setting_dir_name(*setting)
         d.mkdir(parents=True, exist_ok=True)
@@ -133,7 +161,8 @@ def write_traces(results_dir: str | Path, ledger: pd.DataFrame, results: pd.Data
         device, fmt, variant, threads = setting
         write_json_atomic(d / TRACE_JSON, {
             "schema": 1, "device": device, "format": fmt, "variant": variant, "threads": int(threads),
-            "train_model": train_model, "bandwidth_kbps": float(bandwidth_kbps), "bandwidth_source": "assumed",
+            "train_model": train_model, "train_format": train_format, "bandwidth_kbps": float(bandwidth_kbps),
+            "bandwidth_source": "assumed",
             "units": UNITS, "fedscale": {"computation": UNITS["computation_ms"],
                                          "communication": UNITS["communication_kbps"], "ids": "fedscale_id"},
             "files": files})

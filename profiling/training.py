@@ -93,7 +93,8 @@ def local_rounds(results: pd.DataFrame, train_format: str = DEFAULT_TRAIN_FORMAT
     if train_format not in TRAINING_FORMATS:
         raise ConfigError(f"training format {train_format!r}: expected one of {', '.join(TRAINING_FORMATS)}")
     keys = ["artifact", "device", "threads"]
-    empty = pd.DataFrame(columns=[*keys, *ROUND_COLUMNS])
+    empty = pd.DataFrame(columns=[*keys, *ROUND_COLUMNS]).astype({"threads": int, "local_round_ms": float,
+                                                                  "round_samples": float})
     if results.empty or "workload" not in results.columns or "local_round_ms" not in results.columns:
         return empty
     t = results[(results["workload"] == TRAIN) & pd.to_numeric(results["local_round_ms"], errors="coerce").notna()]

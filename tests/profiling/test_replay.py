@@ -98,3 +98,84 @@ def test_cli_replay_end_to_end_and_refusals(tmp_path, capsys):
     assert main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no trace here" in err
+
+
+# Client a's local round measured on the board (issue #39): 4000 ms for its 100 samples × 2 epochs = 200 samples,
+# 8 steps of 50 mJ; b has no measured round and falls back to FedScale's 3× assumption.
+MEASURED = COSTS.assign(local_round_ms=[4000.0, float("nan")], round_samples=[200.0, float("nan")],
+                        steps_per_round=[8.0, float("nan")], step_energy_mj=[50.0, float("nan")],
+                        local_round_source=["torch-train measured", None], train_round_verdict=["VALID", None])
+
+
+def test_measured_local_round_and_the_3x_fallback_by_hand():
+    # measured: round 0, a: 4000 ms × 100/200 = 2.0 s compute + 3.0 s comm = 5.0 s; b (3×): 1.5 + 2.5 = 4.0 s:
+    #   the round ends with a at 5.0 s; energy a 50 mJ × 8 steps × 100/200 = 0.2 J, b 3 × 50 × 1 mJ = 0.15 J
+    # round 1, a alone: 5.0 s, 0.2 J
+    r = replay_rounds(HISTORY, MEASURED, BANDWIDTH)
+    assert list(r["slowest"]) == ["a", "a"] and list(r["measured"]) == [1, 1]
+    assert r["compute_s"].tolist() == pytest.approx([2.0, 2.0])
+    assert r["round_s"].tolist() == pytest.approx([5.0, 5.0])
+    assert r["energy_j"].tolist() == pytest.approx([0.35, 0.2])
+    assert r["cum_time_s"].tolist() == pytest.approx([5.0, 10.0])
+    assert r["cum_energy_j"].tolist() == pytest.approx([0.35, 0.55])
+    # the other way: every client on the 3× assumption, the figures of test_two_rounds_by_hand
+    f = replay_rounds(HISTORY, MEASURED, BANDWIDTH, measured_rounds=False)
+    assert list(f["slowest"]) == ["b", "a"] and list(f["measured"]) == [0, 0]
+    assert f["round_s"].tolist() == pytest.approx([4.0, 3.6])
+    assert f["cum_time_s"].tolist() == pytest.approx([4.0, 7.6])
+    assert f["cum_energy_j"].tolist() == pytest.approx([1.35, 2.55])
+    # a measured round without power: that client's energy is missing, not 3× inference energy
+    no_power = replay_rounds(HISTORY, MEASURED.assign(step_energy_mj=float("nan")), BANDWIDTH)
+    assert math.isnan(no_power["energy_j"].iloc[0]) and math.isnan(no_power["energy_j"].iloc[1])
+    # a client with a measured round and no inference cost is costed; one with neither is refused
+    r2 = replay_rounds(HISTORY, MEASURED.assign(computation_ms=[float("nan"), 10.0]), BANDWIDTH)
+    assert r2["round_s"].tolist() == pytest.approx([5.0, 5.0])
+    with pytest.raises(ConfigError, match="client\\(s\\) a"):
+        replay_rounds(HISTORY, MEASURED.assign(computation_ms=[float("nan"), 10.0]), BANDWIDTH,
+                      measured_rounds=False, run_id="r")
+
+
+def test_cli_replays_both_ways_and_prints_the_fallback_clients(tmp_path, capsys):
+    """A trace written from results with a training row for a (torch-train, 4000 ms a round of 100 × 2 samples):
+    `edgemask replay` uses it, names b as fallen back; `--assume-3x` gives the 3× figures and names both."""
+    from edgemask.cli.main import main
+    from edgemask.profiling.trace import read_trace, write_traces
+
+    run = tmp_path / "runs" / "run-x"
+    run.mkdir(parents=True)
+    HISTORY.to_parquet(run / "history.parquet")
+    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
+                           "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
+                           "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
+    train = pd.DataFrame({"run_id": "run-x", "client_id": ["a"], "algorithm": "fedx", "device": "dev",
+                          "format": "torch-train", "variant": "fp32", "threads": 1, "artifact": ["run-x/a"],
+                          "workload": "train", "kind": "compacted", "verdict": "VALID", "artifact_sha256": "ab" * 32,
+                          "p50_ms": 500.0, "step_p50_ms": 500.0, "local_round_ms": 4000.0, "steps_per_round": 8,
+                          "batch_size": 32, "num_train": 100, "epochs": 2, "step_energy_mj": 50.0,
+                          "energy_mj": 50.0})
+    results = pd.concat([ledger.assign(kind="compacted", workload="inference"), train], ignore_index=True)
+    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, results, bandwidth_kbps=BANDWIDTH,
+                               train_model="compacted")
+    t, meta = read_trace(trace)
+    a = t.set_index("client_id").loc["a"]
+    assert (a["local_round_ms"], a["round_samples"], a["local_round_source"], a["train_round_artifact"],
+            a["train_round_verdict"]) == (4000.0, 200.0, "torch-train measured", "run-x/a", "VALID")
+    assert math.isnan(t.set_index("client_id").loc["b", "local_round_ms"])
+    assert pd.isna(t.set_index("client_id").loc["b", "local_round_source"]) and meta["train_format"] == "torch-train"
+
+    base = ["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(trace), "--target", "0.8"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("fedx"))
+    assert row.split() == ["fedx", "run-x", "2", "10.00", "0.55", "0.8000", "10.00", "0.55"]
+    assert ("run run-x: measured local round for 1 client(s), scaled by the round's samples_seen ÷ the samples it "
+            "measured (num_train × epochs): a (torch-train measured, VALID)") in out
+    assert ("run run-x: 1 client(s) fell back to the 3× assumption (no measured local round used on this device "
+            "and threads): b") in out
+    assert main([*base, "--assume-3x"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("fedx"))
+    assert row.split() == ["fedx", "run-x", "2", "7.60", "2.55", "0.8000", "7.60", "2.55"]
+    assert "2 client(s) fell back to the 3× assumption (no measured local round used on this device and threads): a, b" in out
+    assert "measured local round for" not in out

@@ -208,3 +208,20 @@ def test_local_rounds_prefer_the_named_format_and_count_the_round_samples(tmp_pa
         local_rounds(s, "onnx")
     assert round_samples(100, 2, 5, 32) == 160.0  # a round capped at 5 steps (max_steps): 5 × 32
     assert round_samples(math.nan, math.nan, 5, 32) == 160.0
+
+
+def test_ledger_carries_each_clients_local_round_on_its_board(tmp_path):
+    from edgemask.profiling.ledger import RunRecord, ledger_frame
+    from edgemask.profiling.tidy import results_frame
+
+    _, results = store_with_training(tmp_path)
+    with ResultsStore.open(results / "results.sqlite") as store:
+        s = results_frame(summarize(store.to_dataframe()))
+    ledger, _ = ledger_frame(s, {"run-a": RunRecord("run-a")})
+    assert list(ledger["format"]) == ["onnx", "onnx"]  # a training row is no model a client runs
+    led = ledger.set_index("client_id")
+    assert led.loc["client-000", ["local_round_ms", "local_round_format", "local_round_verdict"]].tolist() == [
+        95.0, "torch-train", "VALID"]
+    assert led.loc["client-001", ["local_round_ms", "local_round_verdict"]].tolist() == [12.0, "INVALID"]
+    pte = ledger_frame(s, {"run-a": RunRecord("run-a")}, train_format="pte-train")[0].set_index("client_id")
+    assert pte.loc["client-000", ["local_round_ms", "local_round_format"]].tolist() == [800.0, "pte-train"]
