@@ -21,9 +21,10 @@ import pandas as pd
 
 from edgemask.errors import CorruptFileError
 from edgemask.fileio import write_bytes_atomic, write_text_atomic
+from edgemask.targets import TRAINING_FORMATS
 from edgemask.profiling import plots
 from edgemask.profiling.layers import REALIZED_FLAG, LayerBreakdown, LayerRow, breakdowns, time_text
-from edgemask.profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, summarize
+from edgemask.profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, TRAIN, summarize
 from edgemask.profiling.store import ResultsStore
 from edgemask.profiling.tidy import write_tidy
 from edgemask.profiling.verdict import CV_THRESHOLD, RULES, VerdictRules, headline
@@ -255,22 +256,34 @@ def _load(results_dir: Path) -> dict[str, Any]:
 
 
 def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: float = DEFAULT_CV_THRESHOLD,
-                 *, rules: VerdictRules | None = None, csv: bool = False) -> tuple[Path, Path]:
+                 *, rules: VerdictRules | None = None, csv: bool = False,
+                 training_rules: VerdictRules | None = None, train_format: str | None = None) -> tuple[Path, Path]:
     """Write ``report.html``, ``summary.md``, ``plots/*.png`` and the tidy tables (``results.parquet``,
     ``samples.parquet``; also ``results.csv`` and ``samples.csv`` when ``csv``) into ``results_dir``, beside the
     store; return the paths of the page and the summary. ``rules`` (default: the verdict module's thresholds
     and the campaign's own minimums, :meth:`VerdictRules.for_campaign`, with ``cv_threshold``) decide each
-    setting's verdict."""
+    setting's verdict; a training format's settings (a local step per sample, issue #39) are judged by
+    ``training_rules`` (default :meth:`VerdictRules.for_training`), kept out of every inference table and plot, and
+    shown in their own table (:func:`training_sections`); ``train_format`` (default
+    ``profiling.training.DEFAULT_TRAIN_FORMAT``, torch-train) is the one whose round the ledger and traces take
+    where both were measured."""
+    from edgemask.profiling.training import DEFAULT_TRAIN_FORMAT
+
     results_dir, workspace = Path(results_dir), Path(workspace)
     data = _load(results_dir)
     df, artifacts, failures, skipped, config = (data[k] for k in ("df", "artifacts", "failures", "skipped",
                                                                      "config"))
     rules = rules or VerdictRules.for_campaign(config, cv_threshold)
+    training_rules = training_rules or VerdictRules.for_training(config, rules.cv_threshold)
+    train_format = train_format or DEFAULT_TRAIN_FORMAT
     name = config.get("name", results_dir.name)
-    summary = summarize(df, rules=rules)
+    every = summarize(df, rules=rules, training_rules=training_rules)
+    # the inference settings: every table and plot below but the training table
+    summary = every[every["workload"] != TRAIN].reset_index(drop=True) if not every.empty else every
+    df = df[~df["format"].isin(TRAINING_FORMATS)] if not df.empty else df
     predicted, prediction_errors = _predictions(config, summary, data)
-    write_tidy(results_dir, summary, df, csv=csv, predicted=predicted)
-    ledger_fig, ledger_sections, ledger_notes = ledger_part(results_dir, workspace, summary)
+    write_tidy(results_dir, every, data["df"], csv=csv, predicted=predicted)
+    ledger_fig, ledger_sections, ledger_notes = ledger_part(results_dir, workspace, every, train_format)
     runtime = runtime_table(summary)
     curves, history_notes = _run_curves(workspace, artifacts)
     energy_notes = _energy_notes(summary) if not summary.empty else []
@@ -317,9 +330,9 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     notes += layer_notes
 
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    verdict = verdict_lines(summary, rules)
-    sections = (_sections(runtime, summary, failures, skipped) + ledger_sections + layer_sections(layer_bds)
-                + predicted_sections(predicted, prediction_errors))
+    verdict = verdict_lines(every, rules, training_rules)
+    sections = (_sections(runtime, summary, failures, skipped) + training_sections(every, train_format)
+                + ledger_sections + layer_sections(layer_bds) + predicted_sections(predicted, prediction_errors))
     md = _markdown(name, generated, config, verdict, sections, figures, notes)
     page = _html(name, generated, config, verdict, sections, figures, notes)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
@@ -370,10 +383,13 @@ def predicted_sections(predicted: pd.DataFrame | None,
     return out
 
 
-def verdict_lines(summary: pd.DataFrame, rules: VerdictRules) -> list[str]:
+def verdict_lines(summary: pd.DataFrame, rules: VerdictRules, training_rules: VerdictRules | None = None
+                  ) -> list[str]:
     """What every summary leads with: how many settings are VALID, the rules, and what could not be checked
     where."""
     lines = [headline(summary), f"A setting is VALID with {rules.describe()}."]
+    if training_rules is not None and "workload" in summary.columns and (summary["workload"] == TRAIN).any():
+        lines.append(f"A training setting (one local step per sample) is VALID with {training_rules.describe()}.")
     if summary.empty:
         return lines
     unchecked: dict[tuple[str, str], set[str]] = {}  # (rule, why) -> devices
@@ -410,8 +426,9 @@ def summary_table(results_dir: str | Path, *, rules: VerdictRules | None = None)
     (latency, CV, speedup over the dense baseline against its FLOP bound and parameter-byte ratio, verdict)."""
     data = _load(Path(results_dir))
     rules = rules or VerdictRules.for_campaign(data["config"])
-    summary = summarize(data["df"], rules=rules)
-    lines = verdict_lines(summary, rules)
+    training_rules = VerdictRules.for_training(data["config"], rules.cv_threshold)
+    summary = summarize(data["df"], rules=rules, training_rules=training_rules)
+    lines = verdict_lines(summary, rules, training_rules)
     if summary.empty:
         return "\n".join(lines)
     table = _formatted(summary, _SUMMARY_COLUMNS)
@@ -535,7 +552,17 @@ def _config_line(config: dict[str, Any]) -> str:
             f"{runner.get('warmup_seconds')} s, at least {runner.get('min_runs')} runs and "
             f"{runner.get('min_seconds')} s"
             + (f"; then {runner.get('profile_runs')} per-operator profiled runs after {runner.get('profile_warmup')} "
-               "warm-up runs (not in the latency figures)" if runner.get("profile_layers") else ""))
+               "warm-up runs (not in the latency figures)" if runner.get("profile_layers") else "")
+            + _training_runner_text(config))
+
+
+def _training_runner_text(config: dict[str, Any]) -> str:
+    """The [training_runner] settings, where the campaign names a training format."""
+    if not set(config.get("formats") or ()) & set(TRAINING_FORMATS):
+        return ""
+    t = config.get("training_runner") or {}
+    return (f"; training formats: warm-up {t.get('warmup_runs')} steps / {t.get('warmup_seconds')} s, at least "
+            f"{t.get('min_runs')} steps and {t.get('min_seconds')} s ([training_runner])")
 
 
 def _markdown(name: str, generated: str, config: dict[str, Any], verdict: list[str], sections: list,
@@ -595,7 +622,32 @@ def _html(name: str, generated: str, config: dict[str, Any], verdict: list[str],
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame
+def training_sections(summary: pd.DataFrame, train_format: str) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """The training table (issue #39): per client × board × training format × threads and per inference setting
+    there, the measured step p50 and local round beside the 3× assumption's figure for the same round (3 × the
+    round's samples × the dense model's batch-1 inference p50, what `edgemask replay` falls back to) and their
+    ratio, with both verdicts. Empty without training rows."""
+    from edgemask.profiling.training import training_table
+
+    t = training_table(summary)
+    if t.empty:
+        return []
+    table = pd.DataFrame({
+        "artifact": t["artifact"], "device": t["device"], "threads": t["threads"].map(fmt_int),
+        "training format": t["format"], "step p50 (ms)": t["step_p50_ms"].map(fmt_ms),
+        "steps/round": t["steps_per_round"].map(fmt_int), "samples/round": t["round_samples"].map(fmt_int),
+        "local round on board (ms)": t["local_round_ms"].map(fmt_ms),
+        "step × steps (ms)": t["local_round_pred_ms"].map(fmt_ms),
+        "3× assumption (ms)": t["assumed_round_ms"].map(fmt_ms), "3× from": t["assumed_from"].map(fmt_text),
+        "measured ÷ 3×": t["measured_over_assumed"].map(fmt_ratio), "verdict": t["verdict"].map(fmt_text),
+        "3× verdict": t["assumed_verdict"].map(fmt_text)})
+    return [(2, "Local training on the boards (training formats: one local step per sample, whole local rounds "
+                "timed back to back; the 3× assumption is FedScale's 3 × samples × the dense model's batch-1 "
+                f"inference p50; clients.parquet and the traces take {train_format}'s round where both formats "
+                "were measured)", table)]
+
+
+def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame, train_format: str = "torch-train"
                 ) -> tuple[_Figure, list[tuple[int, str, pd.DataFrame | None]], list[str]]:
     """Write ``clients.parquet`` (``profiling.ledger``) and the device traces (``profiling.trace``, at the assumed
     default bandwidth) beside the store; return the Pareto figure, the section naming each setting's front, and
@@ -605,9 +657,9 @@ def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame
     from edgemask.profiling.trace import DEFAULT_BANDWIDTH_KBPS, write_traces
 
     results = results_frame(summary) if not summary.empty else summary
-    ledger, notes = build_ledger(results, workspace)
+    ledger, notes = build_ledger(results, workspace, train_format)
     write_ledger(results_dir, ledger)
-    _, trace_notes = write_traces(results_dir, ledger, results)
+    _, trace_notes = write_traces(results_dir, ledger, results, train_format=train_format)
     fig = _Figure("accuracy_vs_latency", "Per client: personalized accuracy against measured latency (Pareto view; "
                   "hollow: INVALID setting; ringed and joined: on the front)",
                   _png(plots.accuracy_vs_latency(ledger)), "no client has both an accuracy and a measured latency")

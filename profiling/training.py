@@ -123,3 +123,46 @@ def _float(row: pd.Series, col: str) -> float:
         return float(v)
     except (TypeError, ValueError):
         return math.nan
+
+
+# FedScale's augmentation factor, the 3× assumption a measured round is set beside (profiling.replay uses the same)
+ASSUMED_FACTOR = 3.0
+
+
+def training_table(results: pd.DataFrame, train_model: str = "dense") -> pd.DataFrame:
+    """The report's training table: per training row (client × board × training format × threads) and per
+    inference setting measured on the same device and threads, the measured step and local round beside what the
+    3× assumption would cost the same round: ``assumed_round_ms`` = 3 × the round's samples (:func:`round_samples`)
+    × the batch-1 inference p50 of the model trained (``train_model`` ``dense``: the run's dense artifact in that
+    inference setting, as ``profiling.trace`` writes ``computation_ms``; ``compacted``: the client's own), and
+    ``measured_over_assumed`` = local_round_ms ÷ assumed_round_ms. Training rows with no such inference setting
+    keep one row with the assumption missing."""
+    cols = ["artifact", "device", "threads", "format", "step_p50_ms", "steps_per_round", "round_samples",
+            "local_round_ms", "local_round_pred_ms", "assumed_from", "assumed_round_ms", "measured_over_assumed",
+            "verdict", "assumed_verdict"]
+    if results.empty or "workload" not in results.columns:
+        return pd.DataFrame(columns=cols)
+    train = results[results["workload"] == TRAIN]
+    infer = results[results["workload"] != TRAIN]
+    if "predicted" in infer.columns:
+        infer = infer[~infer["predicted"].fillna(False).astype(bool)]
+    rows = []
+    for t in train.sort_values(["device", "threads", "artifact", "format"]).itertuples():
+        samples = round_samples(*(_float(pd.Series(t._asdict()), c)
+                                  for c in ("num_train", "epochs", "steps_per_round", "batch_size")))
+        base = {"artifact": t.artifact, "device": t.device, "threads": int(t.threads), "format": t.format,
+                "step_p50_ms": float(t.step_p50_ms), "steps_per_round": float(t.steps_per_round),
+                "round_samples": samples, "local_round_ms": float(t.local_round_ms),
+                "local_round_pred_ms": float(t.local_round_pred_ms), "verdict": t.verdict}
+        model = f"{t.run_id}/dense" if train_model == "dense" else t.artifact
+        same = infer[(infer["device"] == t.device) & (infer["threads"] == t.threads) & (infer["artifact"] == model)]
+        if same.empty:
+            rows.append({**base, "assumed_from": None, "assumed_round_ms": math.nan,
+                         "measured_over_assumed": math.nan, "assumed_verdict": None})
+        for i in same.sort_values(["format", "variant"]).itertuples():
+            assumed = ASSUMED_FACTOR * samples * float(i.p50_ms)
+            rows.append({**base, "assumed_from": f"{i.artifact} {i.format}/{i.variant}",
+                         "assumed_round_ms": assumed,
+                         "measured_over_assumed": float(t.local_round_ms) / assumed if assumed else math.nan,
+                         "assumed_verdict": i.verdict})
+    return pd.DataFrame(rows, columns=cols)

@@ -225,3 +225,41 @@ def test_ledger_carries_each_clients_local_round_on_its_board(tmp_path):
     assert led.loc["client-001", ["local_round_ms", "local_round_verdict"]].tolist() == [12.0, "INVALID"]
     pte = ledger_frame(s, {"run-a": RunRecord("run-a")}, train_format="pte-train")[0].set_index("client_id")
     assert pte.loc["client-000", ["local_round_ms", "local_round_format"]].tolist() == [800.0, "pte-train"]
+
+
+def test_report_shows_training_apart_from_inference(tmp_path):
+    """write_report: results.parquet keeps the training rows (workload train) with their columns; the inference
+    tables do not show them; the training table sets each measured round beside the 3× assumption (3 × 200
+    samples × the dense onnx p50 1 ms = 600 ms for client-000); clients.parquet and the trace carry the round."""
+    from edgemask.profiling.report import write_report
+    from edgemask.profiling.trace import read_trace
+
+    ws, results = store_with_training(tmp_path)
+    _, md = write_report(results, ws)
+    res = pd.read_parquet(results / "results.parquet")
+    assert sorted(res.loc[res["workload"] == "train", "format"]) == ["pte-train", "torch-train", "torch-train"]
+    assert (res.loc[res["workload"] == "inference", "format"] == "onnx").all()
+    row = res[(res["client_id"] == "client-000") & (res["format"] == "torch-train")].iloc[0]
+    assert (row["step_p50_ms"], row["local_round_ms"], row["local_round_pred_ms"], row["verdict"]) == (
+        11.0, 95.0, 88.0, "VALID")
+    text = md.read_text()
+    detail = text.split("## Every artifact and setting")[1].split("\n## ")[0]
+    assert "torch-train" not in detail and "pte-train" not in detail and "onnx" in detail
+    training = text.split("## Local training on the boards")[1].split("\n## ")[0]
+    lines = [line for line in training.splitlines() if line.startswith("| run-a/")]
+    assert len(lines) == 3
+    c0 = next(line for line in lines if "client-000" in line and "torch-train" in line).split(" | ")
+    # step p50, steps, samples, measured round, step × steps, 3×, from, measured ÷ 3×, verdicts
+    assert c0[4:] == ["11.000", "8", "200", "95.000", "88.000", "600.000", "run-a/dense onnx/fp32", "0.16×",
+                      "VALID", "INVALID |"]
+    pte = next(line for line in lines if "pte-train" in line).split(" | ")
+    assert pte[7] == "800.000" and pte[11] == "1.33×"
+    assert "A training setting (one local step per sample) is VALID with at least 20 timed samples and 2 s" in text
+    ledger = pd.read_parquet(results / "clients.parquet").set_index("client_id")
+    assert set(ledger["format"]) == {"onnx"}
+    assert ledger.loc["client-000", "local_round_ms"] == 95.0 and ledger.loc["client-001", "local_round_ms"] == 12.0
+    trace, _ = read_trace(results / "traces" / "dev-a-onnx-fp32-t1")
+    t = trace.set_index("client_id")
+    assert t.loc["client-000", "local_round_source"] == "torch-train measured"
+    assert (t.loc["client-000", "local_round_ms"], t.loc["client-000", "round_samples"]) == (95.0, 200.0)
+    assert t.loc["client-000", "computation_ms"] == 1.0  # FedScale's figure stays the inference p50
