@@ -239,6 +239,13 @@ def test_report_shows_training_apart_from_inference(tmp_path):
     res = pd.read_parquet(results / "results.parquet")
     assert sorted(res.loc[res["workload"] == "train", "format"]) == ["pte-train", "torch-train", "torch-train"]
     assert (res.loc[res["workload"] == "inference", "format"] == "onnx").all()
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
+    documented = set(re.findall(r"`([a-z0-9_]+)`", text[text.index("## Tidy tables"):]))
+    assert not set(res.columns) - documented, sorted(set(res.columns) - documented)
+    assert not set(pd.read_parquet(results / "clients.parquet").columns) - documented
     row = res[(res["client_id"] == "client-000") & (res["format"] == "torch-train")].iloc[0]
     assert (row["step_p50_ms"], row["local_round_ms"], row["local_round_pred_ms"], row["verdict"]) == (
         11.0, 95.0, 88.0, "VALID")
