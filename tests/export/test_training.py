@@ -3,7 +3,6 @@ torch's within the rule, a wrong gradient fails that check, and the manifest's t
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -23,7 +22,6 @@ from edgemask.trainer.models import build_model
 from edgemask.trainer.records import ClientState
 from edgemask.trainer.run_dir import load_run, write_run
 
-import edgemask.trainer.algorithms.fedmask as fedmask_module
 
 
 def _run(tmp_path, algorithm: str = "fedmask", args: dict | None = None, lr: float = 5.0, momentum: float = 0.9,
