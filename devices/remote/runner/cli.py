@@ -34,7 +34,8 @@ def build_parser():
         if kind is bool:
             p.add_argument(flag(name), action="store_true", help=what)
         else:
-            p.add_argument(flag(name), type=kind, default=default, help="%s (default %s)" % (what, default))
+            p.add_argument(flag(name), type=kind, default=default, help="%s (default %s)" % (what, default),
+                           choices=("keep", "release") if name == "train_malloc" else None)
     p.add_argument("--power-sensor", default="auto", help="auto, none, or a sensor of the registry")
     p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes or the parent changes")
     p.add_argument("--strays", action="store_true", help="kill benchmark runners of this workdir and exit")

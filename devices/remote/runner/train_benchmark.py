@@ -30,6 +30,27 @@ def _sha256(path):
     return h.hexdigest()
 
 
+# mallopt parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def keep_freed_memory(mode):
+    """``--train-malloc``: with "keep", glibc keeps what the process frees (no trim, no mmap for large blocks, 256
+    MiB of top pad), so a step does not fault its working set back in; says what it did."""
+    if mode != "keep":
+        return "glibc defaults (--train-malloc release)"
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = (libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1) and libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)
+              and libc.mallopt(M_TOP_PAD, 1 << 28))
+    except (OSError, AttributeError):
+        return "allocator defaults (no glibc mallopt here)"
+    return "glibc: freed memory kept (mallopt)" if ok else "glibc defaults (mallopt refused)"
+
+
 def benchmark_training(args):
     if not args.train_io:
         raise RunFailed("format %s needs --train-io (the artifact's train_io.npz)" % args.format)
@@ -41,6 +62,7 @@ def benchmark_training(args):
     except ImportError as e:
         raise RunFailed("runtime for format %s is not installed on this device: %s" % (args.format, e))
 
+    allocator = keep_freed_memory(args.train_malloc)
     io = read_train_io(args.train_io)
     io_sha = _sha256(args.train_io)
 
@@ -112,7 +134,7 @@ def benchmark_training(args):
         "accuracy": None,
         "training": {"batch_size": int(io["x"].shape[0]), "steps_per_round": args.round_steps,
                      "round_ms": round_ms, "check_max_abs_diff": check.max_diff, "train_io_sha256": io_sha,
-                     "loss": rt.loss_value(loss)},
+                     "loss": rt.loss_value(loss), "allocator": allocator},
     }
     if sensor is not None and power:
         result.update({"power_source": sensor.source, "power_w": power,
