@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from edgemask.targets import DEFAULT_EXPORT_FORMATS
+from edgemask.targets import DEMO_FORMATS
 from edgemask.workspace import Workspace
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -37,7 +37,7 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
     from edgemask.trainer.config import TrainConfig
     from edgemask.trainer.simulation import train
 
-    formats = formats or list(DEFAULT_EXPORT_FORMATS)
+    formats = formats or list(DEMO_FORMATS)
     ws.root.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     runs = {}
@@ -97,6 +97,7 @@ What the numbers are:
                     dense model is its frozen random weights without a mask (the mask is the model): the right
                     latency baseline (the same network before compaction), not an accuracy one
   runs              timed latency samples; each is the mean of ~10 ms of back-to-back batch-1 inferences
+                    (torch-train: each sample one local training step of a minibatch, the format's own p50)
   p50, p99 ms       median and 99th percentile of those samples, per inference, on this machine (local
                     device, 1 runtime thread)
   CV                standard deviation / mean of the samples
@@ -115,7 +116,33 @@ def summary(runs: dict[str, Path], results_dir: Path) -> str:
     from edgemask.profiling.report import summary_table as settings_table
 
     return "\n\n".join([training_table(runs, results_dir), settings_table(results_dir), LEGEND,
-                        replay_line(runs, results_dir)])
+                        local_round_table(results_dir), replay_line(runs, results_dir)])
+
+
+def local_round_table(results_dir: Path) -> str:
+    """Per exported model: its local round measured on the device (the torch-train step, one local round of the
+    client's real sample count and epochs) against FedScale's 3× assumption for the same round (3 × its samples ×
+    the dense model's onnx batch-1 p50): what `edgemask replay` now uses, and what it used before."""
+    import pandas as pd
+
+    from edgemask.profiling.training import training_table as rounds_table
+
+    path = results_dir / "results.parquet"
+    t = rounds_table(pd.read_parquet(path)) if path.is_file() else pd.DataFrame()
+    if t.empty:
+        return "local training: no training format was measured (export and profile with --formats ...,torch-train)"
+    t = t[t["assumed_from"].fillna("").str.endswith("onnx/fp32")]
+    head = ("model", "format", "step p50 ms", "steps", "round measured s", "3× assumed s", "measured ÷ 3×", "verdict")
+    rows = [head] + [(r.artifact, r.format, f"{r.step_p50_ms:.1f}", f"{r.steps_per_round:.0f}",
+                      f"{r.local_round_ms / 1e3:.2f}", f"{r.assumed_round_ms / 1e3:.2f}",
+                      f"{r.measured_over_assumed:.2f}×", r.verdict) for r in t.itertuples()]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    cell = lambda i, c: str(c).ljust(widths[i]) if i in (0, 1, len(head) - 1) else str(c).rjust(widths[i])  # noqa: E731
+    text = ["  ".join(cell(i, c) for i, c in enumerate(r)).rstrip() for r in rows]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(["Local training on the device: one local round of each model's exported training step (its "
+                       "client's samples × epochs, in the run's minibatches), against FedScale's 3 × samples × the "
+                       "dense model's batch-1 inference p50 (onnx) that `edgemask replay` assumed before", *text])
 
 
 def replay_line(runs: dict[str, Path], results_dir: Path) -> str:

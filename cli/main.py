@@ -17,7 +17,7 @@ from edgemask.cli.progress import progress_printer
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.fileio import disk_full
 from edgemask.schema import check_option
-from edgemask.targets import BOARDS, DEFAULT_EXPORT_FORMATS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
+from edgemask.targets import BOARDS, DEFAULT_EXPORT_FORMATS, DEMO_FORMATS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
 from edgemask.workspace import Workspace
 
 
@@ -289,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = add("demo", "train FedAvg and FedMask on digits, export, profile on the local device, report", cmd_demo)
     d.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    demo_formats = ",".join(DEMO_FORMATS)
+    d.add_argument("--formats", default=demo_formats, help=f"export formats (default: {demo_formats})")
     formats = ",".join(DEFAULT_EXPORT_FORMATS)
-    d.add_argument("--formats", default=formats, help=f"export formats (default: {formats})")
 
     t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
     t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")

@@ -57,6 +57,10 @@ FORMATS: dict[str, FormatFacts] = {
 # What export writes unless told otherwise (`edgemask export` / `edgemask demo` --formats, export_run): the one
 # declaration of that default
 DEFAULT_EXPORT_FORMATS: tuple[str, ...] = ("onnx", "pte")
+# What the demo exports and measures: the inference formats and the local training step for torch on the board
+# (ExecuTorch's portable training kernels take seconds a step on the demo's MLP: `pte-train` is measured by
+# benchmarks/bench_training.py, not on every demo run)
+DEMO_FORMATS: tuple[str, ...] = (*DEFAULT_EXPORT_FORMATS, "torch-train")
 # Formats a board builds itself from an exported file (export writes nothing for them).
 BOARD_BUILT_FORMATS: dict[str, FormatFacts] = {
     "trt": FormatFacts("trt", "tensorrt", ".onnx", "TensorRT FP16 engine, built on the board from the ONNX",

@@ -305,6 +305,11 @@ def one_line(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
         t = r.to_target(target)
         e = "" if math.isnan(t["energy_j"]) else f", {t['energy_j']:.2f} J"
         parts.append(f"{r.algorithm} {_fmt(t['time_s'], '.2f')} s ({_fmt(t['rounds'], '.0f')} rounds{e})")
+    measured = sum(len(r.measured) for r in runs)
+    fallback = sum(len(r.fallback) for r in runs)
+    compute = (f"computation: {measured} client(s)' measured local rounds"
+               + (f", {fallback} on FedScale's 3× assumption" if fallback else "")
+               if measured else "computation: FedScale's 3× assumption")
     return (f"replayed on {meta['device']} ({meta['format']}, {meta['threads']} thread(s), {bandwidth / 1000:g} "
-            f"Mbit/s assumed, FedScale's cost model; `edgemask replay` states every assumption): time to "
+            f"Mbit/s assumed, {compute}; `edgemask replay` states every assumption): time to "
             f"{100 * target:.1f} % mean accuracy: " + "; ".join(parts))

@@ -133,10 +133,12 @@ def test_the_default_export_formats_are_declared_once():
 
     from edgemask.cli.main import build_parser
     from edgemask.export.pipeline import export_run
-    from edgemask.targets import DEFAULT_EXPORT_FORMATS, FORMATS
+    from edgemask.targets import DEFAULT_EXPORT_FORMATS, DEMO_FORMATS, FORMATS
 
     assert DEFAULT_EXPORT_FORMATS == ("onnx", "pte") and set(DEFAULT_EXPORT_FORMATS) <= set(FORMATS)
+    # the demo adds the local training step (issue #39), declared once beside them
+    assert DEMO_FORMATS == ("onnx", "pte", "torch-train") and set(DEMO_FORMATS) <= set(FORMATS)
     parser = build_parser()
-    for argv in (["export", "--run", "r"], ["demo"]):
-        assert parser.parse_args(argv).formats == "onnx,pte"
+    assert parser.parse_args(["export", "--run", "r"]).formats == "onnx,pte"
+    assert parser.parse_args(["demo"]).formats == "onnx,pte,torch-train"
     assert inspect.signature(export_run).parameters["formats"].default is DEFAULT_EXPORT_FORMATS
