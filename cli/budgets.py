@@ -30,11 +30,12 @@ def parse_mix(text: str) -> dict[str, float]:
 
 def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s: float, out: Path,
                   fmt: str = "torch-train", threads: int = 1, measured_run: str | None = None,
-                  run_id: str | None = None) -> dict[str, dict]:
+                  run_id: str | None = None, allow_invalid: bool = False) -> dict[str, dict]:
     """Read the PerFedMask training config ``config``, fit each board's step cost to the VALID ``fmt`` rows of
     ``measured_run`` (default: the config's run id) in ``results``, set every device's budget for the
     ``deadline_s`` local round, and write the config with ``budgets`` and ``budget_source`` to ``out`` (run id
-    ``run_id``, default ``<run id>-measured``). Returns the per-device records."""
+    ``run_id``, default ``<run id>-measured``). ``allow_invalid``: fit INVALID rows too (a stand-in's noisy steps),
+    recorded in ``budget_source`` as resting on them. Returns the per-device records."""
     from edgemask.profiling.budgets import assign_boards, budgets_from_costs, fit_board_costs, source_record
     from edgemask.profiling.training import training_costs
     from edgemask.trainer.config import TrainConfig
@@ -53,7 +54,7 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     d_w = sum(p.numel() for n, p in model.named_parameters() if n not in head)
     rows = training_costs(results)
     rows = rows[(rows["run_id"] == measured_run) & (rows["format"] == fmt) & (rows["threads"] == threads)]
-    valid = rows[rows["verdict"] == "VALID"]
+    valid = rows if allow_invalid else rows[rows["verdict"] == "VALID"]
     if valid.empty:
         raise ConfigError(f"{results}: no VALID {fmt} rows of run {measured_run} at {threads} thread(s); measure its "
                           f"training artifacts first (a campaign with formats = [\"{fmt}\"])")
@@ -73,6 +74,9 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     data.setdefault("run", {})["run_id"] = run_id or f"{cfg.run_id}-measured"
     args = data.setdefault("algorithm", {}).setdefault("args", {})
     args["budgets"] = [devices[c]["fraction"] for c in steps]
+    if allow_invalid:
+        invalid = sorted(set(valid.loc[valid["verdict"] != "VALID", "device"]))
+        source["invalid_rows_on"] = invalid  # --allow-invalid: these boards' fits rest on INVALID rows
     args["budget_source"] = source
     text = (f"# Written by `edgemask budgets` from {config}: PerFedMask's budgets psi_n / d_w from the {fmt} steps "
             f"measured in {results}\n# (deadline {deadline_s:g} s per local round; algorithm.args.budget_source says "

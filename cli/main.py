@@ -233,7 +233,7 @@ def cmd_budgets(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     devices = write_budgets(Path(args.config), Path(args.results), parse_mix(args.mix), args.deadline, out,
-                            args.format, args.threads, args.measured_run, args.run_id)
+                            args.format, args.threads, args.measured_run, args.run_id, args.allow_invalid)
     for cid, d in devices.items():
         late = "" if d["meets_deadline"] else "  (misses the deadline even training nothing)"
         print(f"{cid}  {d['board']:<16} psi/d_w {d['fraction']:.3f}  {d['steps_per_round']} steps, predicted round "
@@ -380,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--measured-run", default=None, help="the run whose clients were measured (default: the "
                     "config's run id)")
     bg.add_argument("--run-id", default=None, help="run id of the written config (default: <run id>-measured)")
+    bg.add_argument("--allow-invalid", action="store_true", help="fit INVALID rows too (e.g. a stand-in's noisy "
+                    "steps); the written budget_source names the boards whose fit rests on them")
     return p
 
 

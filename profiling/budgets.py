@@ -106,7 +106,8 @@ def budgets_from_costs(steps: dict[str, int], boards: dict[str, str], costs: dic
         f = c.largest_fraction(n_steps, deadline_s * 1e3)
         out[cid] = {"board": board, "fraction": f, "steps_per_round": int(n_steps),
                     "predicted_round_s": n_steps * c.step_ms(f) / 1e3,
-                    "meets_deadline": n_steps * c.step_ms(f) <= deadline_s * 1e3}
+                    # even f = 0 (nothing trained) within the deadline; f > 0 meets it by construction
+                    "meets_deadline": bool(f > 0 or n_steps * c.step_ms(0.0) <= deadline_s * 1e3)}
     return out
 
 

@@ -25,6 +25,7 @@ def test_the_line_and_the_largest_fraction_by_hand():
     out = budgets_from_costs({"d0": 10, "d1": 10, "d2": 5}, {"d0": "a", "d1": "b", "d2": "a"}, costs, 0.15)
     # d0: 150 ms / 10 steps = 15 ms a step = 20 f -> f = 0.75; predicted round = 10 x 15 ms
     assert out["d0"]["fraction"] == pytest.approx(0.75) and out["d0"]["predicted_round_s"] == pytest.approx(0.15)
+    assert out["d0"]["meets_deadline"] is True  # at the deadline exactly, whatever the rounding
     # d1: 15 ms a step is below board b's 20 ms at f = 0: it trains nothing and still misses the deadline
     assert out["d1"]["fraction"] == 0.0 and out["d1"]["meets_deadline"] is False
     # d2: 30 ms a step covers the whole body (20 ms)
