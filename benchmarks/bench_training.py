@@ -15,7 +15,6 @@ Run it on an idle machine (the verdicts say when it was not).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import sys
 import time
