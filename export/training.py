@@ -177,22 +177,30 @@ class TrainStep(nn.Module):
         return (loss,)
 
 
+def sgd_steps(module: nn.Module, trained: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float,
+              momentum: float, steps: int = 1) -> list[float]:
+    """``steps`` steps of torch's SGD(lr, momentum) on ``trained`` (tensors of ``module``, whose ``forward(x, y)``
+    returns ``(loss,)``), in place; the losses. The host's reference and the torch-train format's host runtime."""
+    opt = torch.optim.SGD(trained, lr=lr, momentum=momentum)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        (loss,) = module(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def host_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, lr: float, momentum: float,
               steps: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
     """``steps`` SGD steps of a copy of ``step`` in torch on the host: (losses, trained tensors after). The
     reference every runtime's step is held to; equal to the engines' loop (``local_train``) by construction of
-    :class:`TrainStep` (tests/export/test_training.py checks it)."""
+    :class:`TrainStep` (tests/export/test_training_step.py checks it)."""
     import copy
 
     s = copy.deepcopy(step)
-    opt = torch.optim.SGD([getattr(s, f"t{i}") for i in range(len(s.names))], lr=lr, momentum=momentum)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        (loss,) = s(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    losses = sgd_steps(s, [getattr(s, f"t{i}") for i in range(len(s.names))], x, y, lr, momentum, steps)
     return losses, {n: t.detach().clone() for n, t in s.trained().items()}
 
 

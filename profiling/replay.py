@@ -291,8 +291,11 @@ def replay_report(workspace: str | Path, run_ids: list[str], trace_dir: str | Pa
     runs, target, meta, bandwidth = replay(workspace, run_ids, trace_dir, settings)
     lines = assumptions(meta, bandwidth, settings.bandwidth_kbps is not None, settings.augmentation, runs)
     why = "given" if settings.target is not None else f"the highest {settings.metric} every run reaches"
-    return "\n".join([(f"time and energy to {100 * target:.1f} % {settings.metric} ({why}), "
-                       f"FedScale's cost model:"), replay_table(runs, target), "", "assumptions:",
+    measured = any(r.measured for r in runs)
+    model = ("FedScale's cost model, computation from the measured local rounds (see the assumptions)" if measured
+             else "FedScale's cost model")
+    return "\n".join([(f"time and energy to {100 * target:.1f} % {settings.metric} ({why}), {model}:"),
+                      replay_table(runs, target), "", "assumptions:",
                       *(f"  - {a}" for a in lines)])
 
 

@@ -47,7 +47,7 @@ RUNNER_ROOMS = {
     "training": {"errors"},
     "runtimes": {"errors", "profilers", "training", "trt"},
     "trt_benchmark": {"errors", "reference", "sensors", "state", "system", "trt", "trt_files"},
-    "train_benchmark": {"errors", "reference", "sensors", "state", "training"},
+    "train_benchmark": {"errors", "reference", "sensors", "state", "system", "training"},
     "benchmark": {"errors", "reference", "runtimes", "sensors", "state", "train_benchmark", "trt_benchmark"},
     "probe": {"parsers", "runtimes", "sensors", "state", "system", "trt"},
     "cli": {"benchmark", "clocks", "errors", "lock", "options", "probe", "runtimes", "session", "trt"},

@@ -103,17 +103,11 @@ class TorchTrainFormat(TrainingFormat):
     def run_step(self, path, x, y, lr, momentum, n_trained, steps=1):
         with quiet_exporters():
             module = torch.export.load(io.BytesIO(Path(path).read_bytes())).module()
+        from edgemask.export.training import sgd_steps
+
         params = dict(module.named_parameters())
         trained = [params[f"t{i}"] for i in range(n_trained)]
-        opt = torch.optim.SGD(trained, lr=lr, momentum=momentum)
-        xs, ys = torch.from_numpy(x), torch.from_numpy(y)
-        losses = []
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            (loss,) = module(xs, ys)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+        losses = sgd_steps(module, trained, torch.from_numpy(x), torch.from_numpy(y), lr, momentum, steps)
         return losses, [t.detach().numpy().copy() for t in trained]
 
 

@@ -11,7 +11,7 @@ import traceback
 from .errors import ProfilerMissing, RunFailed
 from .reference import OutputCheck, read_sample_io
 from .runtimes import RUNTIMES
-from .sensors import PowerSampler, find_sensor, idle_power_w
+from .sensors import PowerSampler, find_sensor, idle_power_w, power_fields
 from .state import device_state, rss_kb
 from .train_benchmark import benchmark_training
 from .trt_benchmark import benchmark_trt
@@ -118,12 +118,8 @@ def benchmark(args):
         "state_before": state_before,
     }
     result.update(check.fields())
-    if sensor is not None and power:
-        result.update({"power_source": sensor.source, "power_w": power,
-                       "power_rate_hz": sampler.achieved_rate_hz, "idle_power_w": idle_w})
-    else:
-        result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
-                       "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
+    result.update(power_fields(sensor, power, sampler.achieved_rate_hz if sampler is not None else None, idle_w,
+                               missing))
     result["state_after"] = device_state()
     if args.profile_layers and args.profile_runs > 0:  # after the timed window: profiling never touches the
         # end-to-end figures

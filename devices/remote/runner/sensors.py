@@ -237,3 +237,13 @@ def idle_power_w(sensor, seconds, rate_hz):
     idle.start()
     time.sleep(seconds)
     return mean_w(idle.stop())
+
+
+def power_fields(sensor, samples, achieved_rate_hz, idle_w, missing):
+    """The job result's power fields: the timed window's samples from ``sensor``, or none with why
+    (``missing``: find_sensor's reason; a sensor that gave no samples is named)."""
+    if sensor is not None and samples:
+        return {"power_source": sensor.source, "power_w": samples, "power_rate_hz": achieved_rate_hz,
+                "idle_power_w": idle_w}
+    return {"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
+            "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source}

@@ -74,3 +74,14 @@ def read_first_number(path):
         return float(text.split()[0]) if text else None
     except ValueError:
         return None
+
+
+def sha256_file(path):
+    """The file's sha256, read in 1 MiB blocks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

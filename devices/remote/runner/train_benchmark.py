@@ -8,13 +8,13 @@ sampling power, then time --train-rounds whole local rounds of --round-steps ste
 client runs between two server rounds, on the same minibatch). The JSON has devices.records.Measurement's fields
 (``inferences_per_sample`` 1: a sample is a step) and ``training``."""
 
-import hashlib
 import time
 
 from .errors import RunFailed
 from .reference import StepCheck, read_train_io
-from .sensors import PowerSampler, find_sensor, idle_power_w
+from .sensors import PowerSampler, find_sensor, idle_power_w, power_fields
 from .state import device_state, rss_kb
+from .system import sha256_file
 from .training import TRAINING_RUNTIMES
 
 
@@ -22,12 +22,6 @@ def _ms(t0, t1):
     return (t1 - t0) * 1000.0
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # mallopt parameters (glibc's malloc.h)
@@ -64,7 +58,7 @@ def benchmark_training(args):
 
     allocator = keep_freed_memory(args.train_malloc)
     io = read_train_io(args.train_io)
-    io_sha = _sha256(args.train_io)
+    io_sha = sha256_file(args.train_io)
 
     rss_before, _ = rss_kb()
     t0 = time.perf_counter()
@@ -136,12 +130,8 @@ def benchmark_training(args):
                      "round_ms": round_ms, "check_max_abs_diff": check.max_diff, "train_io_sha256": io_sha,
                      "loss": rt.loss_value(loss), "allocator": allocator},
     }
-    if sensor is not None and power:
-        result.update({"power_source": sensor.source, "power_w": power,
-                       "power_rate_hz": sampler.achieved_rate_hz, "idle_power_w": idle_w})
-    else:
-        result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
-                       "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
+    result.update(power_fields(sensor, power, sampler.achieved_rate_hz if sampler is not None else None, idle_w,
+                               missing))
     result["state_after"] = device_state()
     if args.profile_layers:
         result["profile"] = {"available": False, "runs": [], "blocks": [],

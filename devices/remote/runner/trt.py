@@ -12,7 +12,7 @@ import time
 
 from .errors import RunFailed
 from .sensors import Ina3221Sensor, ina3221_rails
-from .system import sysfs_root
+from .system import sha256_file, sysfs_root
 from .trt_files import parse_engine_build_s, parse_trtexec_version
 
 TRTEXEC_DEFAULT = "/usr/src/tensorrt/bin/trtexec"  # JetPack 4.6.x; not on PATH
@@ -78,16 +78,6 @@ def trtexec_version(trtexec):
     return parse_trtexec_version(out)
 
 
-def _sha256(path):
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def engine_key(onnx_sha256, trt_version, flags):
     """The engine cache's key: an engine is reused only for the same ONNX bytes, TensorRT and build flags."""
     import hashlib
@@ -101,7 +91,7 @@ def ensure_engine(trtexec, version, model, engine_dir, flags=TRT_BUILD_FLAGS):
     "timing_cache_bytes_before"}. The engine is written under a temporary name and renamed."""
     if not os.path.isdir(engine_dir):
         os.makedirs(engine_dir)
-    onnx_sha = _sha256(model)
+    onnx_sha = sha256_file(model)
     key = engine_key(onnx_sha, version, flags)
     engine = os.path.join(engine_dir, key + ".engine")
     meta_path = os.path.join(engine_dir, key + ".json")

@@ -10,7 +10,7 @@ import traceback
 
 from .errors import RunFailed
 from .reference import OutputCheck, read_sample_io
-from .sensors import PowerSampler, find_sensor, idle_power_w, mean_w
+from .sensors import PowerSampler, find_sensor, idle_power_w, mean_w, power_fields
 from .state import device_state, rss_kb
 from .system import runner_file
 from .trt import (TRT_FP16_ATOL_SHARE, TRTEXEC_DEFAULT, ensure_engine, find_trtexec, gpu_rail_sensor,
@@ -102,15 +102,11 @@ def benchmark_trt(args):
         trt = {"trtexec": trtexec, "tensorrt": version, "output_tolerance": atol, "output_rtol": args.rtol,
                "gpu_compute_ms_median": compute[len(compute) // 2] if compute else None}
         trt.update((k, v) for k, v in build.items() if k != "engine")
-        if sensor is not None and power and power[0]:
-            result.update({"power_source": sensor.source, "power_w": power[0],
-                           "power_rate_hz": samplers[0].achieved_rate_hz, "idle_power_w": idle_w})
-            if gpu_sensor is not None and len(power) > 1 and power[1]:
-                trt.update(gpu_power_source=gpu_sensor.source, gpu_power_w_mean=mean_w(power[1]),
-                           gpu_power_samples=len(power[1]))
-        else:
-            result.update({"power_source": None, "power_w": [], "power_rate_hz": None, "idle_power_w": None,
-                           "energy_missing_reason": missing or "sensor %s gave no samples" % sensor.source})
+        board = power[0] if power else []
+        result.update(power_fields(sensor, board, samplers[0].achieved_rate_hz if board else None, idle_w, missing))
+        if board and gpu_sensor is not None and len(power) > 1 and power[1]:
+            trt.update(gpu_power_source=gpu_sensor.source, gpu_power_w_mean=mean_w(power[1]),
+                       gpu_power_samples=len(power[1]))
         result["state_after"] = device_state()
         result["state_after"]["tensorrt"] = trt
         if args.profile_layers and args.profile_runs > 0:  # after the timed window; a broken profile never
