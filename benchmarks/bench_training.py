@@ -8,8 +8,11 @@ batch-1 inference p50 (onnx), the step p50, the local round measured, the 3× as
 round's samples × the dense model's batch-1 p50, what `edgemask replay` assumed before) and their ratio.
 
     python benchmarks/bench_training.py --workspace workspace --clients 3
+    python benchmarks/bench_training.py --workspace workspace --clients 2 --formats torch-train --arm64   # as root
 
-Run it on an idle machine (the verdicts say when it was not).
+``--arm64`` measures on the fleet's aarch64 STAND-IN instead (tests/fleet: Debian arm64 under qemu-user as a
+Cortex-A72 with a Pi's wheels; not a Raspberry Pi: its times are an emulator's). Run it on an idle machine (the
+verdicts say when it was not).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ CAMPAIGN = """
 name = "training-bench"
 formats = {formats}
 variants = ["fp32"]
-devices = ["local"]
+devices = ["{device}"]
 threads = [1]
 repetitions = 1
 timeout_s = 1800
@@ -69,6 +72,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=3, help="FedMask clients measured (the first N)")
     ap.add_argument("--formats", default="torch-train,pte-train", help="training formats measured")
     ap.add_argument("--train", action="store_true", help="train the demo's runs first (8 rounds each)")
+    ap.add_argument("--arm64", action="store_true", help="measure on the fleet's aarch64 stand-in (root; cached "
+                    "root filesystem, see tests/fleet/standin.py)")
     args = ap.parse_args()
 
     from edgemask.export import export_run
@@ -101,15 +106,32 @@ def main() -> int:
     export_run(out / "runs" / "demo-fedmask", out / "artifacts", clients, formats)
     t_export = time.perf_counter() - t0
     campaign = out / "training-bench.toml"
+    device = "pi-standin" if args.arm64 else "local"
     campaign.write_text(CAMPAIGN.format(formats="[" + ", ".join(f'"{f}"' for f in formats) + "]",
-                                        clients="[" + ", ".join(f'"{c}"' for c in clients) + "]"))
-    cfg = load_campaign(campaign, known_devices=["local"])
-    results_dir = cfg.results_dir(out)
-    if results_dir.exists():
-        shutil.rmtree(results_dir)
-    t0 = time.perf_counter()
-    res = run_campaign(cfg, out, progress=True)
-    t_profile = time.perf_counter() - t0
+                                        clients="[" + ", ".join(f'"{c}"' for c in clients) + "]", device=device))
+    standin = None
+    if args.arm64:
+        import tempfile
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from fleet.standin import StandIn, arm64_rootfs, sweep, write_inventory
+
+        sweep()
+        standin = StandIn.start(device, "aarch64", Path(tempfile.mkdtemp(prefix="edgemask-bench-")), cores=1.0,
+                                sensor="hwmon", lower=arm64_rootfs())
+        write_inventory(out / "devices.toml", standin.spec(), name=device,
+                        runtimes=("onnxruntime", "executorch", "torch"))
+    try:
+        cfg = load_campaign(campaign, known_devices=[device])
+        results_dir = cfg.results_dir(out)
+        if results_dir.exists():
+            shutil.rmtree(results_dir)
+        t0 = time.perf_counter()
+        res = run_campaign(cfg, out, progress=True)
+        t_profile = time.perf_counter() - t0
+    finally:
+        if standin is not None:
+            standin.teardown()
     if res.failed:
         print(f"bench_training: {len(res.failed)} jobs failed: {res.failed[0].reason}", file=sys.stderr)
         return 1
@@ -118,7 +140,8 @@ def main() -> int:
     table = training_table(results)
     table = table[table["assumed_from"].fillna("").str.contains("onnx")]
     infer = results[(results["workload"] != "train") & (results["format"] == "onnx")].set_index("artifact")
-    print(f"\nexport {t_export:.0f} s, profile {t_profile:.0f} s; local device, 1 thread; "
+    where = "the aarch64 STAND-IN (qemu-user, not a Pi)" if args.arm64 else "local device"
+    print(f"\nexport {t_export:.0f} s, profile {t_profile:.0f} s; {where}, 1 thread; "
           f"3× = 3 × round samples × the dense model's onnx batch-1 p50\n")
     head = ("artifact", "format", "infer p50 ms", "step p50 ms", "steps", "round measured s", "3x assumed s",
             "measured/3x", "verdict")
