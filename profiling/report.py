@@ -331,7 +331,8 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
 
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     verdict = verdict_lines(every, rules, training_rules)
-    sections = (_sections(runtime, summary, failures, skipped) + training_sections(every, train_format)
+    trained = not every.empty and bool((every["workload"] == TRAIN).any())
+    sections = (_sections(runtime, summary, failures, skipped, trained) + training_sections(every, train_format)
                 + ledger_sections + layer_sections(layer_bds) + predicted_sections(predicted, prediction_errors))
     md = _markdown(name, generated, config, verdict, sections, figures, notes)
     page = _html(name, generated, config, verdict, sections, figures, notes)
@@ -446,13 +447,16 @@ def _png(fig: Any) -> bytes | None:
 
 
 def _sections(runtime: pd.DataFrame, summary: pd.DataFrame, failures: pd.DataFrame,
-              skipped: pd.DataFrame) -> list[tuple[int, str, pd.DataFrame | None]]:
-    """(heading level, heading, formatted table or None) in page order."""
+              skipped: pd.DataFrame, trained: bool = False) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """(heading level, heading, formatted table or None) in page order; ``trained``: the campaign measured a
+    training format (said where no inference setting was measured)."""
     out: list[tuple[int, str, pd.DataFrame | None]] = [
         (2, "Runtime per application (FedMask-style; measured numbers averaged over VALID settings only, "
             "— where none is)", None)]
-    if runtime.empty:
-        out.append((3, "No successful measurements yet.", None))
+    if runtime.empty:  # nothing to group (its columns too are absent): a campaign of training formats only
+        out.append((3, "No inference setting measured: the campaign measured training formats only (their table "
+                       "below)." if trained else "No successful measurements yet.", None))
+        runtime = pd.DataFrame(columns=["application", "device", "format", "variant", "threads"])
     for keys, g in runtime.groupby(["application", "device", "format", "variant", "threads"], sort=True):
         app, device, fmt, variant, threads = keys
         out.append((3, f"{app} — {device}, {fmt}/{variant}, {threads} thread(s)",

@@ -270,3 +270,33 @@ def test_report_shows_training_apart_from_inference(tmp_path):
     assert t.loc["client-000", "local_round_source"] == "torch-train measured"
     assert (t.loc["client-000", "local_round_ms"], t.loc["client-000", "round_samples"]) == (95.0, 200.0)
     assert t.loc["client-000", "computation_ms"] == 1.0  # FedScale's figure stays the inference p50
+
+
+def test_report_of_a_training_only_campaign(tmp_path):
+    """Issue #44: a campaign with formats = ["torch-train"] alone has no inference setting; the report (which
+    grouped an empty runtime table: KeyError 'application') is written, with the training table and a line
+    saying why the runtime table is empty."""
+    from edgemask.profiling.report import write_report
+
+    ws = workspace(tmp_path / "ws")
+    cfg = parse_campaign(tomllib.loads(pf.campaign_toml(formats=("torch-train",), devices=("dev-a",))))
+    plan = plan_campaign(cfg, ws)
+    assert {j.format for j in plan.jobs} == {"torch-train"}
+    results = cfg.results_dir(ws)
+    with ResultsStore.open(results / "results.sqlite") as store:
+        store.save_campaign(cfg)
+        store.save_artifacts(plan.artifacts.values())
+        for job in plan.jobs:
+            ids = dict(device=job.device, artifact=job.artifact, format=job.format, variant=job.variant,
+                       threads=job.threads)
+            store.record(job, _train(ids, [11.0] * 20, [95.0], 2.5))
+    html, md = write_report(results, ws)
+    assert html.is_file()
+    text = md.read_text()
+    assert "No inference setting measured: the campaign measured training formats only" in text
+    training = text.split("## Local training on the boards")[1].split("\n## ")[0]
+    rows = [line for line in training.splitlines() if line.startswith("| run-a/")]
+    assert [r.split(" | ")[0] for r in rows] == ["| run-a/client-000", "| run-a/client-001"]
+    assert rows[0].split(" | ")[4:8] == ["11.000", "8", "200", "95.000"]
+    res = pd.read_parquet(results / "results.parquet")
+    assert set(res["workload"]) == {"train"}
