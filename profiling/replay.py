@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from edgemask import values
 from edgemask.errors import ConfigError, CorruptFileError
 from edgemask.workspace import check_name
 from edgemask.profiling.trace import read_trace
@@ -196,6 +197,8 @@ def run_replay(run_id: str, algorithm: str, rounds: pd.DataFrame, costs: pd.Data
 def replay(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
            settings: ReplaySettings = ReplaySettings()) -> tuple[list[RunReplay], float, dict, float]:
     """Replay each run under the trace; return the replays, the target, the trace's metadata and the bandwidth."""
+    if settings.target is not None:  # before any file is read: 95 for 95 % is a mistake, not a target
+        values.fraction("--target", settings.target)
     trace, meta = read_trace(trace_dir)
     bandwidth = settings.bandwidth_kbps if settings.bandwidth_kbps is not None else float(meta["bandwidth_kbps"])
     runs = [replay_run(workspace, r, trace, bandwidth, settings.augmentation, settings.metric,
@@ -204,6 +207,39 @@ def replay(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
     if target is None:
         target = min(float(r.rounds["accuracy"].max()) for r in runs)
     return runs, target, meta, bandwidth
+
+
+def pct(fraction: float) -> str:
+    """``fraction`` as a percentage with the digits it needs (0.8 -> "80.0", 0.9999 -> "99.99"), never rounded up
+    to a target it is not (0.9999 is not "100.0")."""
+    x = 100 * fraction
+    for digits in range(1, 5):
+        text = f"{x:.{digits}f}"
+        if abs(float(text) - x) < 1e-9:
+            return text
+    return f"{x:.4f}"
+
+
+def unreached_lines(runs: list[RunReplay], target: float, metric: str = "mean_accuracy") -> list[str]:
+    """One sentence where a run never reaches ``target`` (its time and energy to it are then "—"): the target and
+    each such run's best ``metric`` and the round it came in."""
+    missed = [r for r in runs if math.isnan(r.to_target(target)["rounds"])]
+    if not missed:
+        return []
+
+    def best(r: RunReplay) -> str:
+        acc = r.rounds["accuracy"]
+        if acc.notna().sum() == 0:
+            return f"{r.run_id} never evaluated"
+        i = acc.idxmax()
+        return f"{r.run_id} {pct(float(acc[i]))} % (round {int(r.rounds.at[i, 'round']) + 1})"
+
+    if len(missed) == len(runs):
+        head = f"no run reached {pct(target)} % {metric}: every time and energy to it is —"
+    else:
+        head = (f"{', '.join(r.run_id for r in missed)} did not reach {pct(target)} % {metric}: "
+                f"{'its' if len(missed) == 1 else 'their'} time and energy to it are —")
+    return [f"{head}; best {metric} reached: {'; '.join(best(r) for r in missed)}"]
 
 
 def assumptions(meta: dict, bandwidth_kbps: float, bandwidth_given: bool, augmentation: float,
@@ -268,7 +304,7 @@ def _fmt(x: float, spec: str) -> str:
 
 def replay_table(runs: list[RunReplay], target: float) -> str:
     """Per run: rounds, seconds and joules to ``target``, and over all rounds, as plain text."""
-    head = ("algorithm", "run", f"rounds to {100 * target:.1f} %", "time to target (s)", "energy to target (J)",
+    head = ("algorithm", "run", f"rounds to {pct(target)} %", "time to target (s)", "energy to target (J)",
             "final acc", "all rounds (s)", "all rounds (J)")
     rows = [head]
     for r in runs:
@@ -294,9 +330,9 @@ def replay_report(workspace: str | Path, run_ids: list[str], trace_dir: str | Pa
     measured = any(r.measured for r in runs)
     model = ("FedScale's cost model, computation from the measured local rounds (see the assumptions)" if measured
              else "FedScale's cost model")
-    return "\n".join([(f"time and energy to {100 * target:.1f} % {settings.metric} ({why}), {model}:"),
-                      replay_table(runs, target), "", "assumptions:",
-                      *(f"  - {a}" for a in lines)])
+    return "\n".join([(f"time and energy to {pct(target)} % {settings.metric} ({why}), {model}:"),
+                      replay_table(runs, target), *unreached_lines(runs, target, settings.metric), "",
+                      "assumptions:", *(f"  - {a}" for a in lines)])
 
 
 def one_line(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
@@ -315,4 +351,5 @@ def one_line(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
                if measured else "computation: FedScale's 3× assumption")
     return (f"replayed on {meta['device']} ({meta['format']}, {meta['threads']} thread(s), {bandwidth / 1000:g} "
             f"Mbit/s assumed, {compute}; `edgemask replay` states every assumption): time to "
-            f"{100 * target:.1f} % mean accuracy: " + "; ".join(parts))
+            f"{pct(target)} % mean accuracy: " + "; ".join(parts)
+            + "".join(f"; {line}" for line in unreached_lines(runs, target)))

@@ -179,3 +179,60 @@ def test_cli_replays_both_ways_and_prints_the_fallback_clients(tmp_path, capsys)
     assert row.split() == ["fedx", "run-x", "2", "7.60", "2.55", "0.8000", "7.60", "2.55"]
     assert "2 client(s) fell back to the 3× assumption (no measured local round used on this device and threads): a, b" in out
     assert "measured local round for" not in out
+
+
+def _run_and_trace(tmp_path, history=HISTORY):
+    """runs/run-x (the two-round history) and a trace of its clients a and b written by the trace writer."""
+    from edgemask.profiling.trace import write_traces
+
+    run = tmp_path / "runs" / "run-x"
+    run.mkdir(parents=True)
+    history.to_parquet(run / "history.parquet")
+    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
+                           "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
+                           "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
+    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, ledger.assign(kind="compacted"),
+                               bandwidth_kbps=BANDWIDTH, train_model="compacted")
+    return trace
+
+
+@pytest.mark.parametrize("bad", [95.0, 0.0, -0.5, 1.0001, float("nan"), float("inf")])
+def test_the_target_is_a_fraction_or_refused_before_anything_is_read(tmp_path, bad):
+    """Issue #44: --target 95 printed "time and energy to 9500.0 %" over a table of —. A target outside (0, 1]
+    is one ConfigError naming --target and what to give, before the trace (absent here) is read."""
+    from edgemask.profiling.replay import ReplaySettings, replay_report
+
+    with pytest.raises(ConfigError) as e:
+        replay_report(tmp_path, ["run-x"], tmp_path / "no-trace", ReplaySettings(target=bad))
+    msg = str(e.value)
+    assert msg.startswith("--target ") and "fraction (0.95 for 95 %)" in msg and "\n" not in msg
+
+
+def test_cli_refuses_a_percentage_target_in_one_line(tmp_path, capsys):
+    from edgemask.cli.main import main
+
+    trace = _run_and_trace(tmp_path)
+    try:  # the option's check refuses it while parsing (argparse exits), else replay does
+        code = main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(trace), "--target",
+                     "95"])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code != 0 and out == "" and err.count("\n") == 1 and "--target" in err and "0.95" in err
+
+
+def test_a_target_no_run_reaches_says_so_with_each_runs_best(tmp_path):
+    """0.9999: no round reaches it, the table is — throughout, and a sentence names the target and the run's best
+    (0.8 after its second round) instead of leaving the — unexplained; the header does not round it to 100 %."""
+    from edgemask.profiling.replay import ReplaySettings, replay_report
+
+    trace = _run_and_trace(tmp_path)
+    out = replay_report(tmp_path, ["run-x"], trace, ReplaySettings(target=0.9999))
+    assert out.startswith("time and energy to 99.99 % mean_accuracy (given)")
+    row = next(line for line in out.splitlines() if line.startswith("fedx"))
+    assert row.split()[2:5] == ["—", "—", "—"]
+    assert ("no run reached 99.99 % mean_accuracy: every time and energy to it is —; best mean_accuracy reached: "
+            "run-x 80.0 % (round 2)") in out
+    reached = replay_report(tmp_path, ["run-x"], trace, ReplaySettings(target=0.8))
+    assert "reached" not in reached.split("assumptions:")[0]
