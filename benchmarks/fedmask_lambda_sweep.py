@@ -7,8 +7,11 @@ seed stays alive.
 Every run is ``configs/digits-fedmask.toml`` (8 devices × 2 classes, 15 rounds, 2 local epochs, lr 100, the binary
 forward, s = ``init_scale`` = 1 unless ``--init-scale``) with the model swapped and ``prune_last`` set per model
 (:data:`CASES`). The LSTM reads LEAF's Shakespeare JSON: ``--shakespeare ROOT`` for the real one; without it a
-stand-in is written under ``--work`` from plain English text (``--text``, one client per contiguous slice: a
-next-character task with LEAF's 80-character vocabulary and 80-character windows, the shape FedMask's NCP has).
+stand-in is written under ``--work`` from plain English text, one client per contiguous slice: a next-character
+task with LEAF's 80-character vocabulary and 80-character windows, the shape FedMask's NCP has. The text is
+``--text FILE ...`` where given, else what every Python ships: the Language Reference topics ``help()`` shows
+(the standard library's ``pydoc_data.topics``, 0.46 M characters on Python 3.11; it differs between Python
+versions, so a table says which one ran).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedmask_lambda_sweep.py \\
         --models mlp cnn vgg16 tiny_mobilenet char_lstm --lambdas 0 2e-5 2e-4 6e-4 2e-3 2e-2 --seeds 0 1 2 \\
@@ -61,13 +64,41 @@ CASES = {
 }
 
 
-def standin_shakespeare(texts: list[Path], out: Path, clients: int, train: int, test: int) -> Path:
-    """LEAF Shakespeare JSON (``out/train/all.json``, ``out/test/all.json``) cut from ``texts``: the text,
+def shipped_text() -> tuple[str, str]:
+    """``(where it comes from, the text)``: English prose that every Python install ships, whatever else is
+    installed: the Language Reference topics of ``help()`` (``pydoc_data.topics``, in the order of their names)."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # a distribution that strips the standard library's pydoc data
+        topics = {}
+    return (f"Python {sys.version_info.major}.{sys.version_info.minor}'s pydoc_data.topics",
+            "\n".join(topics[k] for k in sorted(topics)))
+
+
+def read_texts(paths: list[Path] | None) -> tuple[str, str]:
+    """``(where it comes from, the text)`` of the stand-in: the ``--text`` files, or :func:`shipped_text`. A file
+    that cannot be read, or no text at all, ends the run with one line saying what to give."""
+    if not paths:
+        where, text = shipped_text()
+    else:
+        parts = []
+        for p in paths:
+            try:
+                parts.append(p.read_text(encoding="utf-8", errors="replace"))
+            except OSError as e:
+                raise SystemExit(f"--text: cannot read {p} ({e.strerror or e}); give readable plain-text files")
+        where, text = ", ".join(p.name for p in paths), " ".join(parts)
+    if not text.strip():
+        raise SystemExit(f"--text: {where} holds no text; give plain-text files with --text FILE ...")
+    return where, text
+
+
+def standin_shakespeare(raw: str, out: Path, clients: int, train: int, test: int) -> Path:
+    """LEAF Shakespeare JSON (``out/train/all.json``, ``out/test/all.json``) cut from the text ``raw``:
     characters outside LEAF's vocabulary turned into spaces and whitespace runs into one space, split into
     ``clients`` contiguous slices; each slice gives ``train`` windows of SEQ_LEN characters from its first 80 %
     and ``test`` from the rest, each labelled with the character that follows. Returns ``out``."""
     known = set(ALL_LETTERS)
-    raw = " ".join(p.read_text(encoding="utf-8", errors="replace") for p in texts)
     text = re.sub(r"\s+", " ", "".join(c if c in known else " " for c in raw))
     size = len(text) // clients
     split = {"train": {}, "test": {}}
@@ -149,8 +180,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=None, help="default: the config's")
     ap.add_argument("--shakespeare", type=Path, default=None, help="LEAF's shakespeare data directory")
-    ap.add_argument("--text", type=Path, nargs="+", default=sorted(Path("/work/shared/seeds").glob("*.txt")),
-                    help="plain text for the LSTM's stand-in data when --shakespeare is not given")
+    ap.add_argument("--text", type=Path, nargs="+", default=None,
+                    help="plain text for the LSTM's stand-in data when --shakespeare is not given (default: the "
+                    "Language Reference topics every Python ships, pydoc_data.topics)")
     ap.add_argument("--text-samples", type=int, nargs=2, default=(200, 50), metavar=("TRAIN", "TEST"),
                     help="windows per client of the stand-in")
     ap.add_argument("--work", type=Path, default=Path("workspace/lambda_sweep"))
@@ -160,12 +192,12 @@ def main() -> None:
     base = TrainConfig.load(args.config)
     rounds = args.rounds or base.training.rounds
     text_root = args.shakespeare
+    source = f"LEAF Shakespeare {text_root}" if text_root else "none (no text model among --models)"
     if text_root is None and any(CASES[m].text for m in args.models):
-        text_root = standin_shakespeare(args.text, args.work / "shakespeare", base.data.num_clients,
-                                        *args.text_samples)
+        where, text = read_texts(args.text)
+        text_root = standin_shakespeare(text, args.work / "shakespeare", base.data.num_clients, *args.text_samples)
+        source = f"a stand-in from {where}"
     done = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
-    source = (f"LEAF Shakespeare {args.shakespeare}" if args.shakespeare
-              else "a stand-in from " + ", ".join(p.name for p in args.text))
     print(f"# {args.config} with the model swapped, {rounds} rounds, binary forward, seeds {args.seeds}; "
           f"LSTM data: {source}", flush=True)
     for m in args.models:
