@@ -14,14 +14,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from edgemask.cli.progress import progress_printer
-from edgemask.errors import ConfigError, EdgemaskError
+from edgemask.cli import options as opt
+from edgemask.cli.options import OneLineParser, add as add_option
+from edgemask.errors import EdgemaskError
 from edgemask.fileio import disk_full
-from edgemask.schema import check_option
-from edgemask.targets import BOARDS, DEFAULT_EXPORT_FORMATS, DEMO_FORMATS, FORMATS as FORMAT_FACTS, TX2_ONNXRUNTIME
+from edgemask.targets import (BOARDS, DEFAULT_EXPORT_FORMATS, DEMO_FORMATS, FORMATS as FORMAT_FACTS, TRAINING_FORMATS,
+                              TX2_ONNXRUNTIME)
 from edgemask.workspace import Workspace
 
 
 COLLAPSED = 3  # `train`: every client's model collapsed at the last evaluation; the run directory is written
+MAX_CPUS = 1024  # a count of CPUs or threads (the campaign's threads share this bound)
+MAX_ROUNDS = 1_000_000  # a round count above this is a typo, not a study
+MAX_KBPS = 1e9  # 1 Tbit/s: a bandwidth above this is a unit mistake
+TRAINING = "edgemask.trainer.config:TrainingConfig"
+ROUNDS = opt.setting(TRAINING, "rounds", "count", lambda w, t: opt.values.count(w, t, maximum=MAX_ROUNDS))
+FORMAT_LIST = opt.name_list(FORMAT_FACTS, "format")
 
 
 def _ws(args: argparse.Namespace) -> Workspace:
@@ -29,13 +37,11 @@ def _ws(args: argparse.Namespace) -> Workspace:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from edgemask.trainer.config import TrainConfig, TrainingConfig
+    from edgemask.trainer.config import TrainConfig
     from edgemask.trainer.simulation import train
 
     cfg = TrainConfig.load(args.config)
-    overrides = {k: check_option(f"--{k}", v, TrainingConfig, k)
-                 for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
-    _at_least_one(args, "flower_workers", "give Ray at least one CPU")
+    overrides = {k: v for k, v in (("rounds", args.rounds), ("device", args.device)) if v is not None}
     if args.engine == "flower" and (args.device is not None or args.sequential):
         raise EdgemaskError("--device and --sequential choose how this host trains; with --engine flower each "
                             "Flower client trains on its own CPU, one client per message")
@@ -80,34 +86,13 @@ def _collapse_line(path: Path, collapse: dict) -> str:
             f"to accept it")
 
 
-def _at_least_one(args: argparse.Namespace, name: str, why: str) -> None:
-    """A count option that is no setting of a config (``--flower-workers``) given below 1 is refused at the door
-    (issue #27); an option that overrides a setting is checked by it (:func:`edgemask.schema.check_option`)."""
-    value = getattr(args, name, None)
-    if value is not None and value < 1:
-        raise ConfigError(f"--{name.replace('_', '-')} {value}: must be 1 or more; {why}")
-
-
-def _name_list(option: str, text: str) -> list[str]:
-    """A comma-separated option (``--formats onnx,pte``) as a list; a name given twice is refused: it would write
-    two identical manifest entries (issue #27)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if dup is not None:
-        raise ConfigError(f"{option} {text}: {dup!r} is given twice; name each once")
-    if not names:
-        raise ConfigError(f"{option}: empty; name at least one")
-    return names
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from edgemask.manifest import load_manifest
     from edgemask.export import ExportSettings, export_run
     from edgemask.export.layers import kept_dead_notes
 
     ws = _ws(args)
-    clients = "all" if args.clients == "all" else _name_list("--clients", args.clients)
-    formats = _name_list("--formats", args.formats)
+    clients, formats = args.clients, args.formats
     settings = ExportSettings(device_profile=args.target, int8=args.int8)
     if args.jobs is None:
         from edgemask.export.parallel import default_jobs
@@ -173,22 +158,6 @@ def _waiting_note(every_s: float = 5.0):
     return note
 
 
-MAX_WAIT_S = 7 * 24 * 3600.0
-
-
-def _wait_seconds(text: str) -> float:
-    """--wait: seconds, finite, 0 to a week (a NaN would never time out, a negative means nothing)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0 <= value <= MAX_WAIT_S:
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0 to {MAX_WAIT_S:g}")
-    return value
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
     from edgemask.devices.inventory import load_inventory
     from edgemask.profiling.campaign import load_campaign, run_campaign
@@ -229,10 +198,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_budgets(args: argparse.Namespace) -> int:
-    from edgemask.cli.budgets import parse_mix, write_budgets
+    from edgemask.cli.budgets import write_budgets
 
     out = Path(args.out)
-    devices = write_budgets(Path(args.config), Path(args.results), parse_mix(args.mix), args.deadline, out,
+    devices = write_budgets(Path(args.config), Path(args.results), args.mix, args.deadline, out,
                             args.format, args.threads, args.measured_run, args.run_id, args.allow_invalid)
     for cid, d in devices.items():
         late = "" if d["meets_deadline"] else "  (misses the deadline even training nothing)"
@@ -245,11 +214,7 @@ def cmd_budgets(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from edgemask.cli.demo import run_demo
 
-    if args.rounds is not None:
-        from edgemask.trainer.config import TrainingConfig
-
-        check_option("--rounds", args.rounds, TrainingConfig, "rounds")
-    run_demo(_ws(args), rounds=args.rounds, formats=_name_list("--formats", args.formats))
+    run_demo(_ws(args), rounds=args.rounds, formats=args.formats)
     return 0
 
 
@@ -273,32 +238,34 @@ def _quietly(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgemask", description="Train personalized sparse models federatedly, "
+    p = OneLineParser(prog="edgemask", description="Train personalized sparse models federatedly, "
                                 "compact and export them, and profile them on edge devices.")
     p.add_argument("--version", action="version", version="edgemask 0.1.0")
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_: str, fn) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("--workspace", default="workspace", help="workspace directory (default: ./workspace)")
+        add_option(sp, "--workspace", value=opt.WORKSPACE, default="workspace", help="workspace directory (default: "
+                   "./workspace)")
         sp.add_argument("--verbose", action="store_true", help="show third-party libraries' warnings and log "
                         "lines (with --engine flower: Flower's and Ray's) on the terminal; by default they go to "
                         "<workspace>/logs/<command>-<time>.log")
-        sp.set_defaults(fn=fn)
+        sp.set_defaults(fn=fn, parser=sp)
         return sp
 
     d = add("demo", "train FedAvg and FedMask on digits, export, profile on the local device, report", cmd_demo)
-    d.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    add_option(d, "--rounds", value=ROUNDS, default=None, help="override the number of rounds")
     demo_formats = ",".join(DEMO_FORMATS)
-    d.add_argument("--formats", default=demo_formats, help=f"export formats (default: {demo_formats})")
-    formats = ",".join(DEFAULT_EXPORT_FORMATS)
+    add_option(d, "--formats", value=FORMAT_LIST, default=list(DEMO_FORMATS),
+               help=f"export formats (default: {demo_formats})")
 
     t = add("train", "simulate federated training from a TOML config; writes runs/<run-id>/", cmd_train)
-    t.add_argument("--config", required=True, help="training config (TOML), e.g. configs/demo-fedmask.toml")
-    t.add_argument("--rounds", type=int, default=None, help="override training.rounds")
+    add_option(t, "--config", value=opt.INPUT_FILE, required=True, help="training config (TOML), e.g. "
+               "configs/demo-fedmask.toml")
+    add_option(t, "--rounds", value=ROUNDS, default=None, help="override training.rounds")
     t.add_argument("--no-memory-check", action="store_true", help="train even when the memory estimate printed "
                    "before the set-up exceeds what this host has available")
-    t.add_argument("--device", default=None, help="override training.device: 'cuda' trains the batched clients on "
+    add_option(t, "--device", value=opt.setting(TRAINING, "device", "text"), default=None, help="override training.device: 'cuda' trains the batched clients on "
                    "the GPU when one is present, 'cpu' otherwise")
     t.add_argument("--sequential", action="store_true", help="train the clients one after another (the reference "
                    "loop; training.batched = false) instead of a round's clients together")
@@ -308,78 +275,81 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--engine", choices=["local", "flower"], default="local", help="local: this process trains the "
                    "clients (default); flower: the same round loop with the clients' local training on Flower's "
                    "simulation engine (Ray; needs `pip install -e .[flower]`)")
-    t.add_argument("--flower-workers", type=int, default=None, help="with --engine flower: Ray CPUs, i.e. clients "
+    add_option(t, "--flower-workers", value=opt.count(MAX_CPUS), default=None, help="with --engine flower: Ray CPUs, i.e. clients "
                    "training at a time, one torch thread each (default: this host's CPUs, at most the clients)")
 
     e = add("export", "compact each client's model and write ONNX / ExecuTorch / TFLite artifacts", cmd_export)
-    e.add_argument("--run", required=True, help="run id (under <workspace>/runs) or path to a run directory")
-    e.add_argument("--clients", default="all", help="'all' or a comma-separated list of client ids")
-    e.add_argument("--formats", default=formats, help="comma-separated formats: " + ", ".join(
+    add_option(e, "--run", value=opt.RUN_REF, required=True, help="run id (under <workspace>/runs) or path to a run directory")
+    add_option(e, "--clients", value=opt.name_list(None, "client", all_=True), default="all", help="'all' or a comma-separated list of client ids")
+    add_option(e, "--formats", value=FORMAT_LIST, default=list(DEFAULT_EXPORT_FORMATS), help="comma-separated formats: " + ", ".join(
                    f"{f.name} ({f.title})" for f in FORMAT_FACTS.values()))
     tx2 = BOARDS["jetson-tx2"]
-    e.add_argument("--target", default=None, help=f"device profile for format options (e.g. {tx2.kind}: ONNX "
+    add_option(e, "--target", value=opt.choice(BOARDS, "board kind"), default=None, help=f"device profile for format options (e.g. {tx2.kind}: ONNX "
                    f"opset ≤ {tx2.max_onnx_opset} for its onnxruntime {TX2_ONNXRUNTIME})")
     e.add_argument("--int8", action="store_true", help="also write int8 variants where the format has one")
     e.add_argument("--etrecord", action="store_true", help="with pte: also write the ExecuTorch ETRecord (the "
                    "Inspector maps a device's ETDump events to modules with it; a second lowering per model)")
-    e.add_argument("--jobs", type=int, default=None, metavar="N", help="export N clients at a time, each in its "
+    add_option(e, "--jobs", value=opt.count(MAX_CPUS), default=None, metavar="N", help="export N clients at a time, each in its "
                    "own process (default: this machine's cores; 1: one after another)")
-    e.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="if another export of this run, or "
+    add_option(e, "--wait", value=opt.seconds(zero=True), default=0.0, metavar="SECONDS", help="if another export of this run, or "
                    "a training of its run id, is running, wait up to this long for it (default: 0, leave at once "
                    "saying so)")
 
     dv = add("devices", "list the inventory, check devices over their connection, or set them up "
              "(a venv with numpy and the runtimes their kind supports)", cmd_devices)
     dv.add_argument("action", choices=["list", "check", "setup"])
-    dv.add_argument("names", nargs="*", help="devices to check (default: all) or to set up")
-    dv.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
-    dv.add_argument("--wheels", default=None, help="setup: install from the wheels in this folder, uploaded to "
+    add_option(dv, "names", value=opt.NAME, nargs="*", help="devices to check (default: all) or to set up")
+    add_option(dv, "--inventory", value=opt.INPUT_FILE, default=None, help="devices.toml (default: <workspace>/devices.toml)")
+    add_option(dv, "--wheels", value=opt.INPUT_DIR, default=None, help="setup: install from the wheels in this folder, uploaded to "
                     "the board (for boards without a package index)")
-    dv.add_argument("--torch-index", default=None, help="setup on a Pi: the index torch comes from (default: the "
+    add_option(dv, "--torch-index", value=opt.URL, default=None, help="setup on a Pi: the index torch comes from (default: the "
                     "device's torch_index, PyTorch's CPU-only wheels https://download.pytorch.org/whl/cpu)")
     dv.add_argument("--self-test", action="store_true", help="check: on a board with TensorRT, build, check and "
                     "time a tiny engine end to end (format trt)")
 
     pr = add("profile", "run a profiling campaign; results go to results/<campaign>/", cmd_profile)
-    pr.add_argument("--campaign", required=True, help="campaign.toml")
-    pr.add_argument("--inventory", default=None, help="devices.toml (default: <workspace>/devices.toml)")
-    pr.add_argument("--wait", type=_wait_seconds, default=0.0, metavar="SECONDS", help="if another campaign holds a "
+    add_option(pr, "--campaign", value=opt.INPUT_FILE, required=True, help="campaign.toml")
+    add_option(pr, "--inventory", value=opt.INPUT_FILE, default=None, help="devices.toml (default: "
+               "<workspace>/devices.toml)")
+    add_option(pr, "--wait", value=opt.seconds(zero=True), default=0.0, metavar="SECONDS", help="if another campaign holds a "
                     "board (or this campaign), wait up to this long for it (default: 0, leave at once naming "
                     "the holder)")
 
     r = add("report", "write report.html and summary.md for a campaign's results", cmd_report)
-    r.add_argument("--results", required=True, help="results/<campaign> directory")
+    add_option(r, "--results", value=opt.INPUT_DIR, required=True, help="results/<campaign> directory")
 
     rp = add("replay", "replay runs' histories under a device trace's measured costs (FedScale's cost model): "
              "time and device energy to a target accuracy", cmd_replay)
-    rp.add_argument("--run", action="append", required=True, help="run id under <workspace>/runs (repeat to "
+    add_option(rp, "--run", value=opt.NAME, action="append", required=True, help="run id under <workspace>/runs (repeat to "
                     "compare runs, e.g. --run demo-fedavg --run demo-fedmask)")
-    rp.add_argument("--trace", required=True, help="a trace directory `edgemask report` wrote, e.g. "
+    add_option(rp, "--trace", value=opt.INPUT_DIR, required=True, help="a trace directory `edgemask report` wrote, e.g. "
                     "results/demo/traces/local-onnx-fp32-t1")
-    rp.add_argument("--bandwidth", type=float, default=None, metavar="KBPS", help="client bandwidth in kbit/s "
+    add_option(rp, "--bandwidth", value=opt.positive(MAX_KBPS, "kbit/s"), default=None, metavar="KBPS", help="client bandwidth in kbit/s "
                     "(default: the trace's, assumed when it was written: 10000)")
-    rp.add_argument("--target", type=float, default=None, help="target mean personalized accuracy, 0..1 (default: "
+    add_option(rp, "--target", value=opt.FRACTION, default=None, help="target mean personalized accuracy, a "
+               "fraction in (0, 1] (default: "
                     "the highest every replayed run reaches)")
-    rp.add_argument("--metric", default="mean_accuracy", help="the server-side history metric the target applies "
+    add_option(rp, "--metric", value=opt.TEXT, default="mean_accuracy", help="the server-side history metric the target applies "
                     "to (default: mean_accuracy, the clients' mean personalized accuracy)")
     rp.add_argument("--assume-3x", action="store_true", help="ignore the trace's measured local rounds: every "
                     "client's training costs FedScale's 3 x batch-1 inference per sample (default: a client's "
                     "measured local round where the campaign measured a training format)")
     bg = add("budgets", "PerFedMask's budgets psi_n from measured training steps: each simulated device a board "
              "of a measured mix, psi_n the largest trainable part whose local round meets a deadline", cmd_budgets)
-    bg.add_argument("--config", required=True, help="the PerFedMask training config, e.g. configs/digits-perfedmask.toml")
-    bg.add_argument("--results", required=True, help="a campaign's results directory holding the training rows of "
+    add_option(bg, "--config", value=opt.INPUT_FILE, required=True, help="the PerFedMask training config, e.g. configs/digits-perfedmask.toml")
+    add_option(bg, "--results", value=opt.INPUT_DIR, required=True, help="a campaign's results directory holding the training rows of "
                     "a PerFedMask run's clients, e.g. workspace/results/budgets")
-    bg.add_argument("--mix", required=True, help="boards (campaign device names) and their shares of the devices, "
+    add_option(bg, "--mix", value=opt.MIX, required=True, help="boards (campaign device names) and their shares of the devices, "
                     "e.g. local=0.3,pi-standin=0.7")
-    bg.add_argument("--deadline", type=float, required=True, metavar="SECONDS", help="a local round's deadline")
-    bg.add_argument("--out", required=True, help="the training config to write (budgets and budget_source set)")
-    bg.add_argument("--format", default="torch-train", help="the training format whose steps set the cost "
+    add_option(bg, "--deadline", value=opt.seconds(), required=True, metavar="SECONDS", help="a local round's deadline")
+    add_option(bg, "--out", value=opt.output_file("--config", "--results"), required=True, help="the training config to write (budgets and budget_source set)")
+    add_option(bg, "--format", value=opt.choice(TRAINING_FORMATS, "training format"), default="torch-train",
+               help="the training format whose steps set the cost "
                     "(default: torch-train)")
-    bg.add_argument("--threads", type=int, default=1, help="the runtime threads of the rows used (default: 1)")
-    bg.add_argument("--measured-run", default=None, help="the run whose clients were measured (default: the "
+    add_option(bg, "--threads", value=opt.count(MAX_CPUS), default=1, help="the runtime threads of the rows used (default: 1)")
+    add_option(bg, "--measured-run", value=opt.NAME, default=None, help="the run whose clients were measured (default: the "
                     "config's run id)")
-    bg.add_argument("--run-id", default=None, help="run id of the written config (default: <run id>-measured)")
+    add_option(bg, "--run-id", value=opt.NAME, default=None, help="run id of the written config (default: <run id>-measured)")
     bg.add_argument("--allow-invalid", action="store_true", help="fit INVALID rows too (e.g. a stand-in's noisy "
                     "steps); the written budget_source names the boards whose fit rests on them")
     return p
@@ -387,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    opt.check_inputs(args.parser, args)
     try:
         return _quietly(args)
     except EdgemaskError as e:

@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping
@@ -160,6 +161,8 @@ class Table:
         return self.error(key, f"unknown {f.what} {value!r}", f"valid names: {', '.join(sorted(f.choices))}")
 
     def _check_range(self, key: str, value: float, f: Field) -> None:
+        if not math.isfinite(value):  # TOML writes nan and inf; no setting means either (a NaN passes every `<`)
+            raise self.error(key, f"{value!r} is not a finite number", "write a finite number")
         low = f.minimum is not None and value < f.minimum or f.above is not None and value <= f.above
         high = f.maximum is not None and value > f.maximum or f.below is not None and value >= f.below
         if low or high:

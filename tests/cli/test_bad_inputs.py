@@ -184,8 +184,8 @@ CASES: dict[str, Case] = {
     "run id of 245 characters": Case(_train("r" * 245), ("run.run_id", "245 bytes long", "at most 128 bytes")),
     "newline in a run id": Case(_train("a\nb"), ("run.run_id", "control character '\\n'")),
     "tab in a run id": Case(_train("a\tb"), ("run.run_id", "control character '\\t'")),
-    "train --rounds -1": Case(_train("r1", "--rounds", "-1"), ("--rounds -1: -1 is out of range; use a value >= 1",)),
-    "train --rounds 0": Case(_train("r1", "--rounds", "0"), ("--rounds 0: 0 is out of range; use a value >= 1",)),
+    "train --rounds -1": Case(_train("r1", "--rounds", "-1"), ("--rounds -1: out of range; give a whole number",)),
+    "train --rounds 0": Case(_train("r1", "--rounds", "0"), ("--rounds 0: out of range; give a whole number",)),
     "rounds = 0 in the config": Case(_zero_rounds, ("[training] rounds", "0 is out of range")),
     # the device's valid values are declared once, on the setting: the config, --device and the trainer say the same
     "device = \"tpu\" in the config": Case(_tpu_device, ("t.toml: [training] device: unknown device 'tpu'; valid: "

@@ -139,6 +139,6 @@ def test_the_default_export_formats_are_declared_once():
     # the demo adds the local training step (issue #39), declared once beside them
     assert DEMO_FORMATS == ("onnx", "pte", "torch-train") and set(DEMO_FORMATS) <= set(FORMATS)
     parser = build_parser()
-    assert parser.parse_args(["export", "--run", "r"]).formats == "onnx,pte"
-    assert parser.parse_args(["demo"]).formats == "onnx,pte,torch-train"
+    assert parser.parse_args(["export", "--run", "r"]).formats == ["onnx", "pte"]
+    assert parser.parse_args(["demo"]).formats == ["onnx", "pte", "torch-train"]
     assert inspect.signature(export_run).parameters["formats"].default is DEFAULT_EXPORT_FORMATS

@@ -212,3 +212,12 @@ def test_a_signature_is_a_schema_too():
 
 def test_a_list_built_in_code_may_be_a_tuple():
     assert Table("c.toml", "t", {"widths": (8, 4)}, {"widths": Field(list, items=int)})["widths"] == (8, 4)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_number_is_refused_with_or_without_limits(value):
+    """TOML writes nan and inf; a NaN passes every comparison, so a range alone let it through (issue #44)."""
+    for f in (Field(float), Field(float, minimum=0.0), Field(list, items=float)):
+        data = {"x": [value] if f.kind is list else value}
+        with pytest.raises(ConfigError, match=r"t.toml: \[t\] x: .* is not a finite number; write a finite number"):
+            Table("t.toml", "t", data, {"x": f})["x"]
