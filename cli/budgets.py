@@ -4,9 +4,10 @@ written into a new training config, with where each came from."""
 from __future__ import annotations
 
 import math
+import tomllib
 from pathlib import Path
 
-from edgemask.errors import ConfigError, EdgemaskError
+from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
 from edgemask.fileio import sha256_file, write_text_atomic
 from edgemask.tomlio import dumps_toml, read_toml
 
@@ -30,26 +31,67 @@ def parse_mix(text: str) -> dict[str, float]:
 
 def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s: float, out: Path,
                   fmt: str = "torch-train", threads: int = 1, measured_run: str | None = None,
-                  run_id: str | None = None, allow_invalid: bool = False) -> dict[str, dict]:
+                  run_id: str | None = None, allow_invalid: bool = False,
+                  workspace: Path | None = None) -> dict[str, dict]:
     """Read the PerFedMask training config ``config``, fit each board's step cost to the VALID ``fmt`` rows of
     ``measured_run`` (default: the config's run id) in ``results``, set every device's budget for the
     ``deadline_s`` local round, and write the config with ``budgets`` and ``budget_source`` to ``out`` (run id
-    ``run_id``, default ``<run id>-measured``). ``allow_invalid``: fit INVALID rows too (a stand-in's noisy steps),
-    recorded in ``budget_source`` as resting on them. Returns the per-device records."""
+    ``run_id``, default ``<run id>-measured``). ``allow_invalid``: fit INVALID rows too (a stand-in's noisy
+    steps), recorded in ``budget_source`` as resting on them. Returns the per-device records.
+
+    Before any fit (issue #44, docs/contracts.md "Provenance of derived numbers"): the rows must be of the model
+    ``config`` trains (the measured run's manifests: model, data set, dense parameter count), and where
+    ``workspace`` (default: the one ``results`` sits in, ``<workspace>/results/<campaign>``) holds
+    ``runs/<measured_run>/``, that run must be the one the campaign measured (its digests, its summary's model)
+    with the config's ``[model]``; each mismatch is one line naming both sides, and nothing is written.
+    ``budget_source.inputs`` records the digests of what the budgets rest on."""
+    from edgemask import values
     from edgemask.profiling.budgets import assign_boards, budgets_from_costs, fit_board_costs, source_record
+    from edgemask.profiling.provenance import RunIdentity, check_same, finite_column, from_run_dir, from_store
+    from edgemask.profiling.store import ResultsStore
     from edgemask.profiling.training import training_costs
     from edgemask.trainer.config import TrainConfig
     from edgemask.trainer.data import build_dataset
     from edgemask.trainer.models import build_model, head_names
 
+    deadline_s = values.seconds("--deadline", deadline_s)
     cfg = TrainConfig.load(config)
     if cfg.algorithm.name != "perfedmask":
         raise ConfigError(f"{config}: [algorithm] name is {cfg.algorithm.name!r}; budgets are PerFedMask's ψ_n")
     if out.resolve() == Path(config).resolve():
         raise EdgemaskError(f"--out {out}: the input config itself; write the measured budgets to a new file")
     measured_run = measured_run or cfg.run_id
+    store = Path(results) / "results.sqlite"
+    if not store.is_file():
+        raise CorruptFileError(f"{store}: no results store; run `edgemask profile` first")
+    with ResultsStore.open(store) as s:
+        artifacts, recorded = s.artifacts(), s.runs()
+    measured = from_store(artifacts, recorded, measured_run, f"--results {results}")
+    if measured is None:
+        have = ", ".join(sorted(set(artifacts["run_id"]))) or "none"
+        raise ConfigError(f"--results {results}: no artifact of run {measured_run} was measured there (runs "
+                          f"measured: {have}); --config {config} describes run {cfg.run_id}: give --measured-run, "
+                          f"or measure run {measured_run}'s training artifacts")
     ds = build_dataset(cfg.data, cfg.run.seed)
     model = build_model(cfg.model.name, ds.input_shape, ds.num_classes, **cfg.model.args)
+    check_same(RunIdentity(measured_run, f"--config {config}", cfg.model.name, cfg.data.name,
+                           sum(p.numel() for p in model.parameters())), measured,
+               f"budgets are fitted to the steps of the model the config trains: give the config run {measured_run} "
+               f"was trained with, or measure a run of this config")
+    workspace = Path(workspace) if workspace is not None else (
+        Path(results).parent.parent if Path(results).resolve().parent.name == "results" else None)
+    run_dir = workspace / "runs" / measured_run if workspace is not None else None
+    run = from_run_dir(run_dir) if run_dir is not None else None
+    if run is not None:
+        check_same(run, measured, f"the run was re-trained since the campaign measured it: measure its "
+                                  f"artifacts again (export, then a campaign under a new name)")
+        run_cfg = TrainConfig.from_dict(tomllib.loads(_checked_text(run_dir, "config.toml")),
+                                        str(run_dir / "config.toml"))
+        if run_cfg.model != cfg.model:
+            raise ConfigError(f"--config {config}: [model] {_model_text(cfg.model)}; but {run_dir / 'config.toml'}: "
+                              f"[model] {_model_text(run_cfg.model)} — not the model run {measured_run} trained; "
+                              f"give its config, or measure a run of this one")
+        measured = measured.merged(run)
     head = set(head_names(model))
     d_w = sum(p.numel() for n, p in model.named_parameters() if n not in head)
     rows = training_costs(results)
@@ -58,6 +100,9 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     if valid.empty:
         raise ConfigError(f"{results}: no VALID {fmt} rows of run {measured_run} at {threads} thread(s); measure its "
                           f"training artifacts first (a campaign with formats = [\"{fmt}\"])")
+    for col in ("step_p50_ms", "trained_params"):  # a NaN or inf here would fit a line through nothing
+        finite_column(valid, col, str(store), lambda r: f"{r['artifact']} {fmt} on {r['device']}", positive=True,
+                      missing_ok=False)
     costs = fit_board_costs(valid, d_w)
     missing = sorted(set(mix) - set(costs))
     if missing:
@@ -67,9 +112,14 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     steps = {c.client_id: max(1, math.ceil(len(c.train_y) / B)) * E for c in ds.clients}
     boards = assign_boards(list(steps), mix, cfg.run.seed)
     devices = budgets_from_costs(steps, boards, costs, deadline_s)
-    store = Path(results) / "results.sqlite"
-    source = source_record(str(results), sha256_file(store) if store.is_file() else "", fmt, threads, measured_run,
-                           deadline_s, mix, costs, devices)
+    source = source_record(str(results), sha256_file(store), fmt, threads, measured_run, deadline_s, mix, costs,
+                           devices)
+    source["inputs"] = {
+        "config": {"path": str(config), "sha256": sha256_file(config)},
+        "results_sqlite": sha256_file(store),
+        "measured_run": measured.to_dict() | {"run_dir": "found" if run is not None else "not in the workspace"},
+        "rows": {f"{r.artifact} {r.format} on {r.device}": r.artifact_sha256 or "unknown"
+                 for r in valid.itertuples()}}
     data = read_toml(config)
     data.setdefault("run", {})["run_id"] = run_id or f"{cfg.run_id}-measured"
     args = data.setdefault("algorithm", {}).setdefault("args", {})
@@ -84,3 +134,17 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     TrainConfig.from_dict(data, str(out))  # what is written reads back as a training config
     write_text_atomic(out, text)
     return devices
+
+
+def _checked_text(run_dir: Path, rel: str) -> str:
+    """A run file's text, checked against the run's digests.json first."""
+    from edgemask.profiling.provenance import read_checked
+
+    return read_checked(run_dir, rel).decode()
+
+
+def _model_text(model: object) -> str:
+    """A ``[model]`` table in one line: its name and arguments."""
+    args = getattr(model, "args", {}) or {}
+    return f"{getattr(model, 'name', model)}" + (f" ({', '.join(f'{k}={v}' for k, v in sorted(args.items()))})"
+                                                 if args else "")

@@ -11,7 +11,9 @@
 - ``report`` / ``plots``: one self-contained HTML page, a Markdown summary and a terminal table;
 - ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup;
 - ``ledger`` / ``trace`` / ``replay``: ``clients.parquet`` (one row per run × client × setting) and its Pareto front,
-  device traces (FedScale's ``client_device_capacity`` and edgemask's own), time- and energy-to-accuracy replay.
+  device traces (FedScale's ``client_device_capacity`` and edgemask's own), time- and energy-to-accuracy replay;
+- ``provenance``: what a derived number rests on (a run's identity: model, parameters, digests) and the check that
+  a budget's, a replay's, a report's or a prediction's inputs belong together.
 
 Names are imported on first use, so running a campaign does not load pandas and matplotlib up front.
 """
@@ -53,6 +55,8 @@ _EXPORTS = {
     "write_traces": "edgemask.profiling.trace",
     "read_trace": "edgemask.profiling.trace",
     "replay_report": "edgemask.profiling.replay",
+    "RunIdentity": "edgemask.profiling.provenance",
+    "check_same": "edgemask.profiling.provenance",
 }
 
 __all__ = sorted(_EXPORTS)

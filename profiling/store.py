@@ -14,7 +14,8 @@ not count. The raw latency and power samples are kept (the Measurement as JSON);
 them later (``profiling.stats``). WAL mode lets a report read while a campaign writes.
 
 Tables:
-  meta(key, value)                       schema version, campaign config (JSON)
+  meta(key, value)                       schema version, campaign config (JSON), the measured runs' digests
+                                         (``runs``: run id -> {file: sha256}, JSON)
   artifacts(artifact, ..., manifest)     key numbers of each artifact's manifest.json
   measurements(job_id UNIQUE, ..., status, measurement JSON, artifact_sha256)
   superseded(same columns)               failed rows a later run replaced (history)
@@ -263,6 +264,16 @@ class ResultsStore:
     def campaign_config(self) -> dict[str, Any] | None:
         row = self._read("SELECT value FROM meta WHERE key='campaign'")
         return json.loads(row[0][0]) if row else None
+
+    def save_runs(self, runs: Mapping[str, Mapping[str, str]]) -> None:
+        """Keep, per run id, the digests of the run the measured artifacts came from, as the campaign found it in
+        the workspace (``profiling.provenance.campaign_records``): what derived numbers check a run against."""
+        self._write("INSERT OR REPLACE INTO meta VALUES ('runs', ?)", [(json.dumps(dict(runs), sort_keys=True),)])
+
+    def runs(self) -> dict[str, dict[str, str]]:
+        """The runs' digests :meth:`save_runs` kept (``{}`` in a store written before issue #44)."""
+        row = self._read("SELECT value FROM meta WHERE key='runs'")
+        return json.loads(row[0][0]) if row else {}
 
     def save_artifacts(self, infos: Iterable["ArtifactInfo"]) -> None:
         rows = [(i.artifact, i.run_id, i.client_id, i.kind, i.algorithm, i.model, i.dataset,

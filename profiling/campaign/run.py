@@ -130,6 +130,18 @@ def _check_digests(store: Any, plan: CampaignPlan, done: Collection[str], worksp
                 "campaign a new name to measure the new file")
 
 
+def _run_records(store: Any, plan: CampaignPlan, done: Collection[str], workspace: Path) -> dict:
+    """The store's record of the runs whose artifacts it measures: each run's digests as found in the workspace
+    (issue #44, ``profiling.provenance``), so what is derived from the store later can tell the run it came from
+    from one re-trained under the same id. A run that changed since the record, with jobs of it still to
+    measure, is refused in one line before anything is run."""
+    from edgemask.profiling.provenance import campaign_records
+
+    changing = {plan.artifacts[j.artifact].run_id for j in plan.jobs if j.job_id not in done}
+    return campaign_records(store.runs(), [i.run_id for i in plan.artifacts.values()], workspace, changing,
+                            store.path)
+
+
 def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark | None, progress: bool,
                 inventory: Mapping[str, Any] | None, connect: Connect | None,
                 retry_on: tuple[type[BaseException], ...] | None, fatal_on: tuple[type[BaseException], ...] | None,
@@ -161,6 +173,7 @@ def _run_locked(config: CampaignConfig, workspace: Path, *, benchmark: Benchmark
         store.save_campaign(config)
         done = store.done_job_ids()
         _check_digests(store, plan, done, workspace)  # before save_artifacts replaces the manifests it keeps
+        store.save_runs(_run_records(store, plan, done, workspace))
         store.save_artifacts(plan.artifacts.values())
         store.save_skipped(plan.skipped)
         failed_runs = store.failed_runs()
