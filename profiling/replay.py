@@ -35,10 +35,14 @@ client and assumed.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -46,6 +50,7 @@ import pandas as pd
 from edgemask import values
 from edgemask.errors import ConfigError, CorruptFileError
 from edgemask.workspace import check_name
+from edgemask.profiling.provenance import RunIdentity, check_same, finite_column, from_run_dir, read_checked
 from edgemask.profiling.trace import read_trace
 
 # FedScale's augmentation_factor: "backward-pass takes around 2x the latency, so we multiple it by 3x".
@@ -76,6 +81,9 @@ class RunReplay:
     # ("torch-train measured", "VALID"); and the clients that fell back to the 3× assumption
     measured: dict[str, tuple[str, str]] = field(default_factory=dict)
     fallback: list[str] = field(default_factory=list)
+    # clients whose trace row held another run's measured local round (dropped: they fell back), -> that artifact
+    foreign: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)  # the run's files read or checked -> sha256
 
     def to_target(self, target: float) -> dict[str, float]:
         """Rounds, seconds and joules through the first evaluated round reaching ``target`` (NaN when none)."""
@@ -154,22 +162,86 @@ def replay_rounds(history: pd.DataFrame, costs: pd.DataFrame, bandwidth_kbps: fl
 
 def replay_run(workspace: str | Path, run_id: str, trace: pd.DataFrame, bandwidth_kbps: float,
                augmentation: float = AUGMENTATION, metric: str = "mean_accuracy",
-               measured_rounds: bool = True) -> RunReplay:
+               measured_rounds: bool = True, meta: Mapping[str, Any] | None = None,
+               trace_dir: str | Path = "trace") -> RunReplay:
+    """Replay run ``run_id`` of the workspace under the ``trace`` rows of that run. Its ``history.parquet`` and
+    ``summary.json`` are read checked against its ``digests.json``; with the trace's ``meta`` (``trace.json``),
+    the run must be the one the trace's costs are of (issue #44: its ``runs`` record, :func:`check_run`)."""
     run_dir = Path(workspace) / "runs" / check_name(run_id, "--run")
     path = run_dir / "history.parquet"
     if not path.is_file():
         raise CorruptFileError(f"{path}: missing; train the run first (or name a run under {run_dir.parent})")
-    history = pd.read_parquet(path)
     costs = trace[trace["run_id"] == run_id]
     if costs.empty:
         raise ConfigError(f"run {run_id}: not in the trace (it has {', '.join(sorted(trace['run_id'].unique()))}); "
                           f"profile its artifacts on this device and rerun `edgemask report`")
+    history_bytes = read_checked(run_dir, "history.parquet")
+    history = pd.read_parquet(io.BytesIO(history_bytes))
     try:
-        algorithm = json.loads((run_dir / "summary.json").read_text()).get("algorithm", "?")
-    except (OSError, ValueError):
-        algorithm = str(costs["algorithm"].iloc[0])
+        summary = json.loads(read_checked(run_dir, "summary.json"))
+    except ValueError as e:
+        raise CorruptFileError(f"{run_dir / 'summary.json'}: unreadable ({e}); re-train the run") from None
+    identity = from_run_dir(run_dir, summary)
+    if meta is not None:
+        check_run(identity, meta, run_id, trace_dir)
+    costs, foreign = own_rows(costs, run_id, Path(trace_dir) / "trace.parquet")
+    algorithm = summary.get("algorithm") if isinstance(summary, dict) else None
+    check_history(history, path, metric)
     rounds = replay_rounds(history, costs, bandwidth_kbps, augmentation, run_id, metric, measured_rounds)
-    return run_replay(run_id, algorithm, rounds, costs, history, measured_rounds)
+    out = run_replay(run_id, algorithm or str(costs["algorithm"].iloc[0]), rounds, costs, history, measured_rounds)
+    out.foreign = foreign
+    out.inputs = {**(identity.sha256 if identity is not None else {}),
+                  "history.parquet": hashlib.sha256(history_bytes).hexdigest()}
+    return out
+
+
+def check_run(run: RunIdentity | None, meta: Mapping[str, Any], run_id: str, trace_dir: str | Path) -> None:
+    """The run a replay reads must be the one the trace's costs were measured for: ``trace.json``'s ``runs``
+    record of it (the manifests' model, data set and parameters, and the run's digests as the campaign and the
+    report found them) against the run directory now; one line naming both where they part."""
+    where = f"{Path(trace_dir) / 'trace.json'}"
+    record = (meta.get("runs") or {}).get(run_id) if isinstance(meta.get("runs"), dict) else None
+    if record is None:
+        raise ConfigError(f"{where}: records no provenance of run {run_id} (a trace written before issue #44), so "
+                          f"it cannot say the costs are of this run's model; rerun `edgemask report` on its campaign")
+    traced = RunIdentity.from_dict(record, where)
+    if not traced.known:
+        raise ConfigError(f"{where}: records neither the model nor the digests of run {run_id}, so it cannot say "
+                          f"the costs are of this run's model; rerun `edgemask report` on its campaign")
+    assert run is not None
+    check_same(run, traced, f"replay a run under a trace of its own artifacts (export it, measure it, rerun "
+                            f"`edgemask report`)")
+
+
+def own_rows(costs: pd.DataFrame, run_id: str, where: Path) -> tuple[pd.DataFrame, dict[str, str]]:
+    """``costs`` with every cost taken from an artifact of ``run_id`` only: a measured local round from another
+    run's artifact is dropped (that client falls back to the 3× assumption, said in the output: the returned
+    client -> artifact); an inference cost from another run's artifact is refused naming the file and field."""
+    prefix = f"{run_id}/"
+    foreign = {}
+    if "train_round_artifact" in costs.columns:
+        other = costs["train_round_artifact"].notna() & ~costs["train_round_artifact"].astype(str).str.startswith(
+            prefix)
+        if other.any():
+            foreign = dict(zip(costs.loc[other, "client_id"], costs.loc[other, "train_round_artifact"]))
+            costs = costs.copy()
+            costs.loc[other, [c for c in ("local_round_ms", "round_samples", "step_energy_mj") if c in costs]] = \
+                math.nan
+            costs.loc[other, "local_round_source"] = None
+    if "train_artifact" in costs.columns:
+        bad = costs["train_artifact"].notna() & ~costs["train_artifact"].astype(str).str.startswith(prefix)
+        if bad.any():
+            r = costs[bad].iloc[0]
+            raise CorruptFileError(f"{where}: field train_artifact is {r['train_artifact']!r} for client "
+                                   f"{r['client_id']} of run {run_id}: another run's model; rerun `edgemask report`")
+    return costs, foreign
+
+
+def check_history(history: pd.DataFrame, path: Path, metric: str) -> None:
+    """The history numbers a replay computes with (samples, bytes, the target's metric) must be finite."""
+    used = history[history["metric"].isin(["samples_seen", "bytes_up", "bytes_down", metric])]
+    finite_column(used, "value", str(path), lambda r: f"metric {r['metric']} of {r['client']} in round {r['round']}",
+                  missing_ok=False, fix="re-train the run")
 
 
 def run_replay(run_id: str, algorithm: str, rounds: pd.DataFrame, costs: pd.DataFrame, history: pd.DataFrame,
@@ -202,7 +274,7 @@ def replay(workspace: str | Path, run_ids: list[str], trace_dir: str | Path,
     trace, meta = read_trace(trace_dir)
     bandwidth = settings.bandwidth_kbps if settings.bandwidth_kbps is not None else float(meta["bandwidth_kbps"])
     runs = [replay_run(workspace, r, trace, bandwidth, settings.augmentation, settings.metric,
-                       settings.measured_rounds) for r in run_ids]
+                       settings.measured_rounds, meta, trace_dir) for r in run_ids]
     target = settings.target
     if target is None:
         target = min(float(r.rounds["accuracy"].max()) for r in runs)
@@ -266,7 +338,20 @@ def assumptions(meta: dict, bandwidth_kbps: float, bandwidth_given: bool, augmen
     ]
     if invalid:
         lines.append(f"the training cost rests on INVALID settings ({', '.join(invalid)}): not numbers to quote")
+    lines.append(inputs_line(meta, runs))
     return lines
+
+
+def inputs_line(meta: Mapping[str, Any], runs: list[RunReplay]) -> str:
+    """What the numbers were computed from, by digest: the trace's file and each run's files, checked to be the
+    run the trace's costs are of."""
+    trace = (meta.get("files") or {}).get("trace.parquet", "")
+    parts = [f"trace.parquet {trace[:12]}…"]
+    for r in runs:
+        files = ", ".join(f"{k} {v[:12]}…" for k, v in sorted(r.inputs.items()))
+        parts.append(f"run {r.run_id}: {files}")
+    return ("inputs (sha256): " + "; ".join(parts)
+            + " — each run checked against the trace's record of the run its costs were measured for")
 
 
 LIST_AT_MOST = 40  # client names printed per line; the rest are counted
@@ -289,6 +374,10 @@ def measured_lines(runs: list[RunReplay], augmentation: float = AUGMENTATION) ->
             which = "; ".join(f"{_names(cs)} ({source}, {verdict})" for (source, verdict), cs in sorted(by.items()))
             lines.append(f"run {r.run_id}: measured local round for {len(r.measured)} client(s), scaled by the "
                          f"round's samples_seen ÷ the samples it measured (num_train × epochs): {which}")
+        if r.foreign:
+            lines.append(f"run {r.run_id}: the trace held a local round measured from another run's artifact for "
+                         f"{_names(sorted(r.foreign))} ({', '.join(sorted(set(r.foreign.values()))[:3])}): not "
+                         f"used, {'it falls' if len(r.foreign) == 1 else 'they fall'} back below")
         if r.fallback:
             lines.append(f"run {r.run_id}: {len(r.fallback)} client(s) fell back to the {augmentation:g}× "
                          f"assumption (no measured local round used on this device and threads): "

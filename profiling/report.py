@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from edgemask.errors import CorruptFileError
-from edgemask.fileio import write_bytes_atomic, write_text_atomic
+from edgemask.fileio import sha256_file, write_bytes_atomic, write_text_atomic
 from edgemask.targets import TRAINING_FORMATS
 from edgemask.profiling import plots
 from edgemask.profiling.layers import REALIZED_FLAG, LayerBreakdown, LayerRow, breakdowns, time_text
@@ -252,7 +252,7 @@ def _load(results_dir: Path) -> dict[str, Any]:
         return {"df": store.to_dataframe(), "artifacts": store.artifacts(), "failures": store.failures(),
                 "skipped": store.skipped(), "config": store.campaign_config() or {},
                 "profiles": store.profiles(), "profiled_runs": store.profiled_runs(),
-                "operator_samples": store.operator_samples()}
+                "operator_samples": store.operator_samples(), "runs": store.runs()}
 
 
 def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: float = DEFAULT_CV_THRESHOLD,
@@ -269,10 +269,17 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     where both were measured."""
     from edgemask.profiling.training import DEFAULT_TRAIN_FORMAT
 
+    from edgemask.profiling.provenance import changed_artifacts, checked_runs
+
     results_dir, workspace = Path(results_dir), Path(workspace)
     data = _load(results_dir)
     df, artifacts, failures, skipped, config = (data[k] for k in ("df", "artifacts", "failures", "skipped",
                                                                      "config"))
+    # before anything is written: each run's artifacts state one model, and the run directory the ledger and the
+    # traces read is the run they were exported from (issue #44)
+    store_path = results_dir / "results.sqlite"
+    runs = checked_runs(artifacts, data["runs"], workspace, str(store_path))
+    inputs = {"results.sqlite": sha256_file(store_path)}
     rules = rules or VerdictRules.for_campaign(config, cv_threshold)
     training_rules = training_rules or VerdictRules.for_training(config, rules.cv_threshold)
     train_format = train_format or DEFAULT_TRAIN_FORMAT
@@ -283,7 +290,8 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     df = df[~df["format"].isin(TRAINING_FORMATS)] if not df.empty else df
     predicted, prediction_errors = _predictions(config, summary, data)
     write_tidy(results_dir, every, data["df"], csv=csv, predicted=predicted)
-    ledger_fig, ledger_sections, ledger_notes = ledger_part(results_dir, workspace, every, train_format)
+    ledger_fig, ledger_sections, ledger_notes = ledger_part(results_dir, workspace, every, train_format, runs,
+                                                            inputs)
     runtime = runtime_table(summary)
     curves, history_notes = _run_curves(workspace, artifacts)
     energy_notes = _energy_notes(summary) if not summary.empty else []
@@ -313,7 +321,8 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
         if f.png is not None:
             write_bytes_atomic(plot_dir / f"{f.name}.png", f.png)
 
-    notes = [*(_digest_notes(summary) if not summary.empty else []), *energy_notes, *history_notes, *ledger_notes]
+    notes = [*changed_artifacts(workspace, artifacts), *(_digest_notes(summary) if not summary.empty else []),
+             *energy_notes, *history_notes, *ledger_notes]
     if not failures.empty:
         notes.append(f"{len(failures)} job(s) failed after their retries and are not in the tables "
                      f"(rerun `edgemask profile` to retry them)")
@@ -334,8 +343,9 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     trained = not every.empty and bool((every["workload"] == TRAIN).any())
     sections = (_sections(runtime, summary, failures, skipped, trained) + training_sections(every, train_format)
                 + ledger_sections + layer_sections(layer_bds) + predicted_sections(predicted, prediction_errors))
-    md = _markdown(name, generated, config, verdict, sections, figures, notes)
-    page = _html(name, generated, config, verdict, sections, figures, notes)
+    derived = inputs_text(inputs, runs)
+    md = _markdown(name, generated, config, verdict, sections, figures, notes, derived)
+    page = _html(name, generated, config, verdict, sections, figures, notes, derived)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
     write_text_atomic(md_path, md)
     write_text_atomic(html_path, page)
@@ -569,10 +579,18 @@ def _training_runner_text(config: dict[str, Any]) -> str:
             f"{t.get('min_runs')} steps and {t.get('min_seconds')} s ([training_runner])")
 
 
+def inputs_text(inputs: dict[str, str], runs: dict[str, Any]) -> str:
+    """What the report is derived from, by digest: the store, and each run as its manifests and directory state
+    it (``profiling.provenance``)."""
+    parts = [f"{name} sha256 {_short_digest(d)}" for name, d in sorted(inputs.items())]
+    parts += [r.describe() for _, r in sorted(runs.items())]
+    return "Derived from " + "; ".join(parts)
+
+
 def _markdown(name: str, generated: str, config: dict[str, Any], verdict: list[str], sections: list,
-              figures: list[_Figure], notes: list[str]) -> str:
+              figures: list[_Figure], notes: list[str], derived: str = "") -> str:
     parts = [f"# Campaign {name}", "", f"**{verdict[0]}.**", "", *[f"- {v}" for v in verdict[1:]], "",
-             f"Generated {generated}. {_config_line(config)}.", ""]
+             f"Generated {generated}. {_config_line(config)}.", *(["", f"{derived}."] if derived else []), ""]
     for level, heading, table in sections:
         parts += ["#" * level + " " + heading, ""]
         if table is not None:
@@ -599,11 +617,12 @@ figure { margin: 12px 0 24px; } figure img { max-width: 100%; border: 1px solid 
 
 
 def _html(name: str, generated: str, config: dict[str, Any], verdict: list[str], sections: list,
-          figures: list[_Figure], notes: list[str]) -> str:
+          figures: list[_Figure], notes: list[str], derived: str = "") -> str:
     e = html.escape
     body = [f"<h1>Campaign {e(name)}</h1>", f"<p class='verdict'><b>{e(verdict[0])}.</b></p>",
             "<ul>" + "".join(f"<li>{e(v)}</li>" for v in verdict[1:]) + "</ul>",
-            f"<p class='meta'>Generated {e(generated)}. {e(_config_line(config))}.</p>"]
+            f"<p class='meta'>Generated {e(generated)}. {e(_config_line(config))}.</p>",
+            *([f"<p class='meta'>{e(derived)}.</p>"] if derived else [])]
     if notes:
         body.append("<h2>Notes</h2>")
         body += [f"<div class='note'>{e(n)}</div>" for n in notes]
@@ -651,7 +670,8 @@ def training_sections(summary: pd.DataFrame, train_format: str) -> list[tuple[in
                 "were measured)", table)]
 
 
-def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame, train_format: str = "torch-train"
+def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame, train_format: str = "torch-train",
+                runs: dict[str, Any] | None = None, inputs: dict[str, str] | None = None
                 ) -> tuple[_Figure, list[tuple[int, str, pd.DataFrame | None]], list[str]]:
     """Write ``clients.parquet`` (``profiling.ledger``) and the device traces (``profiling.trace``, at the assumed
     default bandwidth) beside the store; return the Pareto figure, the section naming each setting's front, and
@@ -663,7 +683,8 @@ def ledger_part(results_dir: Path, workspace: Path, summary: pd.DataFrame, train
     results = results_frame(summary) if not summary.empty else summary
     ledger, notes = build_ledger(results, workspace, train_format)
     write_ledger(results_dir, ledger)
-    _, trace_notes = write_traces(results_dir, ledger, results, train_format=train_format)
+    _, trace_notes = write_traces(results_dir, ledger, results, train_format=train_format, runs=runs,
+                                  inputs=inputs)
     fig = _Figure("accuracy_vs_latency", "Per client: personalized accuracy against measured latency (Pareto view; "
                   "hollow: INVALID setting; ringed and joined: on the front)",
                   _png(plots.accuracy_vs_latency(ledger)), "no client has both an accuracy and a measured latency")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from edgemask.fileio import (
     write_json_atomic,
 )
 from edgemask.workspace import check_name
+from edgemask.profiling.provenance import RunIdentity, finite_column
 from edgemask.profiling.training import DEFAULT_TRAIN_FORMAT, local_rounds
 
 FEDSCALE_FILE = "client_device_capacity"
@@ -136,14 +138,33 @@ def fedscale_capacity(trace: pd.DataFrame, run_id: str) -> dict[int, dict[str, f
             for r in g.itertuples()}
 
 
+def run_identities(results: pd.DataFrame) -> dict[str, RunIdentity]:
+    """Each run of ``results`` (``results.parquet``'s frame) as its manifests state it: model, data set and dense
+    parameter count (absent columns: not stated). What a trace records when the report gives it nothing more."""
+    out = {}
+    if results.empty or "run_id" not in results.columns:
+        return out
+    for run_id, g in results.groupby("run_id", sort=True):
+        first = lambda col: next((v for v in g[col] if not pd.isna(v)), None) if col in g.columns else None  # noqa: E731
+        params = first("params_dense")
+        out[str(run_id)] = RunIdentity(str(run_id), "results", first("model"), first("dataset"),
+                                       None if params is None else int(params))
+    return out
+
+
 def write_traces(results_dir: str | Path, ledger: pd.DataFrame, results: pd.DataFrame, *,
                  bandwidth_kbps: float = DEFAULT_BANDWIDTH_KBPS, train_model: str = DEFAULT_TRAIN_MODEL,
-                 train_format: str = DEFAULT_TRAIN_FORMAT) -> tuple[list[Path], list[str]]:
+                 train_format: str = DEFAULT_TRAIN_FORMAT, runs: Mapping[str, RunIdentity] | None = None,
+                 inputs: Mapping[str, str] | None = None) -> tuple[list[Path], list[str]]:
     """Write every setting's trace directory under ``results_dir/traces/`` (each file atomically; ``trace.json``
-    last, with the others' digests); return the directories and the notes."""
+    last, with the others' digests); return the directories and the notes. ``trace.json`` records, per run, what
+    its costs are of (``runs``: the report's identities, checked against the run directories; default: the
+    manifests' model, data set and parameters in ``results``) and the digests of ``inputs`` (file -> sha256, e.g.
+    the store), so ``edgemask replay`` can check a run against it (issue #44)."""
     out, notes = [], []
     if ledger.empty:
         return out, notes
+    runs = {**run_identities(results), **(runs or {})}
     for setting, _ in ledger.groupby(["device", "format", "variant", "threads"], sort=True):
         frame, n = trace_frame(ledger, results, setting, bandwidth_kbps=bandwidth_kbps, train_model=train_model,
                                train_format=train_format)
@@ -165,7 +186,9 @@ def write_traces(results_dir: str | Path, ledger: pd.DataFrame, results: pd.Data
             "bandwidth_source": "assumed",
             "units": UNITS, "fedscale": {"computation": UNITS["computation_ms"],
                                          "communication": UNITS["communication_kbps"], "ids": "fedscale_id"},
-            "files": files})
+            "runs": {r: (runs[r] if r in runs else RunIdentity(r, "results")).to_dict()
+                     for r in sorted(frame["run_id"].unique())},
+            "inputs": dict(inputs or {}), "files": files})
         out.append(d)
     return out, notes
 
@@ -192,4 +215,31 @@ def read_trace(trace_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     if got != want:
         raise CorruptFileError(f"{path}: sha256 {got[:12]}… is not the {want[:12]}… {TRACE_JSON} records; the "
                                f"trace was changed after it was written: rerun `edgemask report`")
-    return pd.read_parquet(path), meta
+    trace = pd.read_parquet(path)
+    check_numbers(trace, meta, path)
+    return trace, meta
+
+
+# trace.parquet's numbers: a latency or a count must be above 0, an energy at least 0; NaN is "not measured"
+_POSITIVE = ("computation_ms", "inference_ms", "communication_kbps", "local_round_ms", "round_samples",
+             "steps_per_round")
+_NONNEGATIVE = ("train_energy_mj", "inference_energy_mj", "step_energy_mj")
+
+
+def check_numbers(trace: pd.DataFrame, meta: Mapping[str, Any], path: Path) -> None:
+    """Refuse a trace whose numbers are no finite numbers (NaN/±inf latency, negative energy), naming the file,
+    the field and the client; NaN stays "not measured" except a local round whose source says it was."""
+    fix = "rerun `edgemask report` on the campaign"
+    label = lambda r: f"{r.get('run_id')}/{r.get('client_id')}"  # noqa: E731
+    for col in _POSITIVE:
+        finite_column(trace, col, str(path), label, positive=True, fix=fix)
+    for col in _NONNEGATIVE:
+        finite_column(trace, col, str(path), label, nonnegative=True, fix=fix)
+    if "local_round_source" in trace.columns:
+        said = trace[trace["local_round_source"].notna()]
+        for col in ("local_round_ms", "round_samples"):
+            finite_column(said, col, str(path), label, positive=True, missing_ok=False, fix=fix)
+    bw = meta.get("bandwidth_kbps")
+    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not (math.isfinite(bw) and bw > 0):
+        raise CorruptFileError(f"{path.with_name(TRACE_JSON)}: field bandwidth_kbps is {bw!r}; expected a finite "
+                               f"positive number: {fix}")

@@ -19,6 +19,31 @@ COSTS = pd.DataFrame({"client_id": ["a", "b"], "computation_ms": [2.0, 10.0], "t
 BANDWIDTH = 8.0  # kbit/s: a byte costs 1 ms
 
 
+# what run-x's summary says of its model: the manifests of the trace's artifacts state the same (MODEL below)
+MODEL = {"model": "mlp", "dataset": "digits", "params_dense": 1754}
+
+
+def write_run(root, run_id="run-x", history=HISTORY, **summary):
+    """runs/<run_id> as `edgemask train` leaves it for a replay: history.parquet and summary.json, then
+    digests.json over them (trainer.run_dir.write_digests, the writer train uses)."""
+    import json
+
+    from edgemask.trainer.run_dir import write_digests
+
+    run = root / "runs" / run_id
+    run.mkdir(parents=True, exist_ok=True)
+    history.to_parquet(run / "history.parquet")
+    (run / "summary.json").write_text(json.dumps({"algorithm": "fedx", **MODEL, **summary}))
+    write_digests(run)
+    return run
+
+
+def manifests(frame, **kw):
+    """``frame`` with the manifests' columns results.parquet carries (model, data set, dense parameters)."""
+    return frame.assign(model=kw.get("model", MODEL["model"]), dataset=kw.get("dataset", MODEL["dataset"]),
+                        params_dense=kw.get("params_dense", MODEL["params_dense"]))
+
+
 def test_two_rounds_by_hand():
     # round 0, a: compute 3 × 100 × 2 ms = 0.6 s, comm 3000 B × 8 / 1000 / 8 kbit/s = 3.0 s -> 3.6 s
     #          b: compute 3 × 50 × 10 ms = 1.5 s, comm 2500 B -> 2.5 s -> 4.0 s: the round ends with b
@@ -80,14 +105,11 @@ def test_cli_replay_end_to_end_and_refusals(tmp_path, capsys):
     from edgemask.cli.main import main
     from edgemask.profiling.trace import write_traces
 
-    run = tmp_path / "runs" / "run-x"
-    run.mkdir(parents=True)
-    HISTORY.to_parquet(run / "history.parquet")
-    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    write_run(tmp_path)
     ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
                            "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
                            "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
-    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, ledger.assign(kind="compacted"),
+    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, manifests(ledger.assign(kind="compacted")),
                                bandwidth_kbps=BANDWIDTH, train_model="compacted")
     assert main(["replay", "--workspace", str(tmp_path), "--run", "run-x", "--trace", str(trace),
                  "--target", "0.8"]) == 0
@@ -141,10 +163,7 @@ def test_cli_replays_both_ways_and_prints_the_fallback_clients(tmp_path, capsys)
     from edgemask.cli.main import main
     from edgemask.profiling.trace import read_trace, write_traces
 
-    run = tmp_path / "runs" / "run-x"
-    run.mkdir(parents=True)
-    HISTORY.to_parquet(run / "history.parquet")
-    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    write_run(tmp_path)
     ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
                            "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
                            "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
@@ -154,7 +173,7 @@ def test_cli_replays_both_ways_and_prints_the_fallback_clients(tmp_path, capsys)
                           "p50_ms": 500.0, "step_p50_ms": 500.0, "local_round_ms": 4000.0, "steps_per_round": 8,
                           "batch_size": 32, "num_train": 100, "epochs": 2, "step_energy_mj": 50.0,
                           "energy_mj": 50.0})
-    results = pd.concat([ledger.assign(kind="compacted", workload="inference"), train], ignore_index=True)
+    results = manifests(pd.concat([ledger.assign(kind="compacted", workload="inference"), train], ignore_index=True))
     (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, results, bandwidth_kbps=BANDWIDTH,
                                train_model="compacted")
     t, meta = read_trace(trace)
@@ -185,14 +204,11 @@ def _run_and_trace(tmp_path, history=HISTORY):
     """runs/run-x (the two-round history) and a trace of its clients a and b written by the trace writer."""
     from edgemask.profiling.trace import write_traces
 
-    run = tmp_path / "runs" / "run-x"
-    run.mkdir(parents=True)
-    history.to_parquet(run / "history.parquet")
-    (run / "summary.json").write_text('{"algorithm": "fedx"}')
+    write_run(tmp_path, history=history)
     ledger = pd.DataFrame({"run_id": "run-x", "client_id": ["a", "b"], "algorithm": "fedx", "device": "dev",
                            "format": "onnx", "variant": "fp32", "threads": 1, "artifact": ["run-x/a", "run-x/b"],
                            "p50_ms": [2.0, 10.0], "energy_mj": [4.0, 1.0], "verdict": "VALID"})
-    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, ledger.assign(kind="compacted"),
+    (trace,), _ = write_traces(tmp_path / "results" / "c", ledger, manifests(ledger.assign(kind="compacted")),
                                bandwidth_kbps=BANDWIDTH, train_model="compacted")
     return trace
 
