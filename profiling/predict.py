@@ -40,6 +40,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from edgemask.errors import ConfigError
+
 # The terms of each layer's fit, in the order they are dropped when a layer has too few measured clients. The
 # issue (#30) leaves the form open ("fit each layer's time against its kept units (and the layer's type and
 # shape)"): FLOPs carry the shape (kept outputs × kept inputs × kernel), kept units the per-unit costs.
@@ -58,6 +60,9 @@ class ClientLayers:
     flops: Mapping[str, int]
     layer_ms: Mapping[str, float] | None = None
     latency_ms: float | None = None
+    # the model it is a compaction of (:func:`model_of`: architecture, data set, dense parameters, each layer's
+    # units); "" where not stated. One fit takes clients of one model only (issue #44)
+    model: str = ""
 
     @property
     def measured(self) -> bool:
@@ -80,12 +85,17 @@ class LatencyModel:
     layers: Mapping[str, tuple[tuple[str, ...], tuple[float, ...]]]
     fixed_ms: float
     fitted_on: tuple[str, ...] = field(default=())
+    model: str = ""  # the model of every client it was fitted on (ClientLayers.model)
 
     def layer_ms(self, c: ClientLayers) -> dict[str, float]:
         return {l: float(np.dot(_row(c, l, feats), coef)) for l, (feats, coef) in self.layers.items()}
 
     def predict(self, c: ClientLayers) -> float:
-        """``T̂ = C + Σ_l t_l(x)``."""
+        """``T̂ = C + Σ_l t_l(x)``; a client of another model than the fit's is refused (its layers' times are
+        not these)."""
+        if c.model and self.model and c.model != self.model:
+            raise ConfigError(f"cannot predict {c.artifact} ({c.model}) with a fit on {', '.join(self.fitted_on)} "
+                              f"({self.model}): another model; measure some of its own clients")
         return self.fixed_ms + sum(self.layer_ms(c).values())
 
 
@@ -95,6 +105,11 @@ def fit(clients: Sequence[ClientLayers], features: Sequence[str] = LAYER_FEATURE
     measured = [c for c in clients if c.measured]
     if not measured:
         raise ValueError("no measured client to fit on")
+    other = next((c for c in measured if c.model != measured[0].model), None)
+    if other is not None:  # per-layer times of two architectures are no one line
+        raise ConfigError(f"cannot fit one latency model on clients of two models: {measured[0].artifact} "
+                          f"({measured[0].model or 'model not stated'}) and {other.artifact} "
+                          f"({other.model or 'model not stated'}); fit each model's clients apart")
     layers = sorted({l for c in measured for l in c.kept})
     out = {}
     for l in layers:
@@ -106,7 +121,7 @@ def fit(clients: Sequence[ClientLayers], features: Sequence[str] = LAYER_FEATURE
         coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
         out[l] = (feats, tuple(float(v) for v in coef / scale))
     fixed = statistics.median(c.latency_ms - sum(c.layer_ms.get(l, 0.0) for l in layers) for c in measured)
-    return LatencyModel(out, float(fixed), tuple(c.artifact for c in measured))
+    return LatencyModel(out, float(fixed), tuple(c.artifact for c in measured), measured[0].model)
 
 
 @dataclass(frozen=True)
@@ -167,6 +182,17 @@ def choose_sample(kept_total: Mapping[str, int], k: int, seed: int) -> list[str]
 
 
 # -- from the campaign's store ----------------------------------------------------------------------------
+def model_of(manifest: Mapping) -> str:
+    """The model an artifact is a compaction of, as its manifest states it: architecture, data set, the dense
+    model's parameters and each layer's total units (its shape), e.g. ``"cnn on digits, 1,000 parameters,
+    layers conv1/16 fc/10"``. Two artifacts of one model state the same text."""
+    layers = " ".join(f"{lay['name']}/{lay.get('total', '?')}" for lay in manifest.get("layers") or [])
+    dense = (manifest.get("params") or {}).get("dense")
+    return (f"{manifest.get('model')} on {manifest.get('dataset')}, "
+            + (f"{int(dense):,} parameters" if dense is not None else "parameters not stated")
+            + (f", layers {layers}" if layers else ""))
+
+
 def _kept_flops(manifest: Mapping) -> tuple[dict[str, int], dict[str, int]]:
     layers = manifest.get("layers") or []
     return ({lay["name"]: int(lay["kept"]) for lay in layers},
@@ -235,13 +261,13 @@ def setting_inputs(summary: pd.DataFrame, artifacts: pd.DataFrame, profiles: pd.
                            + (f" ({notes[0]})" if notes else ""))
             continue
         out.setdefault(setting, []).append(
-            ClientLayers(art, kept, flops, {l: per.get(l, 0.0) for l in kept}, float(p50)))
+            ClientLayers(art, kept, flops, {l: per.get(l, 0.0) for l in kept}, float(p50), model_of(man)))
     for (run_id, *rest), clients in out.items():  # the run's other artifacts, to predict
         have = measured[(run_id, *rest)]
         for art, man in sorted(manifests.items()):
             if man.get("run_id") == run_id and art not in have and man.get("layers"):
                 kept, flops = _kept_flops(man)
-                clients.append(ClientLayers(art, kept, flops))
+                clients.append(ClientLayers(art, kept, flops, model=model_of(man)))
     left = {s: sum(1 for a, m in manifests.items() if m.get("run_id") == s[0] and m.get("layers") and a not in have)
             for s, have in measured.items()}
     return out, {s: Unpredicted(len(measured[s]), left[s], w) for s, w in why.items() if s not in out}
