@@ -147,13 +147,17 @@ def base(tmp_path_factory) -> Path:
     return ws
 
 
-def environment(base: Path, tmp: Path) -> Env:
+def environment(base: Path, tmp: Path, cmd: str) -> Env:
     ws, inputs = tmp / "ws", tmp / "in"
     shutil.copytree(base, ws)
     inputs.mkdir()
     env: Env = {"ws": ws, "in": inputs, "--results": ws / "results" / "c", "afile": inputs / "a-file.txt"}
     env["afile"].write_text("not what any option wants\n")
-    env["--config"] = train_toml(inputs / "t.toml", "sweep")
+    if cmd == "budgets":  # PerFedMask's config, as budgets reads it
+        env["--config"] = inputs / "p.toml"
+        shutil.copyfile(REPO / "configs" / "digits-perfedmask.toml", env["--config"])
+    else:
+        env["--config"] = train_toml(inputs / "t.toml", "sweep")
     env["--campaign"] = inputs / "c.toml"
     env["--campaign"].write_text('[campaign]\nname = "c"\nformats = ["onnx"]\ndevices = ["local"]\n'
                                  '[[artifacts]]\nrun = "fm"\nclients = ["client-000"]\ndense = false\n')
@@ -219,7 +223,7 @@ def check_refusal(cmd: str, action: argparse.Action, label: str, value: str, env
 
 @pytest.mark.parametrize("cmd", sorted(VALID))
 def test_every_option_refuses_every_bad_value(base, tmp_path, cmd, capsys):
-    env = environment(base, tmp_path)
+    env = environment(base, tmp_path, cmd)
     parser = subcommands()[cmd]
     failures, summary, cases = [], [], 0
     for action in swept(parser):
