@@ -320,3 +320,25 @@ def changed_artifacts(workspace: Path, artifacts: pd.DataFrame) -> list[str]:
                          + "): every number here is of the measured file; measure the new one under a new campaign "
                          "name")
     return notes
+
+
+def finite_samples(df: pd.DataFrame, where: str) -> None:
+    """Refuse a stored measurement whose raw samples are no finite numbers (``latency_ms`` must be finite and
+    ≥ 0, ``power_w`` finite, a training job's ``round_ms`` finite and ≥ 0): no runner writes one, and one would
+    pass into a percentile or a mean unseen. One line naming the store, the job and the field."""
+    if df.empty:
+        return
+    fields = [c for c in ("latency_ms", "power_w") if c in df.columns]
+    for i, job in enumerate(df["job_id"]):
+        row = df.iloc[i]
+        samples = {c: row[c] for c in fields}
+        training = row.get("training") if "training" in df.columns else None
+        if isinstance(training, dict):
+            samples["training.round_ms"] = training.get("round_ms") or []
+        for name, values in samples.items():
+            for k, v in enumerate(values if isinstance(values, (list, tuple)) else []):
+                x = v if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+                if not math.isfinite(x) or (x < 0 and name != "power_w"):
+                    raise CorruptFileError(f"{where}: job {job}: field {name} holds {v!r} (sample {k}); expected "
+                                           f"finite {'numbers' if name == 'power_w' else 'times ≥ 0'}: measure "
+                                           f"it again under a new campaign name")

@@ -269,7 +269,7 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     where both were measured."""
     from edgemask.profiling.training import DEFAULT_TRAIN_FORMAT
 
-    from edgemask.profiling.provenance import changed_artifacts, checked_runs
+    from edgemask.profiling.provenance import changed_artifacts, checked_runs, finite_samples
 
     results_dir, workspace = Path(results_dir), Path(workspace)
     data = _load(results_dir)
@@ -278,6 +278,7 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     # before anything is written: each run's artifacts state one model, and the run directory the ledger and the
     # traces read is the run they were exported from (issue #44)
     store_path = results_dir / "results.sqlite"
+    finite_samples(df, str(store_path))
     runs = checked_runs(artifacts, data["runs"], workspace, str(store_path))
     inputs = {"results.sqlite": sha256_file(store_path)}
     rules = rules or VerdictRules.for_campaign(config, cv_threshold)

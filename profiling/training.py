@@ -61,6 +61,9 @@ def training_costs(results_dir: str | Path) -> pd.DataFrame:
     df = df[df["format"].isin(TRAINING_FORMATS)]
     if df.empty:
         return pd.DataFrame(columns=COST_COLUMNS)
+    from edgemask.profiling.provenance import finite_samples
+
+    finite_samples(df, str(path))  # a NaN or inf step would pass into a p50 unseen (issue #44)
     summary = summarize(df, training_rules=VerdictRules.for_training(config))
     out = summary[summary["workload"] == TRAIN]
     return out[COST_COLUMNS].sort_values(["run_id", "client_id", "device", "format", "threads"]).reset_index(drop=True)

@@ -236,8 +236,17 @@ def test_budgets_refuse_a_non_finite_step_in_the_results(measured, tmp_path):
     results = campaign(ws, "inf", bench=inf_bench)
     with pytest.raises(CorruptFileError) as e:
         budgets(ws, results, allow_invalid=True)
-    one_line_naming(e, str(results / "results.sqlite"), "field step_p50_ms", f"{RUN}/client-001 torch-train on dev-a")
+    one_line_naming(e, str(results / "results.sqlite"), f"job {RUN}/client-001|torch-train|fp32|dev-a|t1|r0",
+                    "field latency_ms holds inf (sample 0)")
     assert not (ws / "out.toml").exists()
+    # the fitted rows' own numbers: a step p50 that is no finite number is refused naming the field and row
+    from edgemask.profiling.provenance import finite_column
+
+    rows = pd.DataFrame({"artifact": [f"{RUN}/client-001"], "device": ["dev-a"], "step_p50_ms": [float("nan")]})
+    with pytest.raises(CorruptFileError) as e:
+        finite_column(rows, "step_p50_ms", "results.sqlite", lambda r: f"{r['artifact']} on {r['device']}",
+                      positive=True, missing_ok=False)
+    one_line_naming(e, "field step_p50_ms is nan", f"{RUN}/client-001 on dev-a")
 
 
 # -- report, traces and replay ------------------------------------------------------------------------------------
@@ -434,6 +443,29 @@ def test_report_refuses_a_run_whose_artifacts_state_two_models(tmp_path):
         write_report(results, ws)
     one_line_naming(e, f"artifact {RUN}/client-000's manifest", f"artifact {RUN}/client-001's manifest",
                     "1,754 parameters", "1,482 parameters")
+    assert sorted(p.name for p in results.iterdir() if not p.name.startswith("results.sqlite")) == [
+        "campaign.lock"]
+
+
+def test_report_refuses_a_stored_sample_that_is_no_finite_number(tmp_path):
+    """A measurement whose latency samples hold NaN or inf (no runner writes one): one line naming the store, the
+    job and the field; nothing written."""
+    import dataclasses
+
+    from edgemask.profiling.report import write_report
+
+    ws = tmp_path / "ws"
+    manifests(ws)
+
+    def nan_bench(conn, spec, artifact_dir, fmt, variant="fp32", settings=None, timeout=600):
+        m = pf.fake_measurement(spec, artifact_dir, fmt, variant, settings)
+        return dataclasses.replace(m, latency_ms=(4.0, float("nan"), 4.1)) if artifact_dir.name == "client-002" else m
+
+    results = campaign(ws, "nan", devices=("dev-a",), bench=nan_bench, formats=("onnx",))
+    with pytest.raises(CorruptFileError) as e:
+        write_report(results, ws)
+    one_line_naming(e, str(results / "results.sqlite"), f"job {RUN}/client-002|onnx|fp32|dev-a|t1|r0",
+                    "field latency_ms holds nan (sample 1)")
     assert sorted(p.name for p in results.iterdir() if not p.name.startswith("results.sqlite")) == [
         "campaign.lock"]
 
