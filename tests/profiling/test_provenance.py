@@ -506,3 +506,17 @@ def test_the_predictor_refuses_a_fit_on_clients_of_two_models():
     with pytest.raises(ConfigError) as e:
         model.predict(ClientLayers("s/c5", {"conv1": 6}, {"conv1": 60}, model=b))
     one_line_naming(e, f"s/c5 ({b})", f"r/c0, r/c1, r/c2 ({a})")
+
+
+def test_cli_budgets_refusal_is_one_line_and_writes_nothing(measured, tmp_path, capsys):
+    from edgemask.cli.main import main
+
+    ws, results = copy(measured, tmp_path)
+    code = main(["budgets", "--workspace", str(ws), "--config", str(ws / "pfm-small.toml"), "--results",
+                 str(results), "--mix", "dev-a=0.5,dev-b=0.5", "--deadline", "1", "--out", str(ws / "out.toml")])
+    out, err = capsys.readouterr()
+    assert code != 0 and err.count("\n") == 1 and "1,482 parameters" in err and "1,754 parameters" in err
+    assert not (ws / "out.toml").exists()
+    assert main(["budgets", "--workspace", str(ws), "--config", str(ws / "pfm.toml"), "--results", str(results),
+                 "--mix", "dev-a=0.5,dev-b=0.5", "--deadline", "1", "--out", str(ws / "out.toml")]) == 0
+    assert (ws / "out.toml").is_file()
