@@ -46,7 +46,8 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     with the config's ``[model]``; each mismatch is one line naming both sides, and nothing is written.
     ``budget_source.inputs`` records the digests of what the budgets rest on."""
     from edgemask import values
-    from edgemask.profiling.budgets import assign_boards, budgets_from_costs, fit_board_costs, source_record
+    from edgemask.mix import assign_boards
+    from edgemask.profiling.budgets import budgets_from_costs, fit_board_costs, source_record
     from edgemask.profiling.provenance import RunIdentity, check_same, finite_column, from_run_dir, from_store
     from edgemask.profiling.store import ResultsStore
     from edgemask.profiling.training import training_costs

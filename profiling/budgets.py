@@ -22,7 +22,6 @@ model and the predicted round (``budget_source`` in summary.json).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -69,25 +68,6 @@ def fit_board_costs(rows: pd.DataFrame, d_w: int) -> dict[str, BoardCost]:
         out[str(board)] = BoardCost(str(board), float(a), float(s),
                                     tuple((float(x), float(y)) for x, y in zip(f, t)), miss)
     return out
-
-
-def assign_boards(client_ids: list[str], mix: dict[str, float], seed: int) -> dict[str, str]:
-    """Each simulated device's board: ``round(share · N)`` devices per board (the last board takes the rest), in a
-    seeded random order of the devices, so a mix of 30 % / 70 % over 10 devices is 3 and 7 whatever their names."""
-    total = sum(mix.values())
-    if not mix or any(v < 0 for v in mix.values()) or not math.isclose(total, 1.0, abs_tol=1e-6):
-        raise ConfigError(f"--mix: the shares must be non-negative and sum to 1, got "
-                          f"{', '.join(f'{k}={v:g}' for k, v in mix.items()) or 'none'}")
-    n = len(client_ids)
-    order = np.random.default_rng([seed, 0x39]).permutation(n)
-    boards, start = {}, 0
-    names = list(mix)
-    for i, b in enumerate(names):
-        k = n - start if i == len(names) - 1 else int(round(mix[b] * n))
-        for j in order[start: start + k]:
-            boards[client_ids[int(j)]] = b
-        start += k
-    return boards
 
 
 def budgets_from_costs(steps: dict[str, int], boards: dict[str, str], costs: dict[str, BoardCost],

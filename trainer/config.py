@@ -18,6 +18,7 @@ from edgemask.tomlio import dumps_toml, read_toml
 from edgemask.workspace import check_name
 from edgemask.trainer.data.base import DataConfig
 from edgemask.trainer.devices import device_problem
+from edgemask.trainer.system import SystemConfig
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    system: SystemConfig | None = None  # [system]: rounds with deadlines on measured board costs (trainer.system)
 
     @property
     def run_id(self) -> str:
@@ -79,6 +81,9 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["run"]["run_id"] = self.run_id
+        d.pop("system")  # a run without [system] writes the config it always wrote
+        if self.system is not None:
+            d["system"] = self.system.to_dict()
         return d
 
     def to_toml(self) -> str:
@@ -88,9 +93,10 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
         """Read and check a config table: every mistake one line, ``<source>: [section] field: what; what to do``
         (:mod:`edgemask.schema`)."""
-        top = Table(source, "", d, {name: Field(dict, {}) for name in _SECTIONS})
+        top = Table(source, "", d, {name: Field(dict, {}) for name in (*_SECTIONS, "system")})
         kw = {name: read_dataclass(source, name, top[name], typ) for name, typ in _SECTIONS.items()}
-        cfg = cls(**kw)
+        system = SystemConfig.read(source, top["system"]) if "system" in d else None
+        cfg = cls(**kw, system=system)
         _validate(cfg, source)
         return cfg
 

@@ -15,12 +15,14 @@ def clients_per_round(num_clients: int, participation: float) -> int:
     return max(int(num_clients * participation), 1)
 
 
-def sampling_schedule(client_ids: list[str], rounds: int, participation: float, seed: int) -> list[list[str]]:
+def sampling_schedule(client_ids: list[str], rounds: int, participation: float, seed: int,
+                      k: int | None = None) -> list[list[str]]:
     """For each round, the sampled clients: :func:`clients_per_round` of N without replacement (FedMask Alg. 1,
-    line 8), in a fixed order. Depends only on (client_ids, rounds, participation, seed)."""
+    line 8), or ``k`` of them (a round that over-commits, :mod:`edgemask.trainer.system`), in a fixed order.
+    Depends only on (client_ids, rounds, participation or k, seed)."""
     rng = np.random.default_rng([seed, 0x5A3])
     n = len(client_ids)
-    k = clients_per_round(n, participation)
+    k = clients_per_round(n, participation) if k is None else k
     return [[client_ids[i] for i in sorted(rng.choice(n, size=k, replace=False))] for _ in range(rounds)]
 
 

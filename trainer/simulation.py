@@ -20,11 +20,12 @@ from edgemask.trainer.allocator import tune_host_allocator
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
-from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, estimate
+from edgemask.trainer.footprint import Footprint, check_fits, estimate, history_rows
 from edgemask.trainer.local_training import evaluate
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
+from edgemask.trainer.system import System
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -105,7 +106,9 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     if ready is not None:
         ready(algo)
     rounds = cfg.training.rounds
-    schedule = sampling_schedule(algo.client_ids, rounds, cfg.training.participation, cfg.run.seed)
+    system = deadlines(cfg, algo.client_ids)
+    schedule = sampling_schedule(algo.client_ids, rounds, cfg.training.participation, cfg.run.seed,
+                                 None if system is None else cfg.system.selected(system.k, len(algo.client_ids)))
     result = SimulationResult(cfg, algo)
     hist = result.history
 
@@ -123,7 +126,10 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         # past the uploads, the round needs only the results' counts: their tensors go unless the algorithm kept them
         trained = [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in trained]
         costs.record(rnd, trained, updates, record)
-        algo.aggregate(rnd, updates)
+        if system is not None:  # the uploads that arrive in time, as a deployment's server sees them
+            updates = system.round(rnd, trained, updates, algo.trained_fraction, record)
+        if updates or system is None:  # nothing arrived: the server keeps its model
+            algo.aggregate(rnd, updates)
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == rounds:
             mean_acc, measures = evaluate_clients(algo, rnd, record, watch)
         if progress:
@@ -137,7 +143,17 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         before_ft = {}
     result.summary = summarize(cfg, algo, hist, costs.totals, measures, before_ft, time.perf_counter() - t0,
                                watch.summary())
+    if system is not None:
+        result.summary["system"] = system.summary()
     return result
+
+
+def deadlines(cfg: TrainConfig, client_ids: list[str]) -> System | None:
+    """The run's ``[system]`` with its devices' boards, or None (a run as it always was)."""
+    if cfg.system is None:
+        return None
+    k = clients_per_round(len(client_ids), cfg.training.participation)
+    return System.build(cfg.system, list(client_ids), cfg.run.seed, cfg.training.batch_size, k)
 
 
 class RoundCosts:
@@ -458,20 +474,19 @@ def global_summary(hist: list[dict[str, Any]], target: float | None) -> dict[str
 def train(cfg: TrainConfig, runs_root: Path, progress=None, memory: Callable[[Footprint], None] | None = None,
           memory_check: bool = True, source: str | None = None) -> Path:
     """Simulate and write ``runs_root/<run-id>/``, holding the run's lock from before the first round (a second
-    training of the run id leaves at once, and an unwritable ``runs/`` is found before the work). Before the set-up,
-    the run's memory is estimated (:func:`edgemask.trainer.footprint.estimate`), handed to ``memory`` (the CLI prints
-    it) and, with ``memory_check``, a run that cannot fit this host is refused, naming ``source`` (the config)."""
+    training of the run id leaves at once, and an unwritable ``runs/`` is found before the work). First of all,
+    before the data is partitioned or a model built, the run's memory is estimated from its config and its
+    dataset's sizes (:func:`edgemask.trainer.footprint.estimate`), handed to ``memory`` (the CLI prints it) and,
+    with ``memory_check``, a run that cannot fit this host is refused, naming ``source`` (the config): nothing
+    of its size has been allocated, and nothing is written."""
     path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
-
-    def plan(algo: Algorithm) -> None:
-        fp = estimate(algo)
-        if memory_check:  # a refusal says the figures itself
-            check_fits(fp, source or f"run {cfg.run_id}")
-        if memory is not None:
-            memory(fp)
-
+    fp = estimate(cfg)
+    if memory_check:  # a refusal says the figures itself
+        check_fits(fp, source or f"run {cfg.run_id}")
+    if memory is not None:
+        memory(fp)
     with run_lock(path):
-        return simulate(cfg, progress, ready=room_check(cfg, path), before_setup=plan).write(path)
+        return simulate(cfg, progress, ready=room_check(cfg, path)).write(path)
 
 
 def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
@@ -480,8 +495,6 @@ def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
 
     def fits(algo: Algorithm) -> None:
         cids = list(algo.client_ids)
-        per_round = clients_per_round(len(cids), cfg.training.participation)
-        rows = cfg.training.rounds * (per_round * 12 + 2 * len(cids) + 4)  # ~12 metrics a trained client
-        check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), rows)
+        check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), history_rows(cfg, len(cids)))
 
     return fits

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from edgemask.errors import ConfigError
-from edgemask.profiling.budgets import assign_boards, budgets_from_costs, fit_board_costs
+from edgemask.mix import assign_boards
+from edgemask.profiling.budgets import budgets_from_costs, fit_board_costs
 
 D_W = 1000
 

@@ -199,6 +199,11 @@ class Algorithm:
         """Backward FLOPs of one sample given its forward FLOPs: input gradients + weight gradients ≈ 2×."""
         return 2 * fwd
 
+    def trained_fraction(self, cid: str) -> float:
+        """The part of the model's parameters device ``cid`` trains, in [0, 1]: what a board's local step costs
+        scales with under ``[system]`` (:mod:`edgemask.trainer.system`; PerFedMask: ψ_n's share of d_w)."""
+        return 1.0
+
     def summary_extra(self) -> dict[str, Any]:
         """The algorithm's own entries in ``summary.json``."""
         return {}

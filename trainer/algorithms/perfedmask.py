@@ -338,6 +338,12 @@ class PerFedMask(Algorithm):
     def client_state(self, cid: str) -> ClientState:
         return ClientState(params=dict(self.heads.get(cid, {})))
 
+    def trained_fraction(self, cid: str) -> float:
+        """The body's share device ``cid`` trains (the layers P^mask gave it, ≤ ψ_n / d_w): the f of a board's
+        measured step line (``edgemask budgets``, :mod:`edgemask.trainer.system`)."""
+        body = sum(int(m.sum()) for k, m in self.keep[cid].items() if k not in self.head)
+        return body / max(sum(int(m.numel()) for k, m in self.keep[cid].items() if k not in self.head), 1)
+
     def summary_extra(self) -> dict:
         return {"pmask_objective": self.pmask.objective, "pmask": self.pmask.summary(),
                 "flops_fwd_per_sample": self.fwd,
