@@ -202,7 +202,8 @@ def cmd_budgets(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     devices = write_budgets(Path(args.config), Path(args.results), args.mix, args.deadline, out,
-                            args.format, args.threads, args.measured_run, args.run_id, args.allow_invalid)
+                            args.format, args.threads, args.measured_run, args.run_id, args.allow_invalid,
+                            workspace=_ws(args).root)
     for cid, d in devices.items():
         late = "" if d["meets_deadline"] else "  (misses the deadline even training nothing)"
         print(f"{cid}  {d['board']:<16} psi/d_w {d['fraction']:.3f}  {d['steps_per_round']} steps, predicted round "
