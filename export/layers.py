@@ -140,10 +140,11 @@ def write_etrecord(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
 
     from edgemask.fileio import atomic_path
     from edgemask.export.formats.base import quiet_exporters
+    from edgemask.export.runtime import runtime_layout
     from edgemask.export.formats.pte import _explicit_pool_stride
 
     with quiet_exporters():
-        ep = torch.export.export(model.eval(), (example,))
+        ep = torch.export.export(model.eval(), (runtime_layout(example),))  # the .pte's own layout (formats.pte)
         _explicit_pool_stride(ep)
         et = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()],
                                          generate_etrecord=True).to_executorch()

@@ -113,7 +113,7 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
         cmp_out = model(x).float().numpy()
 
     with atomic_dir(out_dir, _is_artifact_dir, "an edgemask artifact directory (it has no manifest.json)") as tmp:
-        ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])
+        ctx = FormatContext(x[:1], settings, data.train_x[:CALIBRATION])  # (in the runtimes' layout)
         files, diffs = [], {"torch": torch_diff}
         written_etrecord = None
         labels = y_all.numpy()
@@ -153,11 +153,11 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
                                           backend=info.get("backend"), max_abs_diff=d))
             training["sha256"] = sha256_file(tmp / TRAIN_IO)
         write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
-        layers = layer_records(masked.base, model, (x[:1],), result.layers,
+        layers = layer_records(masked.base, model, (ctx.example,), result.layers,
                                {f.file: tmp / f.file for f in files if f.format == "onnx"})
         etrec = written_etrecord
         if etrec is None and etrecord and any(f.format == "pte" for f in files):
-            etrec = write_etrecord(model, x[:1], tmp / ETRECORD).name
+            etrec = write_etrecord(model, ctx.example, tmp / ETRECORD).name
         cfg = run.config
         manifest = Manifest(
             run_id=run.run_id, client_id=client_id or DENSE, kind="compacted" if client_id else DENSE,

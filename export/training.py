@@ -39,6 +39,7 @@ from torch import nn
 
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import atomic_path
+from edgemask.export.runtime import runtime_layout
 from edgemask.trainer.records import LocalTask
 from edgemask.trainer.task_program import program
 
@@ -279,7 +280,8 @@ def step_spec(run, client_id: str | None) -> StepSpec:
     steps = math.ceil(n / B) * int(task.epochs)
     if task.max_steps is not None:
         steps = min(steps, int(task.max_steps))
-    return StepSpec(task, data.train_x[idx].float(), data.train_y[idx].long(), float(task.lr),
+    x = runtime_layout(data.train_x[idx].float())  # the step is traced with the layout its runtime is fed
+    return StepSpec(task, x, data.train_y[idx].long(), float(task.lr),
                     float(cfg.training.momentum), float(cfg.training.weight_decay),
                     n, int(task.epochs), B, steps)
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from edgemask.errors import EdgemaskError
+from edgemask.export.runtime import runtime_layout
 from edgemask.registry import Registry
 from edgemask.targets import BOARDS, FORMATS as FORMAT_FACTS, BoardProfile
 
@@ -55,9 +56,14 @@ class ExportSettings:
 class FormatContext:
     """What a format needs besides the model: a batch-1 example and, for int8, calibration inputs."""
 
-    example: torch.Tensor  # (1, *input_shape)
+    example: torch.Tensor  # (1, *input_shape), in the runtimes' layout (runtime_layout)
     settings: ExportSettings = field(default_factory=ExportSettings)
     calibration: torch.Tensor | None = None  # (N, *input_shape) from the client's train split
+
+    def __post_init__(self) -> None:
+        self.example = runtime_layout(self.example)  # every file is traced with the layout it will be fed
+        if self.calibration is not None:
+            self.calibration = runtime_layout(self.calibration)
 
 
 class Format:

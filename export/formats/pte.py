@@ -21,6 +21,7 @@ from torch import nn
 from edgemask.fileio import atomic_path, write_bytes_atomic
 from edgemask.export.formats.base import (FORMATS, ExportFormatError, Format, FormatContext, pt2e_quantized,
                                           quiet_exporters)
+from edgemask.export.runtime import runtime_layout
 
 
 def _lower(program_module: nn.Module, example: torch.Tensor, etrecord: Path | None = None) -> bytes:
@@ -29,7 +30,8 @@ def _lower(program_module: nn.Module, example: torch.Tensor, etrecord: Path | No
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
 
-        ep = torch.export.export(program_module, (example,))
+        # the program's input takes the example's dim order: trace with the layout the runtime is fed
+        ep = torch.export.export(program_module, (runtime_layout(example),))
         _explicit_pool_stride(ep)
         prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()],
                                            generate_etrecord=etrecord is not None).to_executorch()
