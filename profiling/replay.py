@@ -149,9 +149,16 @@ def replay_rounds(history: pd.DataFrame, costs: pd.DataFrame, bandwidth_kbps: fl
                      "comm_s": float(slow["comm_s"]), "round_s": float(slow["client_s"]),
                      "energy_j": float(g["energy_j"].sum(min_count=len(g)))})
     out = pd.DataFrame(rows)
+    server = history[history["client"] == "server"]
+    in_loop = server[server["metric"] == "round_time_s"]  # a run trained with [system] (trainer/system.py)
+    if not in_loop.empty:  # its own round times, deadlines and drops included, not derived again (issue #46)
+        out["derived_round_s"] = out["round_s"]
+        out["round_s"] = out["round"].map(dict(zip(in_loop["round"].astype(int), in_loop["value"].astype(float))))
+        if out["round_s"].isna().any() or not np.isfinite(out["round_s"]).all():
+            raise CorruptFileError(f"run {run_id}: history.parquet's round_time_s rows do not cover every round "
+                                   f"with a finite time; retrain the run")
     out["cum_time_s"] = out["round_s"].cumsum()
     out["cum_energy_j"] = out["energy_j"].cumsum()
-    server = history[history["client"] == "server"]
     acc = server[server["metric"] == metric]
     if acc.empty:
         raise ConfigError(f"run {run_id}: history.parquet has no server metric {metric!r}; it has "
@@ -364,8 +371,10 @@ def _names(clients: list[str]) -> str:
 
 def measured_lines(runs: list[RunReplay], augmentation: float = AUGMENTATION) -> list[str]:
     """Per run: which clients' compute is their measured local round (with its source and verdict) and which fell
-    back to FedScale's 3× assumption."""
-    lines = []
+    back to FedScale's 3× assumption; a run trained with deadlines ([system]) times its rounds by its own history."""
+    lines = [f"run {r.run_id}: time is the run's own round_time_s ([system] in its config: its boards' steps, deadline "
+             f"and drops; the trace's derived time would be {r.rounds['derived_round_s'].sum():.2f} s for the same "
+             f"rounds); energy from the trace" for r in runs if "derived_round_s" in r.rounds.columns]
     for r in runs:
         if r.measured:
             by = {}

@@ -66,6 +66,23 @@ def test_two_rounds_by_hand():
     assert "7.60" in table and "2.55" in table and "80.0 %" in table
 
 
+def test_a_run_with_deadlines_is_timed_by_its_own_rounds():
+    """A run trained with [system] (issue #46) records each round's wall-clock (round_time_s): replay reads those,
+    deadlines and drops included, and keeps the trace's derived time beside them; energy is still the trace's."""
+    from edgemask.profiling.replay import measured_lines
+
+    timed = pd.concat([HISTORY, pd.DataFrame([(0, "server", "round_time_s", 1.5), (1, "server", "round_time_s", 2.0)],
+                                             columns=HISTORY.columns)])
+    r = replay_rounds(timed, COSTS, BANDWIDTH)
+    assert r["round_s"].tolist() == [1.5, 2.0] and r["cum_time_s"].tolist() == [1.5, 3.5]
+    assert r["derived_round_s"].tolist() == pytest.approx([4.0, 3.6])  # the hand-computed rounds above
+    assert r["cum_energy_j"].tolist() == pytest.approx([1.35, 2.55])
+    assert RunReplay("run", "fedx", r).to_target(0.8)["time_s"] == 3.5
+    assert "run run: time is the run's own round_time_s" in measured_lines([RunReplay("run", "fedx", r)])[0]
+    with pytest.raises(CorruptFileError, match="round_time_s rows do not cover every round"):
+        replay_rounds(timed[~((timed["round"] == 1) & (timed["metric"] == "round_time_s"))], COSTS, BANDWIDTH)
+
+
 def test_matches_fedscales_own_completion_time():
     """FedScale's ``ClientMetadata.get_completion_time`` (fedscale/cloud/internal/client_metadata.py), restated
     here as the reference: computation = 3 × batch × local steps × ms per sample ÷ 1000, communication = (upload
