@@ -41,12 +41,25 @@ class TrainingFormat(Format):
         raise NotImplementedError
 
 
+def _max_pool_backward() -> dict:
+    """torch's own decomposition of ``max_pool2d_with_indices_backward`` (zeros, then ``scatter_add`` of the output
+    gradient at the forward's indices). ExecuTorch 1.5.1's portable kernel for it adds into its output without
+    clearing it first: the gradient of every conv before a max-pool took what the memory plan left there (a
+    conv-maxpool step: 154 off a gradient of 0.07, and a different value at each call); the decomposed step
+    matches torch's within 1e-7."""
+    from torch._decomp import decomposition_table
+
+    op = torch.ops.aten.max_pool2d_with_indices_backward.default
+    return {op: decomposition_table[op]}
+
+
 class PteTrainFormat(TrainingFormat):
     name = "pte-train"
 
     def check_available(self) -> None:
         try:
-            import executorch.extension.training  # noqa: F401
+            with quiet_exporters():  # importing ExecuTorch logs cpuinfo lines
+                import executorch.extension.training  # noqa: F401
         except ImportError as e:
             raise FormatUnavailableError(f"format pte-train needs ExecuTorch's training extension ({e}); "
                                          "pip install executorch==1.5.1") from None
@@ -58,6 +71,7 @@ class PteTrainFormat(TrainingFormat):
 
             try:
                 ep = _export_forward_backward(torch.export.export(step, (x, y), strict=False))
+                ep = ep.run_decompositions(_max_pool_backward())
                 prog = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
             except Exception as e:  # the exporters raise many kinds; the message says which step and why
                 raise ExportFormatError(f"{path}: ExecuTorch cannot export this training step "
