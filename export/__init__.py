@@ -9,11 +9,11 @@ from edgemask.export.compact import (AllDeadLayerError, CompactionResult, LayerH
                             compact, count_flops, count_params, register_handler)
 from edgemask.export.formats import DEVICE_PROFILES, FORMATS, ExportFormatError, ExportSettings, FormatUnavailableError
 from edgemask.export.layers import layer_records, write_etrecord
-from edgemask.export.pipeline import export_client, export_run
+from edgemask.export.pipeline import ExportNote, export_client, export_run
 from edgemask.export.verify import TOLERANCE, Tolerance, VerificationError, verify_compaction
 
 __all__ = [
-    "AllDeadLayerError", "ArtifactFile", "CompactionResult", "DEVICE_PROFILES", "ExportFormatError",
+    "AllDeadLayerError", "ArtifactFile", "CompactionResult", "DEVICE_PROFILES", "ExportFormatError", "ExportNote",
     "ExportSettings", "FORMATS", "FormatUnavailableError", "LayerHandler", "LayerStat", "Manifest", "TOLERANCE",
     "TensorSpec", "Tolerance", "UnsupportedLayerError", "VerificationError", "compact", "count_flops", "count_params",
     "export_client", "export_run", "layer_records", "load_artifact", "load_manifest", "load_sample_io", "register_handler", "verify_compaction",

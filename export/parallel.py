@@ -43,25 +43,31 @@ def _init(run_dir: str, threads: int) -> None:
 
 
 def _one(export_client: Callable, cid: str | None, dest: str, formats: Sequence[str], settings, limit: float,
-         etrecord: bool) -> str:
-    return str(export_client(_RUN, cid, Path(dest), formats, settings, limit, etrecord))
+         etrecord: bool) -> tuple[str, list[str]]:
+    """One client in a worker: its directory and the notes it gave (a warning here would reach the worker's
+    stderr, not the user: the parent gives them)."""
+    notes: list[str] = []
+    return str(export_client(_RUN, cid, Path(dest), formats, settings, limit, etrecord, notes.append)), notes
 
 
 def export_pending(export_client: Callable, run, todo: Sequence[tuple[str | None, Path]], formats: Sequence[str],
-                   settings, limit: float, etrecord: bool, jobs: int, done: Callable[[], None] = lambda: None) -> None:
+                   settings, limit: float, etrecord: bool, jobs: int, done: Callable[[], None],
+                   note: Callable[[str], None]) -> None:
     """Export each ``(client id or None for the dense baseline, destination)`` in ``todo``; ``jobs`` at a time,
     each with ``export_client`` (:func:`edgemask.export.pipeline.export_client`, passed in: a module-level function, so
     a worker process imports it by name, and this module imports nothing of the pipeline).
 
     ``jobs <= 1`` (or one client to do) runs them here, one after another, on ``run`` as loaded; otherwise in a
-    pool of ``min(jobs, len(todo))`` spawned processes. ``done`` is called once per finished client (progress).
+    pool of ``min(jobs, len(todo))`` spawned processes. ``done`` is called once per finished client (progress);
+    ``note`` with each line a client's export gives about what it left out, in this process (a worker's warning
+    would reach its own stderr, not the user), as that client finishes.
     The first failure stops the pool (clients not started are not started; those running finish or fail on their
     own temporaries, which :func:`edgemask.fileio.atomic_dir` removes) and is raised here."""
     if jobs < 1:
         raise EdgemaskError(f"--jobs is {jobs}; give 1 or more parallel export processes")
     if jobs == 1 or len(todo) <= 1:
         for cid, dest in todo:
-            export_client(run, cid, dest, formats, settings, limit, etrecord)
+            export_client(run, cid, dest, formats, settings, limit, etrecord, note)
             done()
         return
     workers = min(jobs, len(todo))
@@ -75,7 +81,9 @@ def export_pending(export_client: Callable, run, todo: Sequence[tuple[str | None
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
                 for fut in finished:
-                    fut.result()  # raises the worker's error (an EdgemaskError stays one: one line, no traceback)
+                    _, notes = fut.result()  # raises the worker's error (an EdgemaskError stays one: one line)
+                    for line in notes:
+                        note(line)
                     done()
         except BaseException:
             for fut in pending:

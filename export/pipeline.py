@@ -1,7 +1,9 @@
 """The export stage: run directory -> ``artifacts/<run-id>/<client-id>/`` per client, plus ``dense/``.
 
 Per client: rebuild the masked model, compact it, verify it on the client's real test samples, write each format
-and check it in its real runtime, then write ``sample_io.npz`` and ``manifest.json``. The directory is assembled
+and check it in its real runtime (a failure: one line naming the artifact, the format and the runtime's message;
+a format whose runtime cannot run one of the model's layers is left out of that artifact with a line saying so),
+then write ``sample_io.npz`` and ``manifest.json``. The directory is assembled
 under a temporary name and renamed into place; an unchanged client (same input hash) is skipped.
 
 Accuracies compare like with like: every file's accuracy is measured in its runtime on the same samples (the
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import warnings
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +33,11 @@ from edgemask.manifest import (MANIFEST, SAMPLE_IO, SCHEMA, ArtifactFile, Manife
 from edgemask.targets import DEFAULT_EXPORT_FORMATS
 from edgemask.workspace import check_name
 from edgemask.export.compact import compact
-from edgemask.export.formats import FORMATS, ExportFormatError, ExportSettings, FormatContext
+from edgemask.export.formats import (FORMATS, ExportFormatError, ExportSettings, FormatContext, FormatRuntimeError,
+                                     LayerUnsupportedError)
+from edgemask.export.formats.base import Format
+from edgemask.export.runtime import one_line
+from edgemask.export.formats.isolate import failing_layer
 from edgemask.export.layers import ETRECORD, layer_records, write_etrecord
 from edgemask.export.parallel import export_pending
 from edgemask.export.training import STEP_RULE, TRAIN_IO, write_training
@@ -40,6 +48,16 @@ VERIFY_SAMPLES = 256  # compaction check and every file's accuracy: up to this m
 ACCURACY_METHOD = 2  # in the input hash: artifacts whose accuracies were measured otherwise are re-exported
 CALIBRATION = 64  # int8 calibration samples from the client's train split
 DENSE = "dense"
+
+
+class ExportNote(UserWarning):
+    """What export left out of one model's artifact, and why; the rest of the artifact is written: a format
+    whose converter or runtime cannot take one of the model's layers. The command line shows it as
+    ``edgemask: warning: …``."""
+
+
+def _warn(line: str) -> None:
+    warnings.warn(line, ExportNote, stacklevel=3)
 
 
 def input_hash(run, client_id: str | None, formats: Sequence[str], settings: ExportSettings) -> str:
@@ -71,8 +89,8 @@ def _unchanged(dest: Path, digest: str, etrecord: bool = False, rule: Tolerance 
         m = load_artifact(dest)  # files changed since (or a manifest copied in) are exported again
     except EdgemaskError:
         return False
-    if etrecord and not (m.etrecord and (dest / m.etrecord).is_file()):
-        return False
+    if etrecord and any(f.format == "pte" for f in m.files) and not (m.etrecord and (dest / m.etrecord).is_file()):
+        return False  # (a .pte skipped for a layer ExecuTorch cannot run has no ETRecord either)
     if rule is not None and m.tolerance_rule != (rule.atol, rule.rtol):
         return False
     return (m.input_hash == digest and all((dest / f.file).is_file() for f in m.files) and (dest / SAMPLE_IO).is_file()
@@ -83,16 +101,42 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float((logits.argmax(1) == labels).mean()) if len(labels) else float("nan")
 
 
+def _written(fmt: Format, where: str, name: str, write: Callable[[], dict], run: Callable[[], np.ndarray]
+             ) -> tuple[dict, np.ndarray]:
+    """``write()`` then ``run()`` one file of ``fmt``; a failure of either is one line naming ``where`` (the
+    artifact, ``<run>/<client>``), the format, the file and the converter's or runtime's own message."""
+    try:
+        info = write()
+    except ExportFormatError as e:
+        raise type(e)(f"{where}: {fmt.name}: {e}") from None
+    except Exception as e:  # the converters raise many kinds; the message says which file and why
+        raise FormatRuntimeError(f"{where}: {fmt.name}: converting to {name} failed: {one_line(e)}") from None
+    try:
+        return info, run()
+    except ExportFormatError as e:
+        raise type(e)(f"{where}: {fmt.name}: {e}") from None
+    except Exception as e:  # the runtimes raise RuntimeError, their own kinds, or worse
+        raise FormatRuntimeError(f"{where}: {fmt.name}: {fmt.runtime} failed to run {name}: {one_line(e)}") from None
+
+
 def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[str],
                   settings: ExportSettings = ExportSettings(), limit: Tolerance | float = TOLERANCE,
-                  etrecord: bool = False) -> Path:
+                  etrecord: bool = False, note: Callable[[str], None] | None = None) -> Path:
     """Export one client (``client_id=None``: the dense baseline) to ``out_dir``. Returns ``out_dir``.
 
     ``limit``: the rule (:class:`edgemask.export.verify.Tolerance`; a bare number: an absolute limit) that the
     compacted model is held to against the masked one, and each fp32 file against the compacted model.
 
     ``etrecord``: with ``pte`` among the formats, also write the ETRecord (:mod:`edgemask.export.layers`) for the host's
-    Inspector (a second lowering)."""
+    Inspector (a second lowering).
+
+    A converter or runtime that fails on a file stops the export with one line (:class:`FormatRuntimeError`:
+    the artifact, the format, the file, the message), unless one layer alone fails the same way
+    (:func:`edgemask.export.formats.isolate.failing_layer`): then that format is left out of this artifact and
+    ``note`` (default: an :class:`ExportNote` warning) gets one line naming the layer and why; the other formats
+    are written."""
+    note = note or _warn
+    where = f"{run.run_id}/{client_id or DENSE}"
     ds = run.dataset
     fmts = [FORMATS.get(f) for f in formats]
     for f in fmts:
@@ -120,29 +164,45 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
         measured_on = {"accuracy_set": f"{data_client}/test", "accuracy_samples": int(len(labels))}
         for fmt in fmts:
             variants = [v for v in fmt.variants if v == "fp32" or (settings.int8 and v == "int8")]
-            fp32_acc = None
-            for variant in variants:  # fp32 first: an int8 file's change is against it
-                name = fmt.filename(variant)
-                path = tmp / name
-                info = fmt.write(model, path, ctx, variant)
-                if fmt.name == "pte" and variant == "fp32" and info.get("etrecord"):
-                    written_etrecord = info["etrecord"]  # from the .pte's own lowering (export.formats.pte)
-                got = fmt.run(path, x_all.numpy())  # (len(labels), n_out), batch 1 in the runtime
-                acc = _accuracy(got, labels)
-                if variant == "fp32":
-                    c = tol.compare(cmp_out, got[:SAMPLES])  # on the sample_io inputs, as a device checks
-                    if not c.ok:  # NaN too
-                        raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the compacted "
-                                                f"torch model {tol.describe(c)}")
-                    d = diffs[fmt.name] = c.max_abs_diff
-                    fp32_acc = acc
-                    extra = {"max_abs_diff": d, "accuracy": acc}
-                else:  # how far this quantized file's outputs lie from sample_io's, on the host: the device's check
-                    extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc,
-                             "max_abs_diff": max_abs_diff(got[:SAMPLES], ref_out)}
-                files.append(ArtifactFile(format=fmt.name, variant=variant, file=name, sha256=sha256_file(path),
-                                          bytes=path.stat().st_size, runtime=info["runtime"], opset=info.get("opset"),
-                                          backend=info.get("backend"), **extra, **measured_on))
+            fp32_acc, fmt_files = None, []
+            before = set(tmp.iterdir())
+            try:
+                for variant in variants:  # fp32 first: an int8 file's change is against it
+                    name = fmt.filename(variant)
+                    path = tmp / name
+                    try:
+                        info, got = _written(fmt, where, name, lambda: fmt.write(model, path, ctx, variant),
+                                             lambda: fmt.run(path, x_all.numpy()))  # (len(labels), n_out), batch 1
+                    except FormatRuntimeError as e:
+                        layer = failing_layer(fmt, model, ctx, tmp) if variant == "fp32" else None
+                        if layer is None:
+                            raise
+                        raise LayerUnsupportedError(f"{where}: {fmt.name} left out: {layer.describe(fmt)}; the "
+                                                    "rest of the artifact is written") from e
+                    acc = _accuracy(got, labels)
+                    if variant == "fp32":
+                        c = tol.compare(cmp_out, got[:SAMPLES])  # on the sample_io inputs, as a device checks
+                        if not c.ok:  # NaN too
+                            raise ExportFormatError(f"{out_dir}/{name}: {fmt.runtime} output differs from the "
+                                                    f"compacted torch model {tol.describe(c)}")
+                        d = diffs[fmt.name] = c.max_abs_diff
+                        fp32_acc = acc
+                        extra = {"max_abs_diff": d, "accuracy": acc}
+                    else:  # how far this quantized file's outputs lie from sample_io's, on the host: the device's check
+                        extra = {"accuracy": acc, "accuracy_change": acc - fp32_acc,
+                                 "max_abs_diff": max_abs_diff(got[:SAMPLES], ref_out)}
+                    fmt_files.append(ArtifactFile(format=fmt.name, variant=variant, file=name,
+                                                  sha256=sha256_file(path), bytes=path.stat().st_size,
+                                                  runtime=info["runtime"], opset=info.get("opset"),
+                                                  backend=info.get("backend"), **extra, **measured_on))
+                    if fmt.name == "pte" and variant == "fp32" and info.get("etrecord"):
+                        written_etrecord = info["etrecord"]  # from the .pte's own lowering (export.formats.pte)
+            except LayerUnsupportedError as e:
+                for leftover in set(tmp.iterdir()) - before:  # what this format wrote (an ETRecord too)
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+                note(str(e))
+                continue
+            files += fmt_files
 
         training = None
         if steps:
@@ -197,7 +257,9 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     :func:`export_client`.
     ``workers``: clients exported at a time, in processes (:mod:`edgemask.export.parallel`; 1, the default: one after
     another in this process; ``edgemask export --jobs`` defaults to this machine's cores). The workers read the
-    run while this process holds its shared lock, so no training replaces it meanwhile."""
+    run while this process holds its shared lock, so no training replaces it meanwhile.
+    What a client's export leaves out (:func:`export_client`) is an :class:`ExportNote` warning from this
+    process, for the clients the workers exported too."""
     from edgemask.trainer.run_dir import load_run, run_read_lock
 
     formats = tuple(formats)
@@ -243,7 +305,7 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
                     todo.append((cid, dest))
                 out.append(Path(out_root) / run.run_id / (cid or DENSE))
             export_pending(export_client, run, todo, formats, settings, limit, etrecord, workers,
-                           (lambda: bar.update(1)) if bar is not None else (lambda: None))
+                           (lambda: bar.update(1)) if bar is not None else (lambda: None), _warn)
             if bar is not None:
                 bar.close()
     return out

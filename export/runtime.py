@@ -1,10 +1,18 @@
-"""What export hands every runtime: inputs in the layout the runtimes are fed. Shared by the formats
-(:mod:`edgemask.export.formats`) and the training step (:mod:`edgemask.export.training`), which import nothing of
-each other at their top."""
+"""What export hands every runtime and takes back from it: inputs in the layout the runtimes are fed, and a
+failure's message on one line. Shared by the formats (:mod:`edgemask.export.formats`) and the training step
+(:mod:`edgemask.export.training`), which import nothing of each other at their top."""
 
 from __future__ import annotations
 
 import torch
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line: its first non-empty line (exporters put a blank line first), else
+    its type's name; at most ``limit`` characters."""
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    line = line or type(e).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def runtime_layout(x: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,17 @@ class ExportFormatError(EdgemaskError):
     """A converter failed, or its file does not compute what the torch model computes."""
 
 
+class FormatRuntimeError(ExportFormatError):
+    """A converter or a runtime failed on one model's file during export: one line naming the model (client),
+    the format and the converter's or runtime's own message."""
+
+
+class LayerUnsupportedError(ExportFormatError):
+    """A format's converter or runtime cannot take one layer of a model (it fails on that layer alone,
+    :func:`edgemask.export.formats.isolate.failing_layer`): that format is skipped for the model, the others are
+    written."""
+
+
 # What a target board's runtime can read (--target): the boards' one table, edgemask.targets, as a registry so an
 # unknown name lists the valid ones.
 DeviceProfile = BoardProfile

@@ -11,6 +11,9 @@ takes minutes (measured ~7 min for a 2-layer one)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +84,23 @@ class Pte(Format):
         return {"backend": "xnnpack", "runtime": self.runtime, "etrecord": etrecord_path(path).name}
 
     def run(self, path: Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
+        """A failure raises ``RuntimeError`` with the runtime's reason: its exception says only "failed with
+        error 0x1", the reason is in ExecuTorch's log (which its bindings write to ``sys.stderr``), so the log's
+        first line that is not cpuinfo's start-up chatter is added; the whole log goes on to the log as before."""
+        log = io.StringIO()
         with quiet_exporters():  # loading the runtime logs cpuinfo lines
             from executorch.runtime import Runtime
 
-            method = Runtime.get().load_program(Path(path)).load_method("forward")
-            outs = [method.execute([torch.from_numpy(np.ascontiguousarray(x[None]))])[0] for x in inputs]
+            try:
+                with contextlib.redirect_stderr(log):
+                    method = Runtime.get().load_program(Path(path)).load_method("forward")
+                    outs = [method.execute([torch.from_numpy(np.ascontiguousarray(x[None]))])[0] for x in inputs]
+            except RuntimeError as e:
+                why = next((ln.strip() for ln in log.getvalue().splitlines()
+                            if ln.strip() and not ln.startswith("[cpuinfo")), None)
+                raise RuntimeError(f"{e} ({why})" if why else str(e)) from None
+            finally:
+                sys.stderr.write(log.getvalue())  # the log, under quiet_exporters
         return torch.cat(outs).numpy().astype(np.float32)
 
 

@@ -1,5 +1,5 @@
-"""Conv models trained on digits export to ExecuTorch (issue #44): a file is traced in the layout its runtime is
-fed."""
+"""Conv models trained on digits export to every format (issue #44): a file is traced in the layout its runtime is
+fed, a layer a runtime cannot run is named and its format left out, any other runtime failure is one line."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from edgemask.export import TOLERANCE, load_sample_io
+import user_models  # noqa: F401 - registers user_sortnet and user_sortnet_inline
+from edgemask.errors import EdgemaskError
+from edgemask.export import TOLERANCE, export_run, load_sample_io
 from edgemask.export.formats import FORMATS, FormatContext
 from edgemask.export.pipeline import export_client
 from edgemask.manifest import load_artifact
-from edgemask.trainer.config import TrainConfig
-from edgemask.trainer.run_dir import load_run
+from export_helpers import random_masks
+from edgemask.trainer.config import AlgorithmConfig, ModelConfig, RunConfig, TrainConfig
+from edgemask.trainer.data import DataConfig
+from edgemask.trainer.models import build_model
+from edgemask.trainer.run_dir import ClientState, load_run, write_run
 from edgemask.trainer.simulation import train
 
 # small widths: one round on 2 × 120 digits trains in seconds
@@ -71,3 +76,57 @@ def test_a_pte_traced_from_a_sample_of_another_layout_reads_c_order_inputs(tmp_p
     with torch.no_grad():
         want = model(torch.from_numpy(inputs)).numpy()
     assert TOLERANCE.compare(want, f.run(path, inputs)).ok, layout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(CONV))
+def test_each_conv_model_trained_on_digits_exports_to_every_format(tmp_path, model):
+    """onnx, pte, tflite and the local step: torch-train everywhere; pte-train where ExecuTorch trains the model
+    (not through batch norm: it has no training kernel for it, and says so; tests/export/test_training_step.py)."""
+    run = trained(tmp_path, model, CONV[model])
+    formats = ["onnx", "pte", "tflite", "torch-train"] + (["pte-train"] if model == "cnn" else [])
+    dest = export_client(run, "client-000", tmp_path / "a" / run.run_id / "client-000", formats)
+    m = load_artifact(dest)  # every file's digest and size checked
+    assert sorted(f.format for f in m.files) == sorted(formats)
+    for f in m.files:
+        assert f.max_abs_diff is not None
+        if f.format in ("torch-train", "pte-train"):
+            assert m.training["max_abs_diff"][f.format] <= m.training["limit"]
+        else:
+            assert m.tolerance["max_abs_diff"][f.format] <= TOLERANCE.atol
+
+
+def _sortnet_run(tmp_path, name: str):
+    cfg = TrainConfig(run=RunConfig(seed=0, run_id=f"digits-{name}"), data=DataConfig(name="digits", num_clients=2),
+                      model=ModelConfig(name, {}), algorithm=AlgorithmConfig("fedmask"))
+    torch.manual_seed(0)
+    model = build_model(name, (1, 8, 8), 10)
+    clients = {f"client-00{i}": ClientState(masks=random_masks(model, 0.4, seed=i)) for i in range(2)}
+    return load_run(write_run(tmp_path / "runs" / cfg.run_id, cfg, model.state_dict(), clients, [],
+                              {"run_id": cfg.run_id, "clients": {}}))
+
+
+def test_a_layer_executorch_cannot_run_is_named_and_the_other_formats_written(tmp_path):
+    run = _sortnet_run(tmp_path, "user_sortnet")
+    dest = tmp_path / "a" / run.run_id / "client-000"
+    with pytest.warns(UserWarning) as warned:
+        export_client(run, "client-000", dest, ["onnx", "pte"])
+    lines = [str(w.message) for w in warned if "left out" in str(w.message)]
+    assert lines == [f"{run.run_id}/client-000: pte left out: executorch cannot run layer 'sort' (SortLast): Failed "
+                     "to load method forward, error: 0x:14 ([operator_registry.cpp:277] kernel 'aten::sort.values' "
+                     "not found.); the rest of the artifact is written"]
+    m = load_artifact(dest)
+    assert [f.format for f in m.files] == ["onnx"] and m.tolerance["max_abs_diff"]["onnx"] <= TOLERANCE.atol
+    assert m.etrecord is None
+    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "model.onnx", "sample_io.npz"]
+
+
+def test_a_runtime_failure_no_layer_explains_is_one_line_naming_client_format_and_message(tmp_path):
+    # the same sort, written in the model's forward: every layer runs alone, the model does not
+    run = _sortnet_run(tmp_path, "user_sortnet_inline")
+    with pytest.raises(EdgemaskError) as e:
+        export_run(run.path, tmp_path / "a", ["client-000"], ["onnx", "pte"], progress=False)
+    assert str(e.value) == (f"{run.run_id}/dense: pte: executorch failed to run model.pte: Failed to load method "
+                            "forward, error: 0x:14 ([operator_registry.cpp:277] kernel 'aten::sort.values' not "
+                            "found.)")
+    assert not (tmp_path / "a" / run.run_id / "dense").exists()

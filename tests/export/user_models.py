@@ -5,9 +5,15 @@ registered through :data:`edgemask.trainer.models.registry.MODELS` as the regist
   shortcut, residual add), global average pool, linear head.
 * ``user_mobilenet``: a MobileNetV2-style network of inverted residuals (1×1 widen-bn-relu6, 3×3 depthwise-bn-relu6,
   1×1 narrow-bn, residual add where shapes match), global average pool, linear head.
+* ``user_sortnet`` / ``user_sortnet_inline``: linear-relu, a sort, linear; the sort as a layer of its own
+  (``SortLast``) or written in the model's forward. A sort along a size-1 axis changes no value, but it is an
+  ``aten.sort`` in every exported graph, and ExecuTorch 1.4.1's runtime has no kernel for it (loading the
+  ``.pte`` fails: "kernel 'aten::sort.values' not found"): a real layer that a real runtime cannot run.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -88,7 +94,39 @@ class UserMobileNet(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
+def sort_last(x: torch.Tensor) -> torch.Tensor:
+    """(B, F) -> (B, F), the same values: each feature's trailing size-1 axis sorted."""
+    return x.unsqueeze(-1).sort(dim=-1).values.squeeze(-1)
+
+
+class SortLast(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sort_last(x)
+
+
+class SortNet(nn.Module):
+    """flatten → fc1 (→16) → relu → sort → out; ``inline``: the sort in this forward, not a layer."""
+
+    head = ("out",)
+
+    def __init__(self, in_features: int, num_classes: int, inline: bool = False) -> None:
+        super().__init__()
+        self.inline = inline
+        self.fc1 = nn.Linear(in_features, 16)
+        self.sort = SortLast()
+        self.out = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x.flatten(1)))
+        return self.out(sort_last(h) if self.inline else self.sort(h))
+
+
 if "user_resnet" not in MODELS:
     MODELS.add("user_resnet", lambda input_shape, num_classes: UserResNet(input_shape[0], num_classes))
 if "user_mobilenet" not in MODELS:
     MODELS.add("user_mobilenet", lambda input_shape, num_classes: UserMobileNet(input_shape[0], num_classes))
+if "user_sortnet" not in MODELS:
+    MODELS.add("user_sortnet", lambda input_shape, num_classes: SortNet(math.prod(input_shape), num_classes))
+if "user_sortnet_inline" not in MODELS:
+    MODELS.add("user_sortnet_inline",
+               lambda input_shape, num_classes: SortNet(math.prod(input_shape), num_classes, inline=True))
