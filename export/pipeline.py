@@ -2,8 +2,8 @@
 
 Per client: rebuild the masked model, compact it, verify it on the client's real test samples, write each format
 and check it in its real runtime (a failure: one line naming the artifact, the format and the runtime's message;
-a format whose runtime cannot run one of the model's layers is left out of that artifact with a line saying so),
-then write ``sample_io.npz`` and ``manifest.json``. The directory is assembled
+a format whose runtime cannot run one of the model's layers, or a local step that trains nothing, is left out of
+that artifact with a line saying so), then write ``sample_io.npz`` and ``manifest.json``. The directory is assembled
 under a temporary name and renamed into place; an unchanged client (same input hash) is skipped.
 
 Accuracies compare like with like: every file's accuracy is measured in its runtime on the same samples (the
@@ -40,7 +40,7 @@ from edgemask.export.runtime import one_line
 from edgemask.export.formats.isolate import failing_layer
 from edgemask.export.layers import ETRECORD, layer_records, write_etrecord
 from edgemask.export.parallel import export_pending
-from edgemask.export.training import STEP_RULE, TRAIN_IO, write_training
+from edgemask.export.training import STEP_RULE, TRAIN_IO, NothingTrainsError, write_training
 from edgemask.export.verify import TOLERANCE, Tolerance, max_abs_diff, verify_compaction
 
 SAMPLES = 32  # sample_io size
@@ -52,8 +52,8 @@ DENSE = "dense"
 
 class ExportNote(UserWarning):
     """What export left out of one model's artifact, and why; the rest of the artifact is written: a format
-    whose converter or runtime cannot take one of the model's layers. The command line shows it as
-    ``edgemask: warning: …``."""
+    whose converter or runtime cannot take one of the model's layers, a local step that trains nothing (a
+    PerFedMask device with budget ψ_n = 0). The command line shows it as ``edgemask: warning: …``."""
 
 
 def _warn(line: str) -> None:
@@ -134,7 +134,8 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
     the artifact, the format, the file, the message), unless one layer alone fails the same way
     (:func:`edgemask.export.formats.isolate.failing_layer`): then that format is left out of this artifact and
     ``note`` (default: an :class:`ExportNote` warning) gets one line naming the layer and why; the other formats
-    are written."""
+    are written. A local step that trains nothing (every trainable tensor frozen whole: a PerFedMask device with
+    ψ_n = 0) leaves the training formats out the same way, with its inference files written."""
     note = note or _warn
     where = f"{run.run_id}/{client_id or DENSE}"
     ds = run.dataset
@@ -206,12 +207,17 @@ def export_client(run, client_id: str | None, out_dir: Path, formats: Sequence[s
 
         training = None
         if steps:
-            written, training = write_training(run, client_id, tmp, steps, STEP_RULE)
-            for fmt, path, info, d in written:
-                files.append(ArtifactFile(format=fmt.name, variant="fp32", file=path.name, sha256=sha256_file(path),
-                                          bytes=path.stat().st_size, runtime=info["runtime"],
-                                          backend=info.get("backend"), max_abs_diff=d))
-            training["sha256"] = sha256_file(tmp / TRAIN_IO)
+            try:
+                written, training = write_training(run, client_id, tmp, steps, STEP_RULE, where=out_dir)
+            except NothingTrainsError as e:
+                note(f"{where}: no training step written ({', '.join(f.name for f in steps)}): {e}; its "
+                     "inference files are written")
+            else:
+                for fmt, path, info, d in written:
+                    files.append(ArtifactFile(format=fmt.name, variant="fp32", file=path.name,
+                                              sha256=sha256_file(path), bytes=path.stat().st_size,
+                                              runtime=info["runtime"], backend=info.get("backend"), max_abs_diff=d))
+                training["sha256"] = sha256_file(tmp / TRAIN_IO)
         write_sample_io(tmp / SAMPLE_IO, x.numpy(), ref_out, y.numpy())
         layers = layer_records(masked.base, model, (ctx.example,), result.layers,
                                {f.file: tmp / f.file for f in files if f.format == "onnx"})

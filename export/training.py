@@ -39,7 +39,7 @@ from torch import nn
 
 from edgemask.errors import EdgemaskError
 from edgemask.fileio import atomic_path
-from edgemask.export.runtime import runtime_layout
+from edgemask.export.runtime import one_line, runtime_layout
 from edgemask.trainer.records import LocalTask
 from edgemask.trainer.task_program import program
 
@@ -48,6 +48,11 @@ TRAIN_IO = "train_io.npz"
 
 class TrainingExportError(EdgemaskError):
     """A client's local step cannot be written as a training artifact, or its file does not compute that step."""
+
+
+class NothingTrainsError(TrainingExportError):
+    """Every trainable tensor of the step is frozen whole (a PerFedMask device with budget ψ_n = 0): there is no
+    step to export. Export leaves the training formats out of that artifact and writes the rest."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class TrainStep(nn.Module):
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"b{i}", task.buffers[name].detach().clone())
         if not self.names:
-            raise TrainingExportError("nothing in its step trains (every trainable tensor is frozen whole)")
+            raise NothingTrainsError("nothing in its step trains (every trainable tensor is frozen whole)")
 
     def trained(self) -> dict[str, torch.Tensor]:
         """The trained tensors, ``t<i>`` by the task's names."""
@@ -286,22 +291,38 @@ def step_spec(run, client_id: str | None) -> StepSpec:
                     n, int(task.epochs), B, steps)
 
 
-def write_training(run, client_id: str | None, directory: Path, formats: list, rule: StepRule = STEP_RULE
-                   ) -> tuple[list[tuple[Any, Path, dict[str, Any], float]], dict[str, Any]]:
+def write_training(run, client_id: str | None, directory: Path, formats: list, rule: StepRule = STEP_RULE,
+                   where: Path | None = None) -> tuple[list[tuple[Any, Path, dict[str, Any], float]], dict[str, Any]]:
     """Write ``client_id``'s local step in each training format (``formats``: their ``TrainingFormat`` objects)
     and ``train_io.npz`` into ``directory``; check each file's one step in its runtime against torch's. Returns
-    ``[(format, path, its write() info, max |Δ|)]`` and the manifest's ``training`` fields (without the digest)."""
-    spec = step_spec(run, client_id)
-    step = TrainStep(spec.task, spec.weight_decay)
+    ``[(format, path, its write() info, max |Δ|)]`` and the manifest's ``training`` fields (without the digest).
+
+    ``where``: the artifact directory the files end up in (``directory`` may be its temporary name): every
+    message names the file there. A step that trains nothing raises :class:`NothingTrainsError`; a format that
+    cannot write the step, or whose runtime fails on it, one line naming the file and the format."""
+    where = Path(where) if where is not None else directory
+    try:
+        spec = step_spec(run, client_id)
+        step = TrainStep(spec.task, spec.weight_decay)
+    except NothingTrainsError:
+        raise
+    except TrainingExportError as e:  # the algorithm's step is none these formats take: say whose and which
+        raise TrainingExportError(f"{where}: {', '.join(f.name for f in formats)}: {e}") from None
     losses, after = host_step(step, spec.x, spec.y, spec.lr, spec.momentum)
     out, diffs = [], {}
     for fmt in formats:
         path = directory / fmt.filename("fp32")
-        info = fmt.write_step(step, spec.x, spec.y, path)
-        got_losses, got = fmt.run_step(path, spec.x.numpy(), spec.y.numpy(), spec.lr, spec.momentum,
-                                       len(step.names))
-        d = check_step(f"{directory.name}/{path.name}", dict(zip(step.names, got)), got_losses[0], after,
-                       losses[0], rule)
+        final = f"{where / path.name} ({fmt.name})"
+        try:
+            info = fmt.write_step(step, spec.x, spec.y, path)
+        except EdgemaskError as e:
+            raise type(e)(f"{final}: {e}") from None
+        try:
+            got_losses, got = fmt.run_step(path, spec.x.numpy(), spec.y.numpy(), spec.lr, spec.momentum,
+                                           len(step.names))
+        except Exception as e:  # the runtimes raise RuntimeError, their own kinds, or worse: one line
+            raise TrainingExportError(f"{final}: {fmt.runtime} failed to run its step: {one_line(e)}") from None
+        d = check_step(final, dict(zip(step.names, got)), got_losses[0], after, losses[0], rule)
         diffs[fmt.name] = d
         out.append((fmt, path, info, d))
     write_train_io(directory / TRAIN_IO, spec, step, losses, after)

@@ -34,6 +34,7 @@ class TrainingFormat(Format):
         raise ExportFormatError(f"{path}: format {self.name} writes a training step, not a model")
 
     def write_step(self, step: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, path: Path) -> dict[str, Any]:
+        """Write the step to ``path`` (a temporary name: a refusal says why, the caller names the file)."""
         raise NotImplementedError
 
     def run_step(self, path: Path, x: np.ndarray, y: np.ndarray, lr: float, momentum: float, n_trained: int,
@@ -74,7 +75,7 @@ class PteTrainFormat(TrainingFormat):
                 ep = ep.run_decompositions(_max_pool_backward())
                 prog = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
             except Exception as e:  # the exporters raise many kinds; the message says which step and why
-                raise ExportFormatError(f"{path}: ExecuTorch cannot export this training step "
+                raise ExportFormatError(f"ExecuTorch cannot export this training step "
                                         f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
         write_bytes_atomic(path, prog.buffer)
         return {"runtime": self.runtime, "backend": "portable"}
@@ -109,7 +110,7 @@ class TorchTrainFormat(TrainingFormat):
                 buf = io.BytesIO()
                 torch.export.save(ep, buf)
             except Exception as e:
-                raise ExportFormatError(f"{path}: torch.export cannot export this training step "
+                raise ExportFormatError(f"torch.export cannot export this training step "
                                         f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
         write_bytes_atomic(path, buf.getvalue())
         return {"runtime": self.runtime}

@@ -179,3 +179,14 @@ def test_a_step_through_max_pool_trains_in_executorch_as_in_torch(tmp_path):
     assert "conv1.weight" in step.names and got_losses == pytest.approx(losses, rel=1e-4)
     for name, t in zip(step.names, got):  # two steps: a kernel that keeps what the last call left shows here
         assert STEP_RULE.max_excess(t, after[name].numpy())[1] <= 0, name
+
+
+def test_executorchs_refusal_of_a_batch_norm_step_names_the_artifact_not_its_temporary(tmp_path):
+    import user_models  # noqa: F401 - registers user_resnet (batch norms)
+
+    run = _conv_run(tmp_path, "user_resnet", {})
+    with pytest.raises(EdgemaskError) as e:
+        export_run(run.path, tmp_path / "artifacts", [], ["onnx", "pte-train"], progress=False)
+    final = tmp_path / "artifacts" / run.run_id / "dense" / "train.pte"
+    assert str(e.value).startswith(f"{final} (pte-train): ExecuTorch cannot export this training step")
+    assert "_native_batch_norm_legit" in str(e.value) and ".partial" not in str(e.value) and "\n" not in str(e.value)
