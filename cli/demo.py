@@ -47,7 +47,8 @@ def run_demo(ws: Workspace, rounds: int | None = None, formats: list[str] | None
         cfg = TrainConfig.load(CONFIGS / f"demo-{algo}.toml")
         if rounds is not None:
             cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=rounds))
-        runs[algo] = train(cfg, ws.runs, progress=progress_printer(f"train {cfg.run_id}"))
+        with progress_printer(f"train {cfg.run_id}") as progress:  # closed on an error too: it prints below
+            runs[algo] = train(cfg, ws.runs, progress=progress)
         print(f"wrote {runs[algo]}", file=sys.stderr)
     timings["train"] = time.perf_counter() - t0
 

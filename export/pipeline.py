@@ -265,7 +265,8 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
     another in this process; ``edgemask export --jobs`` defaults to this machine's cores). The workers read the
     run while this process holds its shared lock, so no training replaces it meanwhile.
     What a client's export leaves out (:func:`export_client`) is an :class:`ExportNote` warning from this
-    process, for the clients the workers exported too."""
+    process, for the clients the workers exported too. The progress bar is closed on a failure as well, so the
+    error the command line prints next starts a line of its own."""
     from edgemask.trainer.run_dir import load_run, run_read_lock
 
     formats = tuple(formats)
@@ -301,17 +302,19 @@ def export_run(run_dir: Path, out_root: Path, clients: str | Iterable[str] = "al
                 from tqdm import tqdm
 
                 bar = tqdm(total=len(jobs), desc=f"export {run.run_id}", unit="model")
-            todo = []
-            for cid in jobs:
-                dest = root / (cid or DENSE)
-                if _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats,
-                              Tolerance.of(limit)):
-                    bar is not None and bar.update(1)
-                else:
-                    todo.append((cid, dest))
-                out.append(Path(out_root) / run.run_id / (cid or DENSE))
-            export_pending(export_client, run, todo, formats, settings, limit, etrecord, workers,
-                           (lambda: bar.update(1)) if bar is not None else (lambda: None), _warn)
-            if bar is not None:
-                bar.close()
+            try:
+                todo = []
+                for cid in jobs:
+                    dest = root / (cid or DENSE)
+                    if _unchanged(dest, input_hash(run, cid, formats, settings), etrecord and "pte" in formats,
+                                  Tolerance.of(limit)):
+                        bar is not None and bar.update(1)
+                    else:
+                        todo.append((cid, dest))
+                    out.append(Path(out_root) / run.run_id / (cid or DENSE))
+                export_pending(export_client, run, todo, formats, settings, limit, etrecord, workers,
+                               (lambda: bar.update(1)) if bar is not None else (lambda: None), _warn)
+            finally:  # on a failure too: the bar ends its line, so the error is printed on a line of its own
+                if bar is not None:
+                    bar.close()
     return out
