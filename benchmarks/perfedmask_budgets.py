@@ -60,6 +60,35 @@ def edgemask(*argv: str) -> str:
     return p.stdout
 
 
+def measure(ws: Path, cores: float, period_us: int) -> Path:
+    """Steps 1 and 2 in a new workspace ``ws``: the poster's run trained, its local steps exported and measured on
+    ``local`` and the slow stand-in (``cores`` of a CPU, CFS period ``period_us``); returns the results directory."""
+    from fleet.standin import CpuCgroup, StandIn, sweep, write_inventory
+
+    from edgemask.profiling.campaign import load_campaign, run_campaign
+
+    CpuCgroup.PERIOD_US = period_us
+    if ws.exists():
+        shutil.rmtree(ws)
+    ws.mkdir(parents=True)
+    config = ROOT / "configs" / "digits-perfedmask.toml"
+    edgemask("train", "--config", str(config), "--workspace", str(ws))
+    edgemask("export", "--run", "digits-perfedmask", "--formats", "torch-train", "--workspace", str(ws), "--jobs", "1")
+    sweep()
+    dev = StandIn.start("slow-standin", "x86_64", Path(tempfile.mkdtemp(prefix="edgemask-budgets-")),
+                        cores=cores, sensor="hwmon")
+    try:
+        write_inventory(ws / "devices.toml", dev.spec(), name="slow-standin", runtimes=("onnxruntime", "torch"))
+        (ws / "budgets.toml").write_text(CAMPAIGN)
+        cfg = load_campaign(ws / "budgets.toml", known_devices=["local", "slow-standin"])
+        res = run_campaign(cfg, ws, progress=True)
+        if res.failed:
+            raise SystemExit(f"{len(res.failed)} jobs failed: {res.failed[0].reason}")
+    finally:
+        dev.teardown()
+    return ws / "results" / "budgets"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workspace", default="workspace/perfedmask-budgets")
@@ -71,35 +100,12 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=None, help="seconds per local round (default: see above)")
     args = ap.parse_args()
 
-    from fleet.standin import CpuCgroup, StandIn, sweep, write_inventory
-
-    CpuCgroup.PERIOD_US = args.period_us
-
     from edgemask.profiling.budgets import fit_board_costs
-    from edgemask.profiling.campaign import load_campaign, run_campaign
     from edgemask.profiling.training import training_costs
 
     ws = Path(args.workspace).resolve()
-    if ws.exists():
-        shutil.rmtree(ws)
-    ws.mkdir(parents=True)
     config = ROOT / "configs" / "digits-perfedmask.toml"
-    edgemask("train", "--config", str(config), "--workspace", str(ws))
-    edgemask("export", "--run", "digits-perfedmask", "--formats", "torch-train", "--workspace", str(ws), "--jobs", "1")
-
-    sweep()
-    dev = StandIn.start("slow-standin", "x86_64", Path(tempfile.mkdtemp(prefix="edgemask-budgets-")),
-                        cores=args.cores, sensor="hwmon")
-    try:
-        write_inventory(ws / "devices.toml", dev.spec(), name="slow-standin", runtimes=("onnxruntime", "torch"))
-        (ws / "budgets.toml").write_text(CAMPAIGN)
-        cfg = load_campaign(ws / "budgets.toml", known_devices=["local", "slow-standin"])
-        res = run_campaign(cfg, ws, progress=True)
-        if res.failed:
-            raise SystemExit(f"{len(res.failed)} jobs failed: {res.failed[0].reason}")
-    finally:
-        dev.teardown()
-    results = ws / "results" / "budgets"
+    results = measure(ws, args.cores, args.period_us)
     costs = training_costs(results)
     print(costs[["client_id", "device", "trained_params", "step_p50_ms", "local_round_ms", "verdict"]]
           .to_string(index=False))

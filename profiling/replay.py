@@ -27,7 +27,9 @@ batch × local steps, every epoch counted, the last partial batch as it is). The
 accuracy are the sums through the first evaluated round whose ``mean_accuracy`` reaches it.
 
 Assumptions (each stated in the output, :func:`assumptions`): clients train in parallel and the server waits for
-all of them (no over-commitment, no stragglers dropped, no availability trace); aggregation and evaluation take no
+all of them (no over-commitment, no stragglers dropped, no availability trace) — except in a run trained with
+``[system]`` (deadlines, over-commitment: :mod:`edgemask.trainer.system`), whose history's ``round_time_s`` times
+its rounds instead (:func:`replay_rounds`); aggregation and evaluation take no
 time; a training sample costs ``augmentation`` × one batch-1 inference (FedScale's factor; batching would make it
 cheaper per sample); communication costs no device energy (not measured); the bandwidth is the same for every
 client and assumed.
