@@ -54,14 +54,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         cfg = cfg.replace(training=dataclasses.replace(cfg.training, **overrides))
     ws = _ws(args)
-    progress = progress_printer(f"train {cfg.run_id}")
-    if args.engine == "flower":
-        from edgemask.trainer.flower import train_flower
+    with progress_printer(f"train {cfg.run_id}") as progress:  # the bar ends its line before an error is printed
+        if args.engine == "flower":
+            from edgemask.trainer.flower import train_flower
 
-        path = train_flower(cfg, ws.runs, args.flower_workers, progress, verbose=args.verbose)
-    else:
-        path = train(cfg, ws.runs, progress=progress, memory=lambda fp: print(f"edgemask: {fp.line()}", file=sys.stderr),
-                     memory_check=not args.no_memory_check, source=str(args.config))
+            path = train_flower(cfg, ws.runs, args.flower_workers, progress, verbose=args.verbose)
+        else:
+            path = train(cfg, ws.runs, progress=progress, memory_check=not args.no_memory_check,
+                         memory=lambda fp: print(f"edgemask: {fp.line()}", file=sys.stderr), source=str(args.config))
     summary = json.loads((path / "summary.json").read_text())
     print(f"wrote {path}  (mean personalized accuracy {summary['mean_accuracy']:.4f}, "
           f"{summary['bytes_up'] + summary['bytes_down']:,} bytes communicated)")
