@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemask.errors import CorruptFileError
-from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, FederatedDataset
 from edgemask.trainer.data.clients import pooled_clients
 from edgemask.trainer.data.files import dataset_root, find_file
 from edgemask.trainer.data.transforms import CIFAR10_MEAN, CIFAR10_STD, NormalizedPool
@@ -24,6 +24,8 @@ TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 HINT = "the CIFAR-10 python batches (data_batch_1..5, test_batch from cifar-10-python.tar.gz)"
 SUBDIRS = ("", "cifar-10-batches-py")
+IMAGE_BYTES = 3 * 32 * 32  # one image's uint8 pixels in a batch file
+CLASS_IMAGES = 6000  # CIFAR-10's images of each class (5,000 train + 1,000 test)
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -60,6 +62,15 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+def cifar10_counts(root: str | Path | None, dataset: str = "cifar10", field: str = "data.root") -> tuple[int, int]:
+    """``(train images, test images)`` at most, from the batch files' lengths (an image is 3,072 bytes of a batch
+    file; its label and the pickle's framing add a few more), without reading them; a missing file is the
+    loader's one-line error."""
+    base = dataset_root(root, dataset, HINT, field)
+    train = sum(find_file(base, [name], dataset, HINT, SUBDIRS).stat().st_size // IMAGE_BYTES for name in TRAIN_BATCHES)
+    return train, find_file(base, [TEST_BATCH], dataset, HINT, SUBDIRS).stat().st_size // IMAGE_BYTES
+
+
 def load_cifar10(root: str | Path | None, dataset: str = "cifar10", field: str = "data.root"
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Raw ``(train_images uint8 (50000, 3, 32, 32), train_labels, test_images, test_labels)``."""
@@ -75,3 +86,14 @@ def cifar10(cfg: DataConfig, seed: int) -> FederatedDataset:
     x = NormalizedPool(np.concatenate([xtr, xte]), CIFAR10_MEAN, CIFAR10_STD)  # (60000, 3, 32, 32), when read
     y = np.concatenate([ytr, yte])
     return FederatedDataset("cifar10", (3, 32, 32), 10, pooled_clients(x, y, cfg, seed))
+
+
+@SIZES.register("cifar10")
+def cifar10_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    """The pooled train and test images (:func:`cifar10_counts`), CIFAR-10's 6,000 a class. Reading holds the
+    uint8 batches twice at once (the train batches and their concatenation, then train + test and the pool) and
+    the labels."""
+    train, test = cifar10_counts(cfg.root)
+    n = train + test
+    return DataSizes((3, 32, 32), 10, n, min(n, CLASS_IMAGES), cfg.num_clients, read=n * (2 * IMAGE_BYTES + 24),
+                     per_class_counts=True)

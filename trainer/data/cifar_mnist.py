@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
-from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
-from edgemask.trainer.data.cifar import load_cifar10
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, FederatedDataset
+from edgemask.trainer.data.cifar import IMAGE_BYTES, cifar10_counts, load_cifar10
 from edgemask.trainer.data.clients import clients_with_test_pool
-from edgemask.trainer.data.mnist import load_mnist
+from edgemask.trainer.data.mnist import load_mnist, mnist_counts
 from edgemask.trainer.data.partition import partition
 from edgemask.trainer.data.transforms import (CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, normalize, resize,
                                               to_channels)
@@ -78,3 +78,20 @@ def cifar_mnist(cfg: DataConfig, seed: int) -> FederatedDataset:
     clients = clients_with_test_pool(x_tr, y_tr, x_te, y_te, parts, cfg, rng, users)
     return FederatedDataset("cifar_mnist", (3, 32, 32), 20, clients,
                             global_test_x=torch.from_numpy(x_te), global_test_y=torch.from_numpy(y_te))
+
+
+@SIZES.register("cifar_mnist")
+def cifar_mnist_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    """20 classes of ``pool_train_per_class`` train and ``pool_test_per_class`` test samples (3, 32, 32); the
+    test set shared out and held again as the global one; the natural split's two clients hold 10 classes
+    each. Reading holds the raw CIFAR-10 (its train batches twice while they are joined) and MNIST (its files'
+    bytes, twice while inflated) and, per split, the float32 samples picked and their concatenation."""
+    n_tr = int(cfg.options.get("pool_train_per_class", TRAIN_PER_CLASS))
+    n_te = int(cfg.options.get("pool_test_per_class", TEST_PER_CLASS))
+    c_tr, c_te = cifar10_counts(cfg.options.get("cifar_root"), "cifar_mnist", "data.options.cifar_root")
+    m_tr, m_te, _ = mnist_counts(cfg.options.get("mnist_root"), "cifar_mnist", "data.options.mnist_root")
+    picked = 20 * (n_tr + n_te) * 3 * 32 * 32 * 4
+    read = (2 * c_tr + c_te) * IMAGE_BYTES + 2 * (m_tr + m_te) * 28 * 28 + 2 * picked
+    natural = cfg.partition == "natural"
+    return DataSizes((3, 32, 32), 20, 20 * n_tr, n_tr, 2 if natural else cfg.num_clients, test_pool=20 * n_te,
+                     global_test=20 * n_te, read=read, largest_part=10 * n_tr if natural else None)

@@ -13,12 +13,13 @@ subject's samples are split train/test stratified per activity (``cfg.test_fract
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from edgemask.errors import CorruptFileError
-from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, FederatedDataset
 from edgemask.trainer.data.clients import natural_clients, pooled_clients
 from edgemask.trainer.data.files import dataset_root, find_file
 from edgemask.trainer.data.partition import train_test_split
@@ -42,13 +43,18 @@ def read_table(path: Path, columns: int, dtype) -> np.ndarray:
     return values.reshape(len(lines), columns).astype(dtype)
 
 
-def load_har(root: str | Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pooled train + test: features float32 ``(N, 561)``, labels int64 0..5, subjects int64 1..30."""
+def har_files(root: str | Path | None) -> dict[str, list[Path]]:
+    """``{split: [X, y, subject files]}``, every file looked for before any is read."""
     base = dataset_root(root, "har", HINT)
     if not (base / "train").is_dir() and (base / "UCI HAR Dataset").is_dir():
         base = base / "UCI HAR Dataset"
-    found = {split: [find_file(base, [f"{split}/{stem}_{split}.txt"], "har", HINT) for stem in ("X", "y", "subject")]
-             for split in ("train", "test")}  # every file is looked for before any is read
+    return {split: [find_file(base, [f"{split}/{stem}_{split}.txt"], "har", HINT) for stem in ("X", "y", "subject")]
+            for split in ("train", "test")}
+
+
+def load_har(root: str | Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pooled train + test: features float32 ``(N, 561)``, labels int64 0..5, subjects int64 1..30."""
+    found = har_files(root)
     xs, ys, ss = [], [], []
     for files in found.values():
         x = read_table(files[0], NUM_FEATURES, np.float32)
@@ -74,3 +80,28 @@ def har(cfg: DataConfig, seed: int) -> FederatedDataset:
         tr, te = train_test_split(np.flatnonzero(subjects == s), y, cfg.test_fraction, rng)
         rows.append((f"subject-{int(s):02d}", x[tr], y[tr], x[te], y[te]))
     return FederatedDataset("har", (NUM_FEATURES,), 6, natural_clients(rows))
+
+
+@SIZES.register("har")
+def har_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    """The labels and subjects read (a line a sample), not the features: the pool, its largest activity and,
+    for the natural split, its subjects and the largest. Reading a feature file holds its text twice (the text
+    and its lines), every number as a Python string in a list (its size measured on the file's first number)
+    and as float64, and the pooled float32 features."""
+    found = har_files(cfg.root)
+    labels = [read_table(files[1], 1, np.int64).reshape(-1) for files in found.values()]
+    subjects = np.concatenate([read_table(files[2], 1, np.int64).reshape(-1) for files in found.values()])
+    y = np.concatenate(labels)
+    n = len(y)
+    per_class = np.bincount(y[(y >= 1) & (y <= 6)], minlength=7)
+    text = max(files[0].stat().st_size for files in found.values())
+    with open(found["train"][0], encoding="ascii", errors="replace") as f:
+        first = (f.readline().split() or ["0"])[0]
+    per_value = sys.getsizeof(first) + 8 + 8  # the string, its slot in split()'s list, its float64
+    read = 2 * text + max(len(t) for t in labels) * NUM_FEATURES * per_value + n * NUM_FEATURES * 4
+    if cfg.partition == "natural":
+        counts = np.unique(subjects, return_counts=True)[1][: cfg.num_clients]
+        return DataSizes((NUM_FEATURES,), 6, n, int(per_class.max()), len(counts), read=read,
+                         largest_part=int(counts.max(initial=0)))
+    return DataSizes((NUM_FEATURES,), 6, n, int(per_class.max()), cfg.num_clients, read=read,
+                     per_class_counts=True)

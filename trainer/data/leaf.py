@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemask.errors import ConfigError, CorruptFileError
-from edgemask.trainer.data.base import DATASETS, DataConfig, DatasetMissingError, FederatedDataset
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, DatasetMissingError, FederatedDataset
 from edgemask.trainer.data.clients import natural_clients, pick_users
 from edgemask.trainer.data.files import dataset_root, find_dir
 
@@ -148,3 +148,40 @@ def shakespeare(cfg: DataConfig, seed: int) -> FederatedDataset:
     character's index; 80 classes; one role per client."""
     return FederatedDataset("shakespeare", (SEQ_LEN,), len(ALL_LETTERS),
                             _natural(cfg, seed, SHAKESPEARE_HINT, _shakespeare_arrays), input_dtype="int64")
+
+
+# The fewest bytes a sample takes in LEAF's JSON: FEMNIST's 784 pixels at 2 bytes each at least ("0,"),
+# Shakespeare's 80-character string and its one-character label with their quotes and commas.
+MIN_JSON_BYTES = {"femnist": 784 * 2, "shakespeare": SEQ_LEN + 3 + 4}
+# Python objects per JSON byte once parsed, at most: a number of 2 bytes becomes a float and a list slot (32 bytes);
+# a Shakespeare sample of 87 bytes, its string (49 + 80 bytes) and, encoded, 81 int slots and 2 lists (~850 bytes).
+PARSED_PER_BYTE = {"femnist": 16, "shakespeare": 10}
+
+
+def leaf_sizes(cfg: DataConfig, input_shape: tuple[int, ...], num_classes: int, hint: str,
+               input_dtype: str = "float32") -> DataSizes:
+    """A LEAF dataset's sizes from its JSON files' lengths alone (JSON has no header: parsing them is the
+    reading itself): samples at most the files' bytes over a sample's fewest bytes (:data:`MIN_JSON_BYTES`).
+    Reading parses a file at a time and keeps the chosen users' samples as Python objects until they are
+    converted (:data:`PARSED_PER_BYTE`): a loose bound, several times what real files hold."""
+    if cfg.partition != "natural":
+        raise ConfigError(f"{cfg.name}: data.partition must be 'natural' (one LEAF user per client), "
+                          f"got {cfg.partition!r}")
+    base = dataset_root(cfg.root, cfg.name, hint)
+    files = [f for split in ("train", "test") for f in _json_files(find_dir(base, split, cfg.name, hint), cfg.name,
+                                                                     hint)]
+    sizes = [f.stat().st_size for f in files]
+    n = sum(sizes) // MIN_JSON_BYTES[cfg.name]
+    parsed = PARSED_PER_BYTE[cfg.name]
+    return DataSizes(input_shape, num_classes, 0, 0, cfg.num_clients, test_pool=n,
+                     read=parsed * (max(sizes, default=0) + sum(sizes)), input_dtype=input_dtype, largest_part=n)
+
+
+@SIZES.register("femnist")
+def femnist_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    return leaf_sizes(cfg, (1, 28, 28), 62, FEMNIST_HINT)
+
+
+@SIZES.register("shakespeare")
+def shakespeare_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    return leaf_sizes(cfg, (SEQ_LEN,), len(ALL_LETTERS), SHAKESPEARE_HINT, "int64")

@@ -16,6 +16,7 @@ train sets, tests shared out to follow each client's classes. The pooled test se
 
 from __future__ import annotations
 
+import math
 import zipfile
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError, CorruptFileError
-from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, FederatedDataset
 from edgemask.trainer.data.clients import clients_with_test_pool, natural_clients
 from edgemask.trainer.data.files import dataset_root, find_file
 from edgemask.trainer.data.partition import partition
@@ -93,3 +94,53 @@ def medmnist(cfg: DataConfig, seed: int) -> FederatedDataset:
         clients = clients_with_test_pool(x_tr, y_tr, x_te, y_te, partition(y_tr, cfg, rng), cfg, rng)
     return FederatedDataset("medmnist", (3, size, size), offset, clients,
                             global_test_x=torch.from_numpy(x_te), global_test_y=torch.from_numpy(y_te))
+
+
+def npz_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Each array of an ``.npz`` file: its shape and dtype from the ``.npy`` header alone (no data read)."""
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                       else np.lib.format.read_array_header_2_0(f))
+                out[info.filename[:-4]] = (tuple(shape), dtype)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise CorruptFileError(f"{path}: not a readable .npz ({e}); download it again") from None
+    return out
+
+
+@SIZES.register("medmnist")
+def medmnist_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    """Per file, its arrays' headers (:func:`npz_shapes`) and its training labels (read: a byte or so a sample)
+    give what is kept (``max_*_per_dataset``) and the largest class; the test sets are shared out and held
+    again as the global one; the natural split's three clients hold one file each. Reading holds one file's
+    arrays (and their channels-first copy), the float32 samples kept per file and their concatenation."""
+    base = dataset_root(cfg.root, "medmnist", HINT)
+    size = int(cfg.options.get("image_size", 28))
+    sample = 3 * size * size * 4
+    train = test = largest = largest_part = raw = 0
+    for name, _ in PARTS:
+        path = find_file(base, [f"{name}.npz"], "medmnist", HINT)
+        shapes = npz_shapes(path)
+        missing = [k for k in KEYS if k not in shapes]
+        if missing:
+            raise CorruptFileError(f"{path}: missing arrays {', '.join(missing)}; expected a MedMNIST .npz")
+        kept = {}
+        for split in ("train", "test"):
+            n, cap = shapes[f"{split}_labels"][0][0], cfg.options.get(f"max_{split}_per_dataset")
+            kept[split] = n if cap is None else min(n, int(cap))
+        with np.load(path, allow_pickle=False) as z:
+            labels = z["train_labels"].reshape(-1).astype(np.int64)
+        largest = max(largest, int(np.bincount(labels[labels >= 0]).max(initial=0)))
+        train, test = train + kept["train"], test + kept["test"]
+        largest_part = max(largest_part, kept["train"])
+        raw = max(raw, sum(math.prod(shape) * dt.itemsize for k, (shape, dt) in shapes.items() if k in KEYS))
+    natural = cfg.partition == "natural"
+    return DataSizes((3, size, size), sum(k for _, k in PARTS), train, min(largest, train),
+                     3 if natural else cfg.num_clients, test_pool=test, global_test=test,
+                     read=2 * raw + 3 * (train + test) * sample, largest_part=largest_part if natural else None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemask.errors import CorruptFileError
-from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, FederatedDataset
 from edgemask.trainer.data.clients import pooled_clients
 from edgemask.trainer.data.files import dataset_root, find_file
 from edgemask.trainer.data.transforms import MNIST_MEAN, MNIST_STD, NormalizedPool
@@ -53,10 +53,38 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
 
 
+def idx_shape(path: Path) -> tuple[int, ...]:
+    """An IDX file's shape from its header alone (the magic number and the sizes: a few bytes read)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPES:
+                raise CorruptFileError(f"{path}: not an IDX file (bad magic number); download it again")
+            dims = f.read(4 * head[3])
+    except (OSError, EOFError) as e:
+        raise CorruptFileError(f"{path}: cannot be read ({e}); download it again") from None
+    if len(dims) < 4 * head[3]:
+        raise CorruptFileError(f"{path}: IDX header truncated; download it again")
+    return tuple(int(d) for d in np.frombuffer(dims, dtype=">u4"))
+
+
 def _find(base: Path, key: str, dataset: str) -> Path:
     name = FILES[key]
     dotted = name.replace("-idx", ".idx")  # some mirrors write train-images.idx3-ubyte
     return find_file(base, [name, name + ".gz", dotted, dotted + ".gz"], dataset, HINT, ("", "raw", "MNIST/raw"))
+
+
+def mnist_counts(root: str | Path | None, dataset: str = "mnist", field: str = "data.root") -> tuple[int, int, int]:
+    """``(train images, test images, the largest class's images in both)``: the image files' headers and the
+    labels (one byte a sample) read, not the images."""
+    base = dataset_root(root, dataset, HINT, field)
+    counts, per_class = [], np.zeros(256, dtype=np.int64)
+    for split in ("train", "test"):
+        counts.append(idx_shape(_find(base, f"{split}_images", dataset))[0])
+        per_class += np.bincount(read_idx(_find(base, f"{split}_labels", dataset)).reshape(-1).astype(np.uint8),
+                                 minlength=256)
+    return counts[0], counts[1], int(per_class.max())
 
 
 def load_mnist(root: str | Path | None, dataset: str = "mnist", field: str = "data.root"
@@ -83,3 +111,16 @@ def mnist(cfg: DataConfig, seed: int) -> FederatedDataset:
     x = NormalizedPool(np.concatenate([xtr, xte]), MNIST_MEAN, MNIST_STD)  # (70000, 1, 28, 28), when read
     y = np.concatenate([ytr, yte])
     return FederatedDataset("mnist", (1, 28, 28), 10, pooled_clients(x, y, cfg, seed))
+
+
+IMAGE_BYTES = 28 * 28
+
+
+@SIZES.register("mnist")
+def mnist_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    """The pooled train and test images and the largest class (:func:`mnist_counts`). Reading holds each
+    file's bytes (twice while a ``.gz`` one is inflated), the pool's concatenation and the labels."""
+    train, test, largest = mnist_counts(cfg.root)
+    n = train + test
+    return DataSizes((1, 28, 28), 10, n, largest, cfg.num_clients, read=n * (3 * IMAGE_BYTES + 24),
+                     per_class_counts=True)

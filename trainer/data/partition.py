@@ -110,6 +110,24 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
 PARTITIONERS = ("pathological", "dirichlet", "iid", "natural")  # DataConfig.partition's valid names
 
 
+def largest_part(cfg, pool: int, largest_class: int, num_classes: int, clients: int) -> int:
+    """The most samples :func:`partition` gives one of ``clients`` clients from a pool of ``pool`` samples whose
+    most frequent class has ``largest_class``, without partitioning (the memory estimate's bound):
+
+    * pathological: ``classes_per_client`` classes, each class cut into equal shares among its holders, of whom
+      :func:`_draw_classes` gives every held class at least ``max(1, ⌊clients·k / classes⌋)`` (fewer classes in
+      the pool than ``num_classes`` only adds holders), so at most ``k·⌈largest_class / holders⌉``;
+    * iid: ``⌈pool / clients⌉``; dirichlet and any other: the pool.
+    """
+    if cfg.partition == "pathological":
+        k = min(cfg.classes_per_client, max(num_classes, 1))
+        holders = max(1, clients * k // max(num_classes, 1))
+        return min(pool, k * -(-largest_class // holders))
+    if cfg.partition == "iid":
+        return -(-pool // max(clients, 1))
+    return pool
+
+
 def partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:
     """Dispatch on ``cfg.partition`` for datasets without natural users."""
     if cfg.partition == "pathological":

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
-from edgemask.trainer.data.base import DATASETS, DataConfig, FederatedDataset
+from edgemask.trainer.data.base import DATASETS, SIZES, DataConfig, DataSizes, FederatedDataset
 from edgemask.trainer.data.clients import clients_with_test_pool
 from edgemask.trainer.data.partition import partition
 
@@ -41,7 +41,7 @@ LAYOUT = (  # LAYOUT[row][col] = class of the cluster at (x = GRID[col], y = GRI
     (3, 2, 1, 0),
 )
 STDS = (0.35, 0.175)  # along the major and minor axes
-SIZES = {"32k": 8000, "3.2k": 800}  # train samples per class
+PER_CLASS = {"32k": 8000, "3.2k": 800}  # train samples per class
 TEST_RATIO = 0.2  # global test size / train size
 
 
@@ -98,13 +98,18 @@ def manual_split(labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
                       f"splits), got {num_clients}; use dirichlet for other counts")
 
 
+def per_class_of(cfg: DataConfig) -> int:
+    """Training samples per class of ``cfg.options["size"]``."""
+    size = str(cfg.options.get("size", "32k"))
+    if size not in PER_CLASS:
+        raise ConfigError(f"synthetic: data.options.size must be one of {', '.join(PER_CLASS)}, got {size!r}")
+    return PER_CLASS[size]
+
+
 @DATASETS.register("synthetic")
 def synthetic(cfg: DataConfig, seed: int) -> FederatedDataset:
-    size = str(cfg.options.get("size", "32k"))
-    if size not in SIZES:
-        raise ConfigError(f"synthetic: data.options.size must be one of {', '.join(SIZES)}, got {size!r}")
     rng = np.random.default_rng(seed)
-    per_class = SIZES[size]
+    per_class = per_class_of(cfg)
     xy_tr, y_tr = sample(per_class, rng)
     xy_te, y_te = sample(int(round(per_class * TEST_RATIO)), rng)
     x_tr, x_te = lift(xy_tr).astype(np.float32), lift(xy_te).astype(np.float32)  # (N, 5)
@@ -116,3 +121,17 @@ def synthetic(cfg: DataConfig, seed: int) -> FederatedDataset:
     return FederatedDataset("synthetic", (5,), NUM_CLASSES, clients,
                             global_test_x=torch.from_numpy(x_te),
                             global_test_y=torch.from_numpy(y_te))
+
+
+@SIZES.register("synthetic")
+def synthetic_sizes(cfg: DataConfig, seed: int) -> DataSizes:
+    """From ``data.options.size``: the train pool, its test pool (shared out to the clients) and the same test set
+    held again as the global one; FedPeWS's natural split gives 2 or 4 clients of whole classes. Sampling holds
+    each point's float64 (x, y) and its lifted float64 features."""
+    per_class = per_class_of(cfg)
+    train, test = NUM_CLASSES * per_class, NUM_CLASSES * int(round(per_class * TEST_RATIO))
+    natural = cfg.partition == "natural"
+    return DataSizes((5,), NUM_CLASSES, train, per_class, min(cfg.num_clients, NUM_CLASSES) if natural
+                     else cfg.num_clients, test_pool=test, global_test=test, read=(train + test) * (2 + 5) * 8,
+                     largest_part=NUM_CLASSES // max(1, min(cfg.num_clients, NUM_CLASSES)) * per_class if natural
+                     else None)
