@@ -198,11 +198,12 @@ def _client_loss(prog: TaskProgram) -> Callable:
 
 
 def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size: int,
-           dev: torch.device) -> tuple[int, bool] | str:
+           dev: torch.device, fresh_only: bool = False) -> tuple[int, bool] | str:
     """Run one client's loss under vmap on ``dev`` (on copies); return the bytes autograd saves for one
     client's step of ``batch_size`` samples and whether any :mod:`edgemask.trainer.batched_ops` rule applies to the task
     (else the loop runs without :class:`~edgemask.trainer.batched_ops.BatchedLayers`), or why the task cannot run
-    batched."""
+    batched. ``fresh_only``: count only what the step itself allocates, not the task's tensors and the batch it
+    saves as they are (the memory estimate's count, :mod:`edgemask.trainer.footprint`, on ``meta`` tensors)."""
     x, y = data
     if len(y) == 0:
         return 0, False
@@ -215,13 +216,17 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     saved = 0
     layers = BatchedLayers()
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal saved
-        saved += t.numel() * t.element_size()
-        return t
-
     k = task.batches_per_step
     xb, yb = x[idx].unsqueeze(0).to(dev), y[idx].unsqueeze(0).to(dev)
+    given = {v.untyped_storage()._cdata for d in (p, c, b) for v in d.values()} | {xb.untyped_storage()._cdata} \
+        if fresh_only else set()  # the step's inputs: a saved view of one of them allocates nothing
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if not given or _storage(t) not in given:
+            saved += t.numel() * t.element_size()
+        return t
+
     if k > 1:  # the step's k minibatches
         xb, yb = (xb,) * k, (yb,) * k
     args = (p, c, b, xb, yb, torch.ones(1, k * batch_size, device=dev), torch.full((1,), float(k * batch_size),
@@ -257,6 +262,13 @@ def _probe(task: LocalTask, data: tuple[torch.Tensor, torch.Tensor], batch_size:
     except RuntimeError as e:  # random ops under vmap, tensors captured on another device, in-place on shared
         return str(e).splitlines()[0]
     return saved, layers.routed > 0
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The identity of the storage under ``t``, through vmap's and grad's wrappers."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t.untyped_storage()._cdata
 
 
 def clients_per_chunk(task: LocalTask, max_samples: int, x: torch.Tensor, activation_bytes: int,

@@ -20,7 +20,7 @@ from edgemask.trainer.allocator import tune_host_allocator
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import engine_for
-from edgemask.trainer.footprint import Footprint, check_fits, estimate, history_rows
+from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, estimate, history_rows
 from edgemask.trainer.local_training import evaluate
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
@@ -72,7 +72,7 @@ def build_algorithm(cfg: TrainConfig, engine: Engine | None = None,
     """``cfg``'s dataset and algorithm with its engine (default: the one ``[training]`` asks for,
     :func:`edgemask.trainer.engines.engine_for`), set up (``algo.setup()``) from the seeds, in training mode: the same
     instance on every host that builds it from the same config (a Flower client builds its own). ``before_setup(algo)``
-    runs once the data and the model are built, before the set-up (``train``'s memory estimate)."""
+    runs once the data and the model are built, before the set-up (a look at the built algorithm: tests, benchmarks)."""
     ds = build_dataset(cfg.data, cfg.run.seed)
     engine = engine if engine is not None else engine_for(cfg.training, stacklevel=3)
     algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds, engine)

@@ -157,6 +157,14 @@ def model_context(spec: ModelSpec, model: nn.Module | None = None) -> ModelConte
     return ctx
 
 
+def forget_context(spec: ModelSpec, model: nn.Module) -> None:
+    """Drop the process's context of ``spec`` if ``model`` is the one lent to it (a meta-device model the memory
+    estimate built: :func:`~edgemask.trainer.footprint.of_shapes`), so the next use builds its own."""
+    ctx = _CONTEXTS.get(spec)
+    if ctx is not None and ctx.model is model:
+        del _CONTEXTS[spec]
+
+
 TASK_FUNCTIONS: Registry[Callable[..., Callable]] = Registry("task function")
 
 

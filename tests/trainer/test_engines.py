@@ -100,4 +100,4 @@ def test_the_algorithm_base_class_is_its_hooks():
     assert public == {"name", "Args", "setup", "round_clients", "local_task", "next_phases", "client_updates",
                       "aggregate", "eval_models", "eval_masks", "train_masks", "client_state", "shared_state",
                       "finetune_task", "finetune_result", "backward_flops", "summary_extra", "client_state_bytes",
-                      "dead_layers", "device_task"}
+                      "dead_layers", "device_task", "trained_fraction", "setup_bytes"}

@@ -1,15 +1,28 @@
-"""The memory estimate before set-up (trainer.footprint, issue #36): per-device state counted in bits where it is
-bits (by hand), never less than what the algorithm then holds, and a run that cannot fit refused in one line."""
+"""The memory estimate before anything of the run's size exists (trainer.footprint, issues #36 and #44): from the
+config and the dataset's sizes, the model on the meta device; per-device state counted in bits where it is bits (by
+hand), never less than what the algorithm then holds; the runtime measured; a run that cannot fit refused in one
+line before any large allocation."""
 
 import dataclasses
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from edgemask.errors import EdgemaskError
+from edgemask.trainer.algorithms import ALGORITHMS
 from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from edgemask.trainer.footprint import Footprint, check_fits, estimate
+from edgemask.trainer.footprint import (Footprint, activation_bytes, check_fits, estimate, inference_bytes,
+                                        of_shapes, runtime_bytes)
+from edgemask.trainer.models import build_model
 from edgemask.trainer.simulation import build_algorithm, simulate
+
+EDGEMASK = Path(sys.executable).with_name("edgemask")
 
 
 def config(algorithm: str, hidden=(16,), clients: int = 4, **args) -> TrainConfig:
@@ -21,51 +34,149 @@ def config(algorithm: str, hidden=(16,), clients: int = 4, **args) -> TrainConfi
 def test_fedmask_per_device_state_is_its_masks_in_bits_by_hand():
     # MLP 64-16-10: masks fc1 (16×64 = 1024 elements, 128 bytes packed) and out (10×16 = 160, 20 bytes); with
     # prune_last = 2 both are pruned: m_k, the inference mask, a round's start and the structure, 4 × 148 bytes.
-    seen = {}
-    algo = build_algorithm(config("fedmask"), before_setup=lambda a: seen.setdefault("fp", estimate(a)))
-    assert seen["fp"].per_device == 4 * (128 + 20) == 592  # float32 masks would be 4 × 4 × 1184 = 18,944
-    assert seen["fp"].devices == 4
+    fp = estimate(config("fedmask"))
+    assert fp.per_device == 4 * (128 + 20) == 592  # float32 masks would be 4 × 4 × 1184 = 18,944
+    assert fp.devices == 4
+    algo = build_algorithm(config("fedmask"))
     held = algo.keep.nbytes() + algo.local.nbytes() + algo.round_start.nbytes()  # m_k shares local's bytes at first
     assert held <= 4 * 592 and algo.keep.nbytes() == 4 * 148
     one = build_algorithm(config("fedmask", prune_last=1))  # only `out` pruned: its structure alone is stored
-    assert one.keep.nbytes() == 4 * 20 and estimate(one).per_device == 3 * 148 + 20
+    assert one.keep.nbytes() == 4 * 20 and estimate(config("fedmask", prune_last=1)).per_device == 3 * 148 + 20
 
 
 def test_the_estimate_bounds_what_a_run_holds_per_device():
     for name in ("fedmask", "standalone", "ditto", "perfedmask"):
-        res = simulate(config(name))
-        algo = res.algorithm
-        fp = estimate(algo)
+        fp = estimate(config(name))
+        algo = simulate(config(name)).algorithm
         if name == "fedmask":
             held = algo.masks.nbytes() + algo.keep.nbytes() + algo.round_start.nbytes()
         else:
             held = sum(v.nbytes for cid in algo.client_ids for v in algo.client_state(cid).params.values())
         assert held <= fp.per_device * fp.devices, name
-    standalone = estimate(build_algorithm(config("standalone")))
-    assert standalone.per_device == 4 * (64 * 16 + 16 + 16 * 10 + 10)  # its own model, float32
-    assert estimate(build_algorithm(config("fedavg"))).per_device == 0
+    assert estimate(config("standalone")).per_device == 4 * (64 * 16 + 16 + 16 * 10 + 10)  # its own model, float32
+    assert estimate(config("fedavg")).per_device == 0
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS.names()))
+def test_an_algorithm_built_from_shapes_costs_what_the_built_one_does(name):
+    """footprint.of_shapes builds the algorithm's model on the meta device: its parameters' bytes and the
+    per-device state are the real algorithm's, from shapes alone."""
+    cfg = config(name)
+    if name in ("fedpews", "fedpews_mlp", "heterofl"):
+        cfg = cfg.replace(model=ModelConfig("mlp", {"hidden": [16, 16]}))
+    real = build_algorithm(cfg)
+    shapes = of_shapes(cfg, (1, 8, 8), 10)
+    assert all(v.device.type == "meta" for v in shapes.global_params.values())
+    assert shapes.dense_bytes == real.dense_bytes
+    assert shapes.client_state_bytes() == real.client_state_bytes(), name
+
+
+@pytest.mark.parametrize("name, args, shape", [
+    ("mlp", {"hidden": [32, 16]}, (1, 8, 8)), ("cnn", {}, (1, 8, 8)), ("vgg16", {"width": 0.0625}, (3, 32, 32)),
+    ("resnet18", {"width": 0.125}, (3, 32, 32)), ("tiny_mobilenet", {}, (3, 16, 16)),
+    ("char_lstm", {"hidden": 16, "fc": [16]}, (80,))])
+def test_the_meta_model_is_the_real_model_in_bytes_and_activations(name, args, shape):
+    """The estimate's model term from a meta-device build equals the real model's bytes, and the bytes its
+    forward saves equal those a real forward saves (the estimate's former way: a real forward of two samples)."""
+    dtype = "int64" if name == "char_lstm" else "float32"
+    with torch.device("meta"):
+        meta = build_model(name, shape, 10, **args)
+    real = build_model(name, shape, 10, **args)
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    nbytes = lambda m: sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))  # noqa: E731
+    assert nbytes(meta) == nbytes(real) > 0
+    x = torch.zeros((2, *shape), dtype=getattr(torch, dtype))
+    params, saved = {p.data_ptr() for p in real.parameters()}, [0]
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        real(x)
+    assert activation_bytes(meta, shape, dtype) == saved[0] // 2 > 0
+    assert 0 < inference_bytes(meta, shape, dtype) <= activation_bytes(meta, shape, dtype) + 4 * x[0].numel() * 2
+
+
+def test_a_360_gb_model_is_estimated_from_shapes_in_seconds_without_its_memory():
+    cfg = config("fedavg", hidden=(300_000, 300_000))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    fp = estimate(cfg)
+    assert time.perf_counter() - t0 < 30
+    assert fp.model == 6 * 4 * (64 * 300_000 + 300_000 + 300_000 ** 2 + 300_000 + 300_000 * 10 + 10)  # 6 copies
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert grown < 200 << 20  # not one of its 360 GB
+
+
+def test_the_runtime_term_is_measured_not_assumed():
+    """The runtime is this process's resident memory (after the run's imports and first uses), not a constant:
+    at least what the process holds now, and it follows what the process holds."""
+    def rss():
+        return int(next(ln for ln in Path("/proc/self/status").read_text().splitlines()
+                        if ln.startswith("VmRSS:")).split()[1]) * 1024
+
+    first = runtime_bytes()
+    assert first >= rss() and first != 400 << 20
+    ballast = torch.ones(64 << 20)  # 256 MB, touched
+    assert runtime_bytes() - first >= 200 << 20
+    del ballast
+    assert estimate(config("fedavg")).runtime >= rss()
 
 
 def test_a_run_that_cannot_fit_is_refused_naming_what_it_needs_and_what_to_change():
     fp = Footprint(runtime=400 << 20, data=10 << 20, model=60 << 20, per_device=210 << 20, devices=400,
-                   engine=2 << 30, device="cpu")
+                   phases=(("a round's training", 2 << 30),))
     with pytest.raises(EdgemaskError) as e:
         check_fits(fp, "configs/ic-cifar10-fedmask.toml", available=24 << 30)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("configs/ic-cifar10-fedmask.toml: this run needs about 90.7 GB")
     assert "most of it is the per-device state" in msg and "data.num_clients" in msg and "width" in msg
     check_fits(fp, "x", available=fp.host)  # exactly enough: runs
-    small = Footprint(400 << 20, 10 << 20, 60 << 20, 1 << 20, 8, 6 << 30, "cpu")
-    with pytest.raises(EdgemaskError, match="most of it is the stacked training"):
+    small = Footprint(400 << 20, 10 << 20, 60 << 20, 1 << 20, 8, (("the set-up", 6 << 30), ("an evaluation", 1)))
+    with pytest.raises(EdgemaskError, match="most of it is the set-up"):
         check_fits(small, "x", available=1 << 30)
 
 
+@pytest.mark.parametrize("what, text", [
+    ("a 360 GB model", '[model]\nname = "mlp"\n[model.args]\nhidden = [300000, 300000]\n'),
+    ("a billion devices", '[data]\nnum_clients = 1000000000\n[algorithm]\nname = "fedmask"\n'),
+    ("a billion rounds", '[training]\nrounds = 1000000000\n'),
+])
+def test_a_run_that_cannot_fit_is_refused_before_it_allocates(tmp_path, what, text):
+    """Issue #44: the config whose model is 360 GB ended in the model constructor's 'can't allocate memory'
+    traceback before any estimate. Now `edgemask train` estimates from shapes first: exit 2, one line with the
+    figures, no traceback, no run directory, in seconds, the process never near the size it refuses."""
+    cfg = tmp_path / "big.toml"
+    cfg.write_text('[run]\nrun_id = "big"\n' + text)
+    out, err = tmp_path / "out", tmp_path / "err"
+    t0 = time.perf_counter()
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen([str(EDGEMASK), "train", "--config", str(cfg), "--workspace", str(tmp_path / "ws")],
+                             stdout=o, stderr=e)
+    deadline = time.monotonic() + 300
+    while (done := os.wait4(p.pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if done[0] == 0:
+        p.kill()
+        pytest.fail(f"{what}: still running after 300 s")
+    seconds, status, peak = time.perf_counter() - t0, os.waitstatus_to_exitcode(done[1]), done[2].ru_maxrss * 1024
+    stderr = err.read_text()
+    assert status == 2, (what, out.read_text(), stderr)
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, (what, stderr)
+    assert lines[0].startswith(f"edgemask train: error: {cfg}: this run needs about "), lines[0]
+    assert "GB of host memory and this host has" in lines[0] and "--no-memory-check" in lines[0]
+    assert not (tmp_path / "ws" / "runs" / "big").exists()
+    assert seconds < 120 and peak < 2 << 30, (what, seconds, peak)  # the process never near what it refuses
 def test_the_estimate_leaves_the_run_as_it_was():
-    """The activation probe runs the model forward once: batch norm's statistics are put back, so a run with the
-    estimate is the run without it."""
+    """The estimate builds the model on the meta device and lends it to the process's model context only while it
+    runs: a run after an estimate is the run without it."""
     cfg = config("fedmask")
     want = simulate(cfg).history
-    assert simulate(cfg, before_setup=estimate).history == want
+    estimate(cfg)
+    assert simulate(cfg).history == want
 
 
 def test_client_pruning_in_chunks_gives_the_masks_of_one_call(monkeypatch):

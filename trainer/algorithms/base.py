@@ -28,7 +28,9 @@ Optional hooks, whose defaults do nothing special:
   client (PerFedMask's and FedBABU's head fine-tuning); accuracy is reported before and after;
 * ``backward_flops(cid, fwd)`` — backward FLOPs per sample given the forward FLOPs (frozen layers cost less);
 * ``summary_extra()`` — the algorithm's own entries in ``summary.json``;
-* ``client_state_bytes()`` — host bytes it keeps per client, for the memory estimate before set-up.
+* ``client_state_bytes()`` / ``setup_bytes(devices, engine_pass)`` — host bytes it keeps per client, and what its
+  set-up holds at its peak, for the memory estimate before anything is built (on the model's shapes:
+  :func:`edgemask.trainer.footprint.of_shapes`).
 
 The defaults implement FedAvg. An algorithm builds its hooks from plain functions over tensors, each in the module it
 belongs to: uploads costed in bytes (:func:`edgemask.trainer.accounting.fedavg_upload`,
@@ -41,8 +43,9 @@ buffers, x)``, a client's data is ``self.dataset.client(cid)``, and local traini
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -96,14 +99,17 @@ class Algorithm:
     name: ClassVar[str] = "base"
     Args: ClassVar[type] = NoArgs
 
-    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset, engine: Engine | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, dataset: FederatedDataset, engine: Engine | None = None, *,
+                 meta: bool = False) -> None:
         self.cfg = cfg
         self.dataset = dataset
         self.engine: Engine = engine if engine is not None else _NoEngine()
         self.args = parse_args(self.Args, cfg.algorithm.args, cfg.algorithm.name)
         torch.manual_seed(cfg.run.seed)  # the shared initial (or frozen) weights come from the seed
-        self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
-                                            **cfg.model.args)
+        # meta: every tensor a shape, no memory (edgemask.trainer.footprint.of_shapes)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            self.model: nn.Module = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes,
+                                                **cfg.model.args)
         # what a LocalTask names as its model: the same build, from plain values (a Flower node builds it again)
         self.model_spec = ModelSpec.of(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.args,
                                        cfg.run.seed)
@@ -209,9 +215,18 @@ class Algorithm:
         return {}
 
     def client_state_bytes(self) -> int:
-        """Host bytes the algorithm keeps for each client between rounds, at most, from the model before
-        ``setup`` runs (``edgemask train``'s memory estimate: :mod:`edgemask.trainer.footprint`); state at the size it
-        is (a binary mask in bits). Default: none (FedAvg keeps nothing per client)."""
+        """Host bytes the algorithm keeps for each client between rounds, at most, from the model's shapes before
+        anything is built (``edgemask train``'s memory estimate: :mod:`edgemask.trainer.footprint`, on
+        :func:`~edgemask.trainer.footprint.of_shapes`); state at the size it is (a binary mask in bits). Default:
+        none (FedAvg keeps nothing per client)."""
+        return 0
+
+    def setup_bytes(self, devices: int, engine_pass: Callable[[int], int]) -> int:
+        """Host bytes :meth:`setup` holds at its peak for ``devices`` clients, at most, besides what the estimate
+        counts already (the data, the shared model copies, :meth:`client_state_bytes` per device), from the
+        model's shapes (:func:`~edgemask.trainer.footprint.of_shapes`); ``engine_pass(k)``: the bytes of the
+        engine's stacked training of ``k`` clients' local tasks, for a set-up that trains (FedMask's
+        ClientPruning). Default: none."""
         return 0
 
 

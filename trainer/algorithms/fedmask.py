@@ -194,6 +194,18 @@ class FedMask(Algorithm):
         scores = 4 * sum(sizes.values()) if self.args.restart == "keep_agreeing" else 0
         return bits + scores + tensor_bytes(self.global_buffers)
 
+    def setup_bytes(self, devices: int, engine_pass) -> int:
+        """ClientPruning's peak (:meth:`setup`): a chunk's trained scores (:meth:`_pruning_chunks`: float32, at most
+        :data:`PRUNING_CHUNK_BYTES`), the engine's training of the chunk (whose freed blocks the tuned allocator
+        keeps: :mod:`edgemask.trainer.allocator`), and each mask's top-k on the chunk's stacked scores (fresh
+        blocks, larger than the kept ones): per element the stack, W ⊙ m^r, W ⊙ m^0 and σ (float32), the kept
+        bool, and the top-k's values and indices of the ``prune_rate`` kept, of the largest mask."""
+        sizes = [math.prod(s.mask_shape(self.global_params[w])) for s in self.sites for w in s.weights]
+        scores = 4 * sum(sizes)
+        chunk = min(devices, max(1, PRUNING_CHUNK_BYTES // max(scores, 1)))
+        top_k = int(chunk * max(sizes, default=0) * (4 * 4 + 1 + 12 * self.args.prune_rate))
+        return chunk * scores + engine_pass(chunk) + top_k
+
     def _pruned(self) -> list[str]:
         """The masks with a one-shot pruning structure: those of the last ``prune_last`` sites, in order."""
         pruned_sites = self.sites[-self.args.prune_last:] if self.args.prune_last > 0 else ()
