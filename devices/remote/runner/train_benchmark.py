@@ -5,12 +5,15 @@ the updated tensors to the host's (``reference.StepCheck``: a board never report
 computes something else), then go on from there: warm up (--warmup-runs / --warmup-seconds), time steps as the
 latency samples (--min-runs / --min-seconds; each sample ONE step: forward, backward and the SGD update) while
 sampling power, then time --train-rounds whole local rounds of --round-steps steps back to back (the round the
-client runs between two server rounds, on the same minibatch). The JSON has devices.records.Measurement's fields
-(``inferences_per_sample`` 1: a sample is a step) and ``training``."""
+client runs between two server rounds, on the same minibatch). With --profile-layers, --profile-warmup then
+--profile-runs more steps run under the runtime's profiler after all of that (a profiler inflates a step: never one
+of the timed ones), each as a profiled run of per-operator entries (``training.torch_step_ops``; pte-train: not
+available, and why). The JSON has devices.records.Measurement's fields (``inferences_per_sample`` 1: a sample is a
+step) and ``training``."""
 
 import time
 
-from .errors import RunFailed
+from .errors import ProfilerMissing, RunFailed
 from .reference import StepCheck, read_train_io
 from .sensors import PowerSampler, find_sensor, idle_power_w, power_fields
 from .state import device_state, rss_kb
@@ -133,7 +136,13 @@ def benchmark_training(args):
     result.update(power_fields(sensor, power, sampler.achieved_rate_hz if sampler is not None else None, idle_w,
                                missing))
     result["state_after"] = device_state()
-    if args.profile_layers:
-        result["profile"] = {"available": False, "runs": [], "blocks": [],
-                             "reason": "a training step has no per-operator profile here (format %s)" % args.format}
+    if args.profile_layers and args.profile_runs > 0:  # after the timed steps and rounds: never in their figures
+        try:
+            result["profile"] = rt.profile_steps(x, y, args.profile_warmup, args.profile_runs)
+        except ProfilerMissing as e:
+            result["profile"] = {"available": False, "runs": [], "blocks": [], "reason": str(e)}
+        except (OSError, RuntimeError, ValueError) as e:  # the timed result stands; the profile says what broke
+            result["profile"] = {"available": False, "runs": [], "blocks": [],
+                                 "reason": "the profiled steps failed: %s: %s" % (type(e).__name__,
+                                                                                  " ".join(str(e).split())[:300])}
     return result
