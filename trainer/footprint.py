@@ -147,6 +147,8 @@ def _estimate(cfg: TrainConfig, sizes: DataSizes, algo: Algorithm, runtime: int)
     if setup:
         phases.append(("the set-up", setup))
     per_round = n if type(algo).round_clients is not Algorithm.round_clients else clients_per_round(n, t.participation)
+    if cfg.system is not None:  # a round over-commits: it trains more devices than it aggregates
+        per_round = max(per_round, cfg.system.selected(clients_per_round(n, t.participation), n))
     # a round: its tasks built a part at a time, the engine's chunks, the earlier chunks' trained tensors
     earlier = max(0, per_round - step.chunk) * step.trainable
     phases.append(("a round's training", engine_pass(per_round) + earlier
@@ -406,12 +408,14 @@ def check_fits(fp: Footprint, source: str, available: int | None = None) -> None
         return
     state = fp.per_device * fp.devices
     what, work = fp.work()
-    bigger = max((("the per-device state", state), ("the model", fp.model), (what, work), ("the data", fp.data)),
-                 key=lambda p: p[1])[0]
+    bigger = max((("the per-device state", state), ("the model", fp.model), (what, work), ("the data", fp.data),
+                  ("the history", fp.history)), key=lambda p: p[1])[0]
+    change = ("use fewer rounds (training.rounds) or devices (data.num_clients)" if bigger == "the history" else
+              "use fewer devices (data.num_clients) or a smaller model ([model.args], e.g. width)")
     raise EdgemaskError(
         f"{source}: this run needs about {fp.host / GB:.1f} GB of host memory and this host has "
         f"{available / GB:.1f} GB "
         f"available; most of it is {bigger} (per device {_size(fp.per_device)} × {fp.devices} devices = "
         f"{state / GB:.1f} GB; model {fp.model / GB:.1f} GB; {what} {work / GB:.1f} GB; data {fp.data / GB:.1f} "
-        f"GB): use fewer devices (data.num_clients) or a smaller model ([model.args], e.g. width); "
+        f"GB; history {fp.history / GB:.1f} GB): {change}; "
         f"training.device = \"cuda\" moves the stacked training off the host; --no-memory-check runs it anyway")

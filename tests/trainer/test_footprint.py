@@ -139,12 +139,13 @@ def test_a_run_that_cannot_fit_is_refused_naming_what_it_needs_and_what_to_chang
         check_fits(small, "x", available=1 << 30)
 
 
-@pytest.mark.parametrize("what, text", [
-    ("a 360 GB model", '[model]\nname = "mlp"\n[model.args]\nhidden = [300000, 300000]\n'),
-    ("a billion devices", '[data]\nnum_clients = 1000000000\n[algorithm]\nname = "fedmask"\n'),
-    ("a billion rounds", '[training]\nrounds = 1000000000\n'),
+@pytest.mark.parametrize("what, text, most", [
+    ("a 360 GB model", '[model]\nname = "mlp"\n[model.args]\nhidden = [300000, 300000]\n', "a round's training"),
+    ("a billion devices", '[data]\nnum_clients = 1000000000\n[algorithm]\nname = "fedmask"\n[training]\n'
+                          'rounds = 1\n', "a round's training"),
+    ("a billion rounds", '[training]\nrounds = 1000000000\n', "the history"),
 ])
-def test_a_run_that_cannot_fit_is_refused_before_it_allocates(tmp_path, what, text):
+def test_a_run_that_cannot_fit_is_refused_before_it_allocates(tmp_path, what, text, most):
     """Issue #44: the config whose model is 360 GB ended in the model constructor's 'can't allocate memory'
     traceback before any estimate. Now `edgemask train` estimates from shapes first: exit 2, one line with the
     figures, no traceback, no run directory, in seconds, the process never near the size it refuses."""
@@ -168,6 +169,7 @@ def test_a_run_that_cannot_fit_is_refused_before_it_allocates(tmp_path, what, te
     assert len(lines) == 1 and "Traceback" not in stderr, (what, stderr)
     assert lines[0].startswith(f"edgemask train: error: {cfg}: this run needs about "), lines[0]
     assert "GB of host memory and this host has" in lines[0] and "--no-memory-check" in lines[0]
+    assert f"most of it is {most}" in lines[0], lines[0]
     assert not (tmp_path / "ws" / "runs" / "big").exists()
     assert seconds < 120 and peak < 2 << 30, (what, seconds, peak)  # the process never near what it refuses
 def test_the_estimate_leaves_the_run_as_it_was():
