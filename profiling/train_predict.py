@@ -21,7 +21,9 @@ The model, per board (one fit per model, as the inference predictor's), from the
 * ``t(l, s)``: a layer's time (forward + backward, median over its profiled steps) in state ``s``, the median over
   the measured clients in which ``l`` was in state ``s`` (the step is dense: a layer's work in one state is the same
   for every client of the model, so no width term enters; kept units change nothing the step computes);
-* a state a layer was never measured in takes its *kind*'s ratio (``aten::linear``, ``aten::conv2d``, ...):
+* a layer no gradient reaches (``s = (0, 0)``: frozen, nothing trained below it) runs its forward alone — autograd
+  never visits it — so where that state was not measured its time is its forward time as measured while frozen;
+* another state a layer was never measured in takes its *kind*'s ratio (``aten::linear``, ``aten::conv2d``, ...):
   ``t(l, s) = f_l · median over layers k of that kind measured in s of t(k, s) / f_k``, with ``f`` a layer's forward
   time (measured in every state) — where ``f_l`` lies within the range of those ``f_k`` (widened by
   :data:`RANGE_SLACK`); outside it, or with no layer of the kind measured in ``s``, the model refuses
@@ -279,6 +281,7 @@ class StepPrediction:
     round_ms: float
     layers: Mapping[str, float]  # per layer its predicted ms
     by_kind: tuple[str, ...] = ()  # layers whose state was taken from their kind's ratio
+    forward_only: tuple[str, ...] = ()  # layers no gradient reaches, not measured so: their forward time
 
 
 @dataclass(frozen=True)
@@ -288,6 +291,7 @@ class TrainCostModel:
     structure: Structure
     cells: Mapping[tuple[str, int, int], float]  # (layer, w, g) -> ms
     forward_ms: Mapping[str, float]  # layer -> its forward ms (median over fitted clients)
+    frozen_forward_ms: Mapping[str, float]  # layer -> its forward ms where it was frozen (median; absent: never)
     update: tuple[float, float]  # (u0 ms, u1 ms per trained parameter)
     update_range: tuple[int, int]  # trained parameters fitted on
     fixed_ms: float
@@ -312,10 +316,14 @@ class TrainCostModel:
             raise CannotPredict(f"cannot predict {c.artifact} ({c.model}) with a fit on "
                                 f"{', '.join(self.fitted_on)} ({self.model}): another model; measure some of its "
                                 f"own clients")
-        per, by_kind = {}, []
+        per, by_kind, forward_only = {}, [], []
         for l, s in states(c, self.structure).items():
             if (l, *s) in self.cells:
                 per[l] = self.cells[(l, *s)]
+                continue
+            if s == (0, 0):  # no gradient reaches it: its forward alone
+                per[l] = self.frozen_forward_ms.get(l, self.forward_ms[l])
+                forward_only.append(l)
                 continue
             kind = self.structure.kinds.get(l, "?")
             found = self.kind_ratio(l, s)
@@ -338,7 +346,8 @@ class TrainCostModel:
                                 f"clients' {lo:,}-{hi:,} (±{RANGE_SLACK:.0%}): its update's cost would be an "
                                 f"extrapolation; measure a client that trains about as many")
         step = self.fixed_ms + sum(per.values()) + self.update[0] + self.update[1] * c.trained_params
-        return StepPrediction(c.artifact, step, self.round_factor * c.steps_per_round * step, per, tuple(by_kind))
+        return StepPrediction(c.artifact, step, self.round_factor * c.steps_per_round * step, per, tuple(by_kind),
+                              tuple(forward_only))
 
 
 def _update_fit(clients: Sequence[ClientStep]) -> tuple[float, float]:
@@ -365,12 +374,15 @@ def fit(clients: Sequence[ClientStep]) -> TrainCostModel:
     structure = _merged_structure(measured)
     per_state: dict[tuple[str, int, int], list[float]] = {}
     forward: dict[str, list[float]] = {}
+    frozen: dict[str, list[float]] = {}
     for c in measured:
         ms = c.layer_ms()
         for l, s in states(c, structure).items():
             f, b = ms.get(l, (0.0, 0.0))
             per_state.setdefault((l, *s), []).append(f + b)
             forward.setdefault(l, []).append(f)
+            if not s[0]:
+                frozen.setdefault(l, []).append(f)
     cells = {k: statistics.median(v) for k, v in per_state.items()}
     fwd = {l: statistics.median(v) for l, v in forward.items()}
     u0, u1 = _update_fit(measured)
@@ -380,7 +392,7 @@ def fit(clients: Sequence[ClientStep]) -> TrainCostModel:
     ratios = [c.round_ms / (c.steps_per_round * c.step_ms) for c in measured
               if c.round_ms is not None and math.isfinite(c.round_ms) and c.step_ms > 0]
     params = [c.trained_params for c in measured]
-    return TrainCostModel(structure, cells, fwd, (u0, u1), (min(params), max(params)), float(fixed),
+    return TrainCostModel(structure, cells, fwd, {l: statistics.median(v) for l, v in frozen.items()}, (u0, u1), (min(params), max(params)), float(fixed),
                           statistics.median(ratios) if ratios else 1.0, tuple(c.artifact for c in measured),
                           measured[0].model)
 

@@ -99,19 +99,19 @@ KINDS = {"A": "aten::linear", "B": "aten::linear", "D": "aten::linear", "C": "at
 
 
 def _client(trained: set[str], model: str = "mlp", fwd: dict | None = None, measured: bool = True,
-            steps: int = 10) -> ClientStep:
-    fwd = fwd or FWD
+            steps: int = 10, cell: dict | None = None, params: dict | None = None) -> ClientStep:
+    fwd, cells, sizes = fwd or FWD, {**CELL, **(cell or {})}, params or PARAMS
     structure = Structure(("A", "B", "D", "C"), KINDS, {l: l for l in "ABDC"})
     names = tuple(f"{l}.weight" for l in "ABD" if l in trained)
-    p = sum(PARAMS[l] for l in trained)
+    p = sum(sizes[l] for l in trained)
     art = "run/" + ("+".join(sorted(trained)) or "nothing")
     if not measured:
         return ClientStep(art, names, p, steps, model)
     c = ClientStep(art, names, p, steps, model, structure=structure)
     layers, total = {}, 0.0
     for l, s in states(c, structure).items():
-        layers[l] = (fwd[l], CELL[(l, *s)] - fwd[l])
-        total += CELL[(l, *s)]
+        layers[l] = (fwd[l], cells[(l, *s)] - fwd[l])
+        total += cells[(l, *s)]
     update = U0 + U1 * p
     step = FIXED + total + update
     t = StepTimes(layers, update, 0.0, step)
@@ -133,23 +133,40 @@ def test_the_fit_on_hand_made_rows_predicts_a_hand_computed_step_and_round():
     assert p.step_ms == pytest.approx(0.5 + 1.0 + 4.0 + 7.0 + 0.9 + 0.2 + 0.35)  # 13.95 ms
     assert p.round_ms == pytest.approx(1.1 * 10 * 13.95)
     assert p.by_kind == ("D",) and p.layers == pytest.approx({"A": 1.0, "B": 4.0, "D": 7.0, "C": 0.9})
-    # each client predicted by the others (B + D measured too): {B} from measured cells alone; {A} needs B with
-    # gradient through it, fitted only on D (ratio 4.4 / 2.0): 12.9 - 5.0 + 4.4; {B, D} needs D's (1, 1) from B's;
-    # {A, B} trains 400 parameters, past the others' 50-350 (+10 %); {D} needs B frozen with no gradient, fitted
-    # only on A, whose forward (1 ms) is not B's (2 ms)
+    # each client predicted by the others (B + D measured too): {B} from measured cells alone (D frozen with nothing
+    # below it: never measured so, its forward 2.0, as it is); {A} needs B with gradient through it, fitted only on D
+    # (ratio 4.4 / 2.0): 12.9 - 5.0 + 4.4; {B, D} needs D's (1, 1) from B's; {A, B} trains 400 parameters, past the
+    # others' 50-350 (+10 %), and {D} 50, below the others' 100-400
     held = {h.artifact: h for h in leave_one_out([_client(t) for t in [*FITTED, {"B", "D"}]])}
     assert held["run/B"].predicted_ms == pytest.approx(11.3) and held["run/B+D"].predicted_ms == pytest.approx(13.95)
     assert held["run/A"].predicted_ms == pytest.approx(12.3)
     assert held["run/A+B"].predicted_ms is None and "trains 400 parameters" in held["run/A+B"].reason
-    assert held["run/D"].predicted_ms is None and "an extrapolation" in held["run/D"].reason
+    assert held["run/D"].predicted_ms is None and "trains 50 parameters" in held["run/D"].reason
 
 
 def test_a_state_no_layer_of_its_kind_was_fitted_in_is_refused():
     model = fit([_client(t) for t in FITTED])
-    with pytest.raises(CannotPredict) as e:  # nothing trains: the head C frozen with no gradient, never fitted
-        model.predict(_client(set(), measured=False))
-    assert "layer C (aten::matmul) is frozen, no gradient through it" in str(e.value)
+    # the head C trained (nothing below it): no fitted client trained C, nor any layer of its kind (aten::matmul)
+    c = ClientStep("run/C", ("C.weight",), 100, 10, "mlp")
+    with pytest.raises(CannotPredict) as e:
+        model.predict(c)
+    assert "layer C (aten::matmul) is trained, no gradient below it" in str(e.value)
     assert "nor any layer of its kind" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_layer_no_gradient_reaches_runs_its_forward_alone():
+    # D as wide as A here (forward 1.0, its states in A's ratios); every fitted client trains A, so no layer was
+    # ever frozen with nothing below it. {D} leaves A and B so: no gradient reaches them, they run their forward
+    # alone (A never frozen: its forward over all, 1.0; B's while frozen, 2.0); D trained with nothing below: A's
+    # ratio 1.8 x 1.0; the head 0.9; the update 0.2 + 0.001 x 100; the fixed 0.5
+    fwd = {**FWD, "D": 1.0}
+    cell = {("D", 0, 0): 1.0, ("D", 1, 0): 1.8, ("D", 0, 1): 2.2, ("D", 1, 1): 3.5}
+    sizes = {**PARAMS, "D": 100}
+    model = fit([_client(t, fwd=fwd, cell=cell, params=sizes) for t in ({"A"}, {"A", "B"}, {"A", "D"})])
+    p = model.predict(_client({"D"}, fwd=fwd, cell=cell, params=sizes, measured=False))
+    assert p.forward_only == ("A", "B") and p.by_kind == ("D",)
+    assert p.layers == pytest.approx({"A": 1.0, "B": 2.0, "D": 1.8, "C": 0.9})
+    assert p.step_ms == pytest.approx(0.5 + 1.0 + 2.0 + 1.8 + 0.9 + 0.3)
 
 
 def test_a_forward_or_a_parameter_count_beyond_the_fitted_range_is_refused():
