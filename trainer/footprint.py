@@ -209,8 +209,10 @@ class LocalStep:
 def _device_task(algo: Algorithm) -> LocalTask:
     try:
         task = algo.device_task(None, ClientState())
-    except (IndexError, KeyError, ValueError, RuntimeError, NotImplementedError):
-        task = None  # a task rebuilt from what its set-up computes (PerFedMask's budgets over the clients)
+    except (EdgemaskError, IndexError, KeyError, ValueError, RuntimeError, NotImplementedError):
+        # a task rebuilt from what its set-up computes over the clients (PerFedMask's P^mask from its budgets,
+        # one per client: checked against no clients here, against the run's at its set-up)
+        task = None
     if task is None:
         task = Algorithm.local_task(algo, "dense", 0)
         task.grad_keep = {k: torch.empty_like(v) for k, v in task.trainable.items()}

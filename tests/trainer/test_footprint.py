@@ -208,3 +208,13 @@ def test_a_round_built_in_parts_is_the_round_built_whole(monkeypatch):
     want = simulate(cfg).history
     monkeypatch.setattr(simulation, "TASK_PART_BYTES", 1)  # one task a part
     assert simulate(cfg).history == want
+
+
+def test_perfedmask_with_per_device_budgets_is_estimated_and_trains():
+    """The estimate builds the algorithm with no clients: PerFedMask's budgets, one per client, were refused there
+    ("3 entries for 0 clients") and stopped every run that set them (issue #44's budgets; found by export's test)."""
+    cfg = TrainConfig(data=DataConfig(num_clients=3), model=ModelConfig("mlp", {"hidden": [16, 16]}),
+                      algorithm=AlgorithmConfig("perfedmask", {"budgets": [1.0, 0.5, 0.0]}),
+                      training=TrainingConfig(rounds=1, batch_size=64))
+    assert estimate(cfg).host > 0
+    assert simulate(cfg).summary["num_clients"] == 3
