@@ -11,6 +11,9 @@ from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
 from edgemask.fileio import sha256_file, write_text_atomic
 from edgemask.tomlio import dumps_toml, read_toml
 
+# --cost-model: how a board's step cost is modelled (docs/fedmask.md, "PerFedMask's budgets from the boards")
+COST_MODELS = ("line", "layers")
+
 
 def parse_mix(text: str) -> dict[str, float]:
     """``"local=0.3,pi=0.7"`` -> ``{"local": 0.3, "pi": 0.7}``; a mistake names the part."""
@@ -32,7 +35,7 @@ def parse_mix(text: str) -> dict[str, float]:
 def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s: float, out: Path,
                   fmt: str = "torch-train", threads: int = 1, measured_run: str | None = None,
                   run_id: str | None = None, allow_invalid: bool = False,
-                  workspace: Path | None = None) -> dict[str, dict]:
+                  workspace: Path | None = None, cost_model: str = "line") -> dict[str, dict]:
     """Read the PerFedMask training config ``config``, fit each board's step cost to the VALID ``fmt`` rows of
     ``measured_run`` (default: the config's run id) in ``results``, set every device's budget for the
     ``deadline_s`` local round, and write the config with ``budgets`` and ``budget_source`` to ``out`` (run id
@@ -44,10 +47,14 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     ``workspace`` (default: the one ``results`` sits in, ``<workspace>/results/<campaign>``) holds
     ``runs/<measured_run>/``, that run must be the one the campaign measured (its digests, its summary's model)
     with the config's ``[model]``; each mismatch is one line naming both sides, and nothing is written.
-    ``budget_source.inputs`` records the digests of what the budgets rest on."""
+    ``budget_source.inputs`` records the digests of what the budgets rest on.
+
+    ``cost_model`` (docs/fedmask.md, "PerFedMask's budgets from the boards"): ``line``, a step's time as a line in
+    the trained fraction f (:mod:`edgemask.profiling.budgets`); ``layers``, the per-layer model of the step
+    (:mod:`edgemask.profiling.train_predict`, fitted on the rows' profiled steps), each device's round predicted on
+    the layers P^mask gives it, its budget lowered until that round meets the deadline."""
     from edgemask import values
     from edgemask.mix import assign_boards
-    from edgemask.profiling.budgets import budgets_from_costs, fit_board_costs, source_record
     from edgemask.profiling.provenance import RunIdentity, check_same, finite_column, from_run_dir, from_store
     from edgemask.profiling.store import ResultsStore
     from edgemask.profiling.training import training_costs
@@ -56,6 +63,8 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     from edgemask.trainer.models import build_model, head_names
 
     deadline_s = values.seconds("--deadline", deadline_s)
+    if cost_model not in COST_MODELS:
+        raise ConfigError(f"--cost-model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
     cfg = TrainConfig.load(config)
     if cfg.algorithm.name != "perfedmask":
         raise ConfigError(f"{config}: [algorithm] name is {cfg.algorithm.name!r}; budgets are PerFedMask's ψ_n")
@@ -104,17 +113,15 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     for col in ("step_p50_ms", "trained_params"):  # a NaN or inf here would fit a line through nothing
         finite_column(valid, col, str(store), lambda r: f"{r['artifact']} {fmt} on {r['device']}", positive=True,
                       missing_ok=False)
-    costs = fit_board_costs(valid, d_w)
-    missing = sorted(set(mix) - set(costs))
-    if missing:
-        raise ConfigError(f"--mix: no VALID {fmt} rows measured on {', '.join(missing)} in {results}; boards measured: "
-                          f"{', '.join(sorted(costs))}")
     B, E = cfg.training.batch_size, cfg.training.local_epochs
     steps = {c.client_id: max(1, math.ceil(len(c.train_y) / B)) * E for c in ds.clients}
     boards = assign_boards(list(steps), mix, cfg.run.seed)
-    devices = budgets_from_costs(steps, boards, costs, deadline_s)
-    source = source_record(str(results), sha256_file(store), fmt, threads, measured_run, deadline_s, mix, costs,
-                           devices)
+    if cost_model == "layers":
+        devices, source = _layer_budgets(cfg, model, head, results, store, fmt, threads, measured_run, deadline_s,
+                                         mix, steps, boards, allow_invalid)
+    else:
+        devices, source = _line_budgets(valid, d_w, results, store, fmt, threads, measured_run, deadline_s, mix,
+                                        steps, boards)
     source["inputs"] = {
         "config": {"path": str(config), "sha256": sha256_file(config)},
         "results_sqlite": sha256_file(store),
@@ -130,11 +137,65 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
         source["invalid_rows_on"] = invalid  # --allow-invalid: these boards' fits rest on INVALID rows
     args["budget_source"] = source
     text = (f"# Written by `edgemask budgets` from {config}: PerFedMask's budgets psi_n / d_w from the {fmt} steps "
-            f"measured in {results}\n# (deadline {deadline_s:g} s per local round; algorithm.args.budget_source says "
-            f"how each was set).\n" + dumps_toml(data))
+            f"measured in {results}\n# (deadline {deadline_s:g} s per local round, cost model {cost_model}; "
+            f"algorithm.args.budget_source says how each was set).\n" + dumps_toml(data))
     TrainConfig.from_dict(data, str(out))  # what is written reads back as a training config
     write_text_atomic(out, text)
     return devices
+
+
+def _line_budgets(valid, d_w, results, store, fmt, threads, measured_run, deadline_s, mix, steps, boards):
+    """``--cost-model line``: per board a line in the trained fraction f; the budgets and ``budget_source``."""
+    from edgemask.profiling.budgets import budgets_from_costs, fit_board_costs, source_record
+
+    costs = fit_board_costs(valid, d_w)
+    missing = sorted(set(mix) - set(costs))
+    if missing:
+        raise ConfigError(f"--mix: no VALID {fmt} rows measured on {', '.join(missing)} in {results}; boards measured: "
+                          f"{', '.join(sorted(costs))}")
+    devices = budgets_from_costs(steps, boards, costs, deadline_s)
+    return devices, source_record(str(results), sha256_file(store), fmt, threads, measured_run, deadline_s, mix,
+                                  costs, devices)
+
+
+def _layer_budgets(cfg, model, head, results, store, fmt, threads, measured_run, deadline_s, mix, steps, boards,
+                   allow_invalid):
+    """``--cost-model layers``: per board the per-layer model fitted on its profiled steps, the budgets P^mask's
+    layers afford (:func:`edgemask.profiling.train_predict.layer_budgets`) and ``budget_source``."""
+    from edgemask.profiling.train_predict import (error_summary, fit, layer_budgets, leave_one_out, model_record,
+                                                  store_clients)
+    from edgemask.trainer.algorithms.base import parse_args
+    from edgemask.trainer.algorithms.perfedmask import PerFedMask, layer_groups, solve_pmask
+
+    per_board = store_clients(results, measured_run, fmt, threads, allow_invalid)
+    models, held = {}, {}
+    for board in sorted(mix):
+        clients = per_board.get(board, [])
+        if not any(c.measured for c in clients):
+            raise ConfigError(f"--cost-model layers: no {fmt} row of run {measured_run} on board {board} in {results} "
+                              f"has profiled steps; measure them with [training_runner] profile_layers = true, or "
+                              f"give --cost-model line")
+        models[board] = fit(clients)
+        held[board] = {k: v for k, v in error_summary(leave_one_out(clients)).items() if v == v}  # no NaN in TOML
+    params = dict(model.named_parameters())
+    groups = layer_groups([n for n in params if n not in head])  # Λ, as PerFedMask's set-up groups them
+    sizes = [sum(params[k].numel() for k in ps) for ps in groups.values()]
+    args = parse_args(PerFedMask.Args, cfg.algorithm.args, cfg.algorithm.name)
+    printed = args.objective == "printed"
+
+    def solve(psi):
+        return solve_pmask(sizes, psi, args.milp_time_limit, printed=printed).masks.tolist()
+
+    devices, rounds = layer_budgets(steps, boards, models, groups, sizes, deadline_s, solve)
+    source = {"results": str(results), "results_sha256": sha256_file(store), "format": fmt, "threads": threads,
+              "measured_run": measured_run, "deadline_s": deadline_s, "mix": dict(mix),
+              "model": "per layer: step = C + sum_l t(l, trained, gradient through) + U(trained params), round = "
+                       "rho * steps * step, fitted per board on profiled steps; each device's round on the layers "
+                       "P^mask gives it (profiling/train_predict.py)",
+              "budget_rounds": rounds,
+              "boards": {b: model_record(m) | {"held_out": held[b]} for b, m in models.items()},
+              "devices": devices}
+    return devices, source
 
 
 def _checked_text(run_dir: Path, rel: str) -> str:

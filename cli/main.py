@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from edgemask.cli.budgets import COST_MODELS
 from edgemask.cli.progress import progress_printer
 from edgemask.cli import options as opt
 from edgemask.cli.options import OneLineParser, add as add_option
@@ -203,11 +204,12 @@ def cmd_budgets(args: argparse.Namespace) -> int:
     out = Path(args.out)
     devices = write_budgets(Path(args.config), Path(args.results), args.mix, args.deadline, out,
                             args.format, args.threads, args.measured_run, args.run_id, args.allow_invalid,
-                            workspace=_ws(args).root)
+                            workspace=_ws(args).root, cost_model=args.cost_model)
     for cid, d in devices.items():
         late = "" if d["meets_deadline"] else "  (misses the deadline even training nothing)"
+        layers = f"  trains {','.join(d['layers']) or 'nothing'}" if "layers" in d else ""
         print(f"{cid}  {d['board']:<16} psi/d_w {d['fraction']:.3f}  {d['steps_per_round']} steps, predicted round "
-              f"{d['predicted_round_s']:.2f} s{late}")
+              f"{d['predicted_round_s']:.2f} s{late}{layers}")
     print(f"wrote {out}")
     return 0
 
@@ -351,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(bg, "--measured-run", value=opt.NAME, default=None, help="the run whose clients were measured (default: the "
                     "config's run id)")
     add_option(bg, "--run-id", value=opt.NAME, default=None, help="run id of the written config (default: <run id>-measured)")
+    add_option(bg, "--cost-model", value=opt.choice(COST_MODELS, "cost model"), default="line",
+               help="a board's step cost: line (a line in the trained fraction f; needs timed steps only) or layers "
+                    "(per layer, which layers train and where the gradient flows; needs profiled steps, "
+                    "[training_runner] profile_layers = true); default: line (docs/fedmask.md)")
     bg.add_argument("--allow-invalid", action="store_true", help="fit INVALID rows too (e.g. a stand-in's noisy "
                     "steps); the written budget_source names the boards whose fit rests on them")
     return p
