@@ -483,9 +483,9 @@ def train(cfg: TrainConfig, runs_root: Path, progress=None, memory: Callable[[Fo
     fp = estimate(cfg)
     if memory_check:  # a refusal says the figures itself
         check_fits(fp, source or f"run {cfg.run_id}")
-    if memory is not None:
-        memory(fp)
     with run_lock(path):
+        if memory is not None:  # said once the run is this process's to train (a second training leaves first)
+            memory(fp)
         return simulate(cfg, progress, ready=room_check(cfg, path)).write(path)
 
 
