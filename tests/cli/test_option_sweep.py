@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from test_bad_inputs import base  # noqa: F401 - the fixture: a FedMask run "fm", its ONNX artifacts, a store "c"
 from test_cli_safety import train_toml, tree
 from edgemask.cli.main import build_parser
-from edgemask.trainer.config import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, TrainConfig, TrainingConfig
-from edgemask.trainer.simulation import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 Env = dict[str, Path]  # "ws" (the workspace), "in" (the inputs' folder), and each input file's path
@@ -131,25 +130,10 @@ def test_every_option_declares_what_it_takes():
     assert set(VALID) == set(subcommands()), "a command with no valid rest in VALID"
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    """A workspace with a 2-client FedMask run ``fm``, its ONNX artifacts and an empty results store ``c``."""
-    from edgemask.export import export_run
-    from edgemask.profiling.store import ResultsStore
-
-    ws = tmp_path_factory.mktemp("sweep") / "ws"
-    cfg = TrainConfig(run=RunConfig(run_id="fm"), data=DataConfig(num_clients=2),
-                      model=ModelConfig("mlp", {"hidden": [16]}), algorithm=AlgorithmConfig("fedmask"),
-                      training=TrainingConfig(rounds=1, batch_size=64, lr=100.0))
-    simulate(cfg).write(ws / "runs" / "fm")
-    export_run(ws / "runs" / "fm", ws / "artifacts", formats=("onnx",), progress=False)
-    ResultsStore.open(ws / "results" / "c" / "results.sqlite").close()
-    return ws
-
-
-def environment(base: Path, tmp: Path, cmd: str) -> Env:
+def environment(root: Path, tmp: Path, cmd: str) -> Env:
+    """A copy of the workspace ``root`` and the inputs each command's valid rest names, under ``tmp``."""
     ws, inputs = tmp / "ws", tmp / "in"
-    shutil.copytree(base, ws)
+    shutil.copytree(root, ws)
     inputs.mkdir()
     env: Env = {"ws": ws, "in": inputs, "--results": ws / "results" / "c", "afile": inputs / "a-file.txt"}
     env["afile"].write_text("not what any option wants\n")
@@ -222,7 +206,7 @@ def check_refusal(cmd: str, action: argparse.Action, label: str, value: str, env
 
 
 @pytest.mark.parametrize("cmd", sorted(VALID))
-def test_every_option_refuses_every_bad_value(base, tmp_path, cmd, capsys):
+def test_every_option_refuses_every_bad_value(base, tmp_path, cmd, capsys):  # noqa: F811 - the fixture
     env = environment(base, tmp_path, cmd)
     parser = subcommands()[cmd]
     failures, summary, cases = [], [], 0
