@@ -48,7 +48,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from edgemask.targets import artifact_format
+from edgemask.targets import TRAINING_FORMATS, artifact_format
 from edgemask.profiling.trt_profile import trt_layer_of
 
 OTHER = "(other)"
@@ -404,6 +404,8 @@ def breakdowns(artifacts: pd.DataFrame, profiles: pd.DataFrame, runs: pd.DataFra
         if man is None or man.get("kind") != "compacted":
             continue
         fmt, variant, device, threads = setting
+        if fmt in TRAINING_FORMATS:  # a training step's per-layer times feed its own model (train_predict)
+            continue
         where = f"{device}, {fmt}/{variant}, {threads} thread(s)"
         dense_art = f"{man['run_id']}/dense"
         dense_prof = prof_of.get((dense_art, fmt, variant, device, int(threads)), profiles.iloc[:0])

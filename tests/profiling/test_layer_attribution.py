@@ -158,3 +158,17 @@ def test_breakdowns_from_store_frames_and_the_reason_where_none():
     profiles.loc[profiles["format"] == "onnx", "blocks"] = '["TensorrtExecutionProvider: one block"]'
     _, notes = breakdowns(artifacts, profiles, runs, ops)
     assert notes[0] == "dev, onnx: TensorrtExecutionProvider: one block"  # said, never a silent gap
+
+
+def test_a_training_steps_profile_is_no_inference_breakdown_and_no_re_export_note():
+    """Training formats' per-layer profiles (torch-train, issue #46) feed the step model, not this table: before,
+    every demo report said of each torch-train artifact "its manifest has no per-layer graph names … re-export"."""
+    import pandas as pd
+
+    from edgemask.profiling.layers import breakdowns
+
+    artifacts, profiles, runs, ops = _frames("this ExecuTorch runtime wrote no ETDump")
+    train = profiles[profiles["format"] == "onnx"].assign(format="torch-train", available=True, reason=None)
+    train["job_id"] = train["artifact"] + "|torch-train"
+    _, notes = breakdowns(artifacts, pd.concat([profiles, train]), runs, ops)
+    assert not [n for n in notes if "torch-train" in n], notes
