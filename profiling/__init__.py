@@ -12,6 +12,8 @@
 - ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup;
 - ``ledger`` / ``trace`` / ``replay``: ``clients.parquet`` (one row per run × client × setting) and its Pareto front,
   device traces (FedScale's ``client_device_capacity`` and edgemask's own), time- and energy-to-accuracy replay;
+- ``training`` / ``budgets`` / ``train_predict``: a campaign's training rows, PerFedMask's budgets from them, and the
+  per-layer model of a training step (a board's layers by their state: trained, gradient through, frozen);
 - ``provenance``: what a derived number rests on (a run's identity: model, parameters, digests) and the check that
   a budget's, a replay's, a report's or a prediction's inputs belong together.
 
