@@ -15,23 +15,6 @@ from edgemask.tomlio import dumps_toml, read_toml
 COST_MODELS = ("line", "layers")
 
 
-def parse_mix(text: str) -> dict[str, float]:
-    """``"local=0.3,pi=0.7"`` -> ``{"local": 0.3, "pi": 0.7}``; a mistake names the part."""
-    mix: dict[str, float] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        board, sep, share = part.partition("=")
-        try:
-            value = float(share)
-        except ValueError:
-            value = math.nan
-        if not sep or not board or not math.isfinite(value):
-            raise ConfigError(f"--mix: {part!r} is not <board>=<share>; e.g. --mix jetson-tx2=0.3,rpi4=0.7")
-        if board in mix:
-            raise ConfigError(f"--mix: board {board!r} is given twice")
-        mix[board] = value
-    return mix
-
-
 def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s: float, out: Path,
                   fmt: str = "torch-train", threads: int = 1, measured_run: str | None = None,
                   run_id: str | None = None, allow_invalid: bool = False,
