@@ -7,7 +7,7 @@ import math
 import tomllib
 from pathlib import Path
 
-from edgemask.errors import ConfigError, CorruptFileError, EdgemaskError
+from edgemask.errors import ConfigError, CorruptFileError
 from edgemask.fileio import sha256_file, write_text_atomic
 from edgemask.tomlio import dumps_toml, read_toml
 
@@ -51,8 +51,7 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     cfg = TrainConfig.load(config)
     if cfg.algorithm.name != "perfedmask":
         raise ConfigError(f"{config}: [algorithm] name is {cfg.algorithm.name!r}; budgets are PerFedMask's ψ_n")
-    if out.resolve() == Path(config).resolve():
-        raise EdgemaskError(f"--out {out}: the input config itself; write the measured budgets to a new file")
+    values.output_file("--out", out, {"--config": Path(config), "--results": Path(results)})  # the CLI's one check
     measured_run = measured_run or cfg.run_id
     store = Path(results) / "results.sqlite"
     if not store.is_file():
