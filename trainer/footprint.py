@@ -16,7 +16,8 @@ The host holds, at most:
 * the model: the server's parameters and buffers and the algorithm's shared model-sized tensors (FedMask's frozen
   weights, global mask, shared start), :data:`MODEL_COPIES` copies;
 * per device: what the algorithm keeps for each client between rounds (``Algorithm.client_state_bytes``: FedMask's
-  masks in bits, Ditto's personal model, ...) × the devices;
+  masks in bits, Ditto's personal model, ...), in the device store on disk (:mod:`edgemask.trainer.device_store`);
+  the host holds it for the devices a round trains or a part of an evaluation reads at once (:attr:`Footprint.held`);
 * the history: one row a round × client × metric (:func:`history_bytes`);
 * the work of one phase at a time, the largest (:meth:`Footprint.work`): reading the data (the builder's arrays),
   the set-up (``Algorithm.setup_bytes``: FedMask's ClientPruning), a round (the engine's stacked training, the
@@ -44,6 +45,7 @@ from edgemask.trainer.algorithms import ALGORITHMS
 from edgemask.trainer.algorithms.base import Algorithm
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data.base import DataSizes, FederatedDataset, data_sizes
+from edgemask.trainer.device_store import EVAL_PART_BYTES
 from edgemask.trainer.records import ClientState, LocalTask
 from edgemask.trainer.sampling import clients_per_round
 from edgemask.trainer.task_functions import forget_context
@@ -78,6 +80,7 @@ class Footprint:
     device: str = "cpu"
     history: int = 0
     retained: int = 0
+    held: int | None = None  # devices whose state the host holds at once (None: every device)
 
     def work(self) -> tuple[str, int]:
         """The largest phase, ``(what, bytes)``."""
@@ -85,14 +88,21 @@ class Footprint:
 
     @property
     def host(self) -> int:
-        return (self.runtime + self.data + self.model + self.per_device * self.devices + self.history
+        return (self.runtime + self.data + self.model + self.per_device * self.held_devices + self.history
                 + self.work()[1] + self.retained)
+
+    @property
+    def held_devices(self) -> int:
+        return self.devices if self.held is None else min(self.held, self.devices)
 
     def line(self) -> str:
         """One line for the terminal."""
         what, work = self.work()
-        return (f"memory estimate: {_size(self.host)} on the host (per device {_size(self.per_device)} × "
-                f"{self.devices} devices = {_size(self.per_device * self.devices)}, {what} {_size(work)}"
+        state = (f"per device {_size(self.per_device)} × {self.devices} devices = "
+                 f"{_size(self.per_device * self.devices)}" if self.held is None else
+                 f"device state {_size(self.per_device)} × {self.held_devices} of {self.devices} devices at once, "
+                 f"{_size(self.per_device * self.devices)} on disk")
+        return (f"memory estimate: {_size(self.host)} on the host ({state}, {what} {_size(work)}"
                 f"{' (stacked training on the GPU)' if self.device == 'cuda' else ''}, data {_size(self.data)}, "
                 f"model and runtime {_size(self.model + self.runtime)})")
 
@@ -155,8 +165,11 @@ def _estimate(cfg: TrainConfig, sizes: DataSizes, algo: Algorithm, runtime: int)
                    + min(TASK_PART_BYTES, per_round * step.task)))
     if not on_gpu:
         phases.append(("an evaluation", evaluation_bytes(model, step.inference, n, largest, sample)))
-    return Footprint(runtime, data, MODEL_COPIES * model, algo.client_state_bytes(), n, tuple(phases),
-                     "cuda" if on_gpu else "cpu", history_bytes(cfg, n))
+    per_device = algo.client_state_bytes()
+    # the device store holds every device's state; the host a round's devices' or an evaluation part's at once
+    held = max(per_round, EVAL_PART_BYTES // max(per_device, 1))
+    return Footprint(runtime, data, MODEL_COPIES * model, per_device, n, tuple(phases),
+                     "cuda" if on_gpu else "cpu", history_bytes(cfg, n), held=held)
 
 
 @dataclass(frozen=True)
@@ -408,7 +421,7 @@ def check_fits(fp: Footprint, source: str, available: int | None = None) -> None
     available = available if available is not None else available_bytes()
     if available is None or fp.host <= available:
         return
-    state = fp.per_device * fp.devices
+    state = fp.per_device * fp.held_devices
     what, work = fp.work()
     bigger = max((("the per-device state", state), ("the model", fp.model), (what, work), ("the data", fp.data),
                   ("the history", fp.history)), key=lambda p: p[1])[0]
@@ -417,7 +430,7 @@ def check_fits(fp: Footprint, source: str, available: int | None = None) -> None
     raise EdgemaskError(
         f"{source}: this run needs about {fp.host / GB:.1f} GB of host memory and this host has "
         f"{available / GB:.1f} GB "
-        f"available; most of it is {bigger} (per device {_size(fp.per_device)} × {fp.devices} devices = "
+        f"available; most of it is {bigger} (per device {_size(fp.per_device)} × {fp.held_devices} devices held = "
         f"{state / GB:.1f} GB; model {fp.model / GB:.1f} GB; {what} {work / GB:.1f} GB; data {fp.data / GB:.1f} "
         f"GB; history {fp.history / GB:.1f} GB): {change}; "
         f"training.device = \"cuda\" moves the stacked training off the host; --no-memory-check runs it anyway")

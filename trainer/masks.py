@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, MutableMapping
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -14,6 +14,9 @@ import torch
 from edgemask.trainer.models.masking import MaskSite, effective_params, unit_alive
 from edgemask.trainer.records import EvalModel
 from edgemask.trainer.task_functions import ModelContext
+
+if TYPE_CHECKING:
+    from edgemask.trainer.device_store import DeviceStore, DeviceTable
 
 MASK_PREFIX = "mask:"  # a mask's name in a masked model's EvalModel.params (masked_model)
 BITS_PREFIX = "bits:"  # a packed mask's name there (uint8, unpacked in the forward: masked_model)
@@ -74,59 +77,97 @@ def count_ones(packed: torch.Tensor) -> int:
 
 class BitMasks(MutableMapping):
     """Every client's binary masks, ``{cid: {weight: mask}}``, held as packed bits (1 bit per element,
-    :func:`pack_rows`): 32× less host memory than float32 masks (FedMask's IC-CIFAR10 keeps three masks of a VGG16
-    for each of its 400 devices). Reading a client's masks unpacks them to float32 0 / 1; a weight in ``ones``
-    that a client's masks do not hold reads as that one shared tensor (a mask that keeps every element: FedMask's
-    unpruned layers in its pruning structure). Store with ``store[cid] = masks`` (a dict of binary tensors) or,
-    already packed, :meth:`set_packed`."""
+    :func:`pack_rows`): 32× less memory than float32 masks (FedMask's IC-CIFAR10 keeps three masks of a VGG16 for
+    each of its 400 devices). With a ``table`` (:class:`~edgemask.trainer.device_store.DeviceTable`, made by
+    :meth:`in_store`) the bits live in the run's device store, off the heap, read when a client's are asked for;
+    without one, in RAM (what matters only within a round). Reading a client's masks unpacks them to float32 0 / 1;
+    a weight in ``ones`` that a client's masks do not hold reads as that one shared tensor (a mask that keeps every
+    element: FedMask's unpruned layers in its pruning structure). Store with ``store[cid] = masks`` (a dict of
+    binary tensors) or, already packed, :meth:`set_packed`. Packed bits are never changed in place, so the last
+    client read from the table is kept to answer the next question about it (an evaluation asks each site)."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], ones: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, shapes: dict[str, tuple[int, ...]], ones: dict[str, torch.Tensor] | None = None,
+                 table: "DeviceTable | None" = None) -> None:
         self.shapes = {w: tuple(s) for w, s in shapes.items()}
         self.ones = dict(ones or {})
-        self._bits: dict[str, dict[str, torch.Tensor]] = {}
+        self.table = table
+        self._ram: dict[str, dict[str, torch.Tensor]] = {}
+        self._last: tuple[str | None, dict[str, torch.Tensor]] = (None, {})
+
+    @classmethod
+    def in_store(cls, store: "DeviceStore", name: str, shapes: dict[str, tuple[int, ...]],
+                 ones: dict[str, torch.Tensor] | None = None, stored: list[str] | None = None) -> "BitMasks":
+        """Masks of ``shapes`` in ``store``'s table ``name``: a field of ⌈n/8⌉ bytes per mask (of the masks
+        ``stored`` only, when given: the others always read as ``ones``)."""
+        return cls(shapes, ones, store.table(name, cls.layout(shapes, stored)))
+
+    @staticmethod
+    def layout(shapes: dict[str, tuple[int, ...]], stored: list[str] | None = None) -> dict:
+        """The device table's layout of masks of ``shapes`` (those ``stored``): uint8, ⌈n/8⌉ bytes each."""
+        return {w: ((packed_nbytes(math.prod(s)),), torch.uint8) for w, s in shapes.items()
+                if stored is None or w in stored}
+
+    def _get(self, cid: str) -> dict[str, torch.Tensor]:
+        if self.table is None:
+            return self._ram[cid]
+        if self._last[0] != cid:
+            self._last = (cid, self.table[cid])
+        return self._last[1]
 
     def __getitem__(self, cid: str) -> dict[str, torch.Tensor]:
-        bits = self._bits[cid]
+        bits = self._get(cid)
         return self.unpacked(cid, [w for w in self.shapes if w in bits or w in self.ones])
 
     def __setitem__(self, cid: str, masks: dict[str, torch.Tensor]) -> None:
-        self._bits[cid] = {w: pack_rows(m) for w, m in masks.items() if w not in self.ones or m is not self.ones[w]}
+        self.set_packed(cid, {w: pack_rows(m) for w, m in masks.items()
+                              if w not in self.ones or m is not self.ones[w]})
 
     def __delitem__(self, cid: str) -> None:
-        del self._bits[cid]
+        if self.table is None:
+            del self._ram[cid]
+        else:
+            del self.table[cid]
+            self._last = (None, {})
 
     def __contains__(self, cid: object) -> bool:  # without unpacking
-        return cid in self._bits
+        return cid in (self._ram if self.table is None else self.table)
 
     def clear(self) -> None:  # without unpacking
-        self._bits.clear()
+        self._ram.clear()
+        if self.table is not None:
+            self.table.clear()
+            self._last = (None, {})
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._bits)
+        return iter(self._ram if self.table is None else self.table)
 
     def __len__(self) -> int:
-        return len(self._bits)
+        return len(self._ram if self.table is None else self.table)
 
     def unpacked(self, cid: str, names: list[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """The client's masks ``names`` (each stored or in ``ones``) as 0 / 1 in ``dtype`` (``torch.bool``: a
         quarter of float32's bytes, for a local task's pruning structure)."""
-        bits = self._bits[cid]
+        bits = self._get(cid)
         return {w: unpack_rows(bits[w], self.shapes[w], dtype) if w in bits else self.ones[w].to(dtype)
                 for w in names}
 
     def packed(self, cid: str) -> dict[str, torch.Tensor]:
         """The client's masks as they are held: packed uint8 (a weight read from ``ones`` is absent)."""
-        return self._bits[cid]
+        return self._get(cid)
 
     def set_packed(self, cid: str, packed: dict[str, torch.Tensor]) -> None:
-        self._bits[cid] = dict(packed)
+        if self.table is None:
+            self._ram[cid] = dict(packed)
+        else:
+            self.table[cid] = packed
+            self._last = (cid, dict(packed)) if self._last[0] == cid else self._last
 
     def unit_alive(self, cid: str, site: MaskSite) -> torch.Tensor | list[torch.Tensor]:
         """:func:`~edgemask.trainer.models.masking.unit_alive` of the client's mask at ``site``, from its bits: where
         a unit's row is whole bytes (a conv with a multiple of 8 inputs × taps, a linear layer with a multiple of 8
         inputs), the row is alive where any of its bytes is non-zero, read without unpacking; otherwise that
         site's masks are unpacked."""
-        bits, w = self._bits[cid], site.weights[0]
+        bits, w = self._get(cid), site.weights[0]
         if site.kind != "lstm" and w in bits:
             shape = self.shapes[w]
             row = math.prod(shape[1:])
@@ -136,13 +177,20 @@ class BitMasks(MutableMapping):
 
     def count(self, cid: str) -> int:
         """The elements the client's masks keep (a weight read from ``ones`` counts whole)."""
-        bits = self._bits[cid]
+        bits = self._get(cid)
         return sum(count_ones(bits[w]) if w in bits else math.prod(s) for w, s in self.shapes.items()
                    if w in bits or w in self.ones)
 
     def nbytes(self) -> int:
-        """Host bytes of the packed masks held."""
-        return sum(t.nbytes for d in self._bits.values() for t in d.values())
+        """Host (heap) bytes of the packed masks held: those in RAM; a table's are in its file
+        (:meth:`file_nbytes`)."""
+        return sum(t.nbytes for d in self._ram.values() for t in d.values())
+
+    def file_nbytes(self) -> int:
+        """Bytes of the packed masks held in the table's file (its records' fields, not their flags)."""
+        if self.table is None:
+            return 0
+        return sum(f.nbytes for f in self.table.fields.values()) * len(self.table)
 
 
 def packed_nbytes(numel: int) -> int:

@@ -157,13 +157,14 @@ def _file_bytes(tensors: Iterable[torch.Tensor], bits: bool = False) -> int:
 
 
 def check_room(path: Path, shared: dict[str, torch.Tensor], one_client: ClientState, n_clients: int,
-               history_rows: int) -> None:
+               history_rows: int, store_bytes: int = 0) -> None:
     """Refuse, before any training, a run that will not fit on ``path``'s disk.
 
     The new run is assembled beside the old one (which stays until the rename), so it needs its whole size free:
     the shared model, ``n_clients`` client files the size of ``one_client``'s, and the history (at most 32 bytes a
     row before compression), each file rounded up to the file system's block. A rough upper estimate: a run that
-    passes may still meet a disk filled meanwhile, which :func:`write_run` reports in one line.
+    passes may still meet a disk filled meanwhile, which :func:`write_run` reports in one line. ``store_bytes``:
+    what the run's device store will still write beside it (:mod:`edgemask.trainer.device_store`).
     """
     import os
     import shutil
@@ -178,7 +179,7 @@ def check_room(path: Path, shared: dict[str, torch.Tensor], one_client: ClientSt
 
     client = on_disk(_file_bytes(one_client.masks.values(), bits=True) + _file_bytes(one_client.params.values()))
     need = (on_disk(_file_bytes(shared.values())) + n_clients * client + on_disk(32 * history_rows)
-            + 4 * on_disk(16 << 10) + 2 * block)  # config, summary, the directories
+            + 4 * on_disk(16 << 10) + 2 * block + store_bytes)  # config, summary, the directories
     free = shutil.disk_usage(root).free
     if need > free:
         raise EdgemaskError(f"{path}: the run needs about {need >> 10} KiB and {root} has {free >> 10} KiB free; "

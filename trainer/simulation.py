@@ -19,6 +19,7 @@ from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
 from edgemask.trainer.allocator import tune_host_allocator
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
+from edgemask.trainer.device_store import EVAL_PART_BYTES, store_beside
 from edgemask.trainer.engines import engine_for
 from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, estimate, history_rows
 from edgemask.trainer.local_training import evaluate
@@ -68,14 +69,17 @@ class ClientStates(Mapping):
 
 
 def build_algorithm(cfg: TrainConfig, engine: Engine | None = None,
-                    before_setup: Callable[[Algorithm], None] | None = None) -> Algorithm:
+                    before_setup: Callable[[Algorithm], None] | None = None,
+                    state_dir: Path | None = None) -> Algorithm:
     """``cfg``'s dataset and algorithm with its engine (default: the one ``[training]`` asks for,
     :func:`edgemask.trainer.engines.engine_for`), set up (``algo.setup()``) from the seeds, in training mode: the same
     instance on every host that builds it from the same config (a Flower client builds its own). ``before_setup(algo)``
-    runs once the data and the model are built, before the set-up (a look at the built algorithm: tests, benchmarks)."""
+    runs once the data and the model are built, before the set-up (a look at the built algorithm: tests, benchmarks).
+    ``state_dir``: where its device store keeps the devices' state (:mod:`edgemask.trainer.device_store`; default:
+    anonymous temporary files)."""
     ds = build_dataset(cfg.data, cfg.run.seed)
     engine = engine if engine is not None else engine_for(cfg.training, stacklevel=3)
-    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds, engine)
+    algo: Algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg, ds, engine, state_dir=state_dir)
     if before_setup is not None:
         before_setup(algo)
     torch.manual_seed(cfg.run.seed + 1)
@@ -87,12 +91,13 @@ def build_algorithm(cfg: TrainConfig, engine: Engine | None = None,
 def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], None] | None = None,
              train_phase: PhaseTrainer | None = None,
              ready: Callable[[Algorithm], None] | None = None,
-             before_setup: Callable[[Algorithm], None] | None = None) -> SimulationResult:
+             before_setup: Callable[[Algorithm], None] | None = None,
+             state_dir: Path | None = None) -> SimulationResult:
     """Run ``cfg.training.rounds`` rounds of ``cfg.algorithm`` and evaluate every client's personalized model.
     ``train_phase`` trains each phase of a round's clients elsewhere (e.g. on Flower nodes); by default this host
     trains them with the run's engine (:mod:`edgemask.trainer.engines`). ``ready(algo)`` is called once the algorithm is
     set up, before the first round (``train`` checks there that the run will fit on disk); ``before_setup(algo)`` before
-    its set-up (:func:`build_algorithm`).
+    its set-up (:func:`build_algorithm`); ``state_dir`` holds its device store (:func:`build_algorithm`).
 
     History rows (long format): per round × sampled client, what :meth:`RoundCosts.record` lists; per evaluated
     round × client: ``accuracy``, ``test_loss`` (and ``accuracy_<name>``, ``test_loss_<name>`` of further
@@ -102,7 +107,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     """
     t0 = time.perf_counter()
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
-    algo = build_algorithm(cfg, before_setup=before_setup)
+    algo = build_algorithm(cfg, before_setup=before_setup, state_dir=state_dir)
     if ready is not None:
         ready(algo)
     rounds = cfg.training.rounds
@@ -218,26 +223,44 @@ def evaluate_clients(algo: Algorithm, rnd: int, record: Record,
     one)."""
     cids, ds = list(algo.client_ids), algo.dataset
     algo.model.eval()
-    tests = [(d.test_x, d.test_y) for d in map(ds.client, cids)]
-    measures = algo.eval_models(cids)
+    names: list[str] = []
+    scores: dict[str, list[tuple[float, float]]] = {}
+    found: dict[str, list[str]] = {}
+    for part in eval_parts(algo, cids):  # a part's models at a time: their state read from the device store
+        tests = [(d.test_x, d.test_y) for d in map(ds.client, part)]
+        measures = algo.eval_models(part)
+        named = measures if isinstance(measures, dict) else {"": measures}
+        names = list(named)
+        for i, (name, models) in enumerate(named.items()):
+            scores.setdefault(name, []).extend(algo.engine.evaluate(models, tests))
+            if i == 0 and watch is not None:
+                found.update(watch.scan(part, models, tests))
+        del measures, named
     means = []
-    for i, models in enumerate(measures.values() if isinstance(measures, dict) else [measures]):
-        suffix = "" if i == 0 else f"_{list(measures)[i]}"
-        scores = algo.engine.evaluate(models, tests)
-        for cid, (acc, loss) in zip(cids, scores):
+    for i, name in enumerate(names):  # the rows in the order of one evaluation of every client
+        suffix = "" if i == 0 else f"_{name}"
+        for cid, (acc, loss) in zip(cids, scores[name]):
             record(rnd, cid, f"accuracy{suffix}", acc)
             record(rnd, cid, f"test_loss{suffix}", loss)
-        means.append(float(np.nanmean([a for a, _ in scores])))
+        means.append(float(np.nanmean([a for a, _ in scores[name]])))
         record(rnd, "server", f"mean_accuracy{suffix}", means[-1])
-        if i == 0 and watch is not None:
-            watch.check(rnd, cids, models, tests)
+    if watch is not None:
+        watch.update(rnd, found)
     if ds.global_test_x is not None:  # the server's global model on the shared test set (FedPeWS)
         glob = EvalModel(algo.global_params, algo.global_buffers, algo.model_context.call)
         g_acc, g_loss = evaluate(glob, ds.global_test_x, ds.global_test_y)
         record(rnd, "server", "global_accuracy", g_acc)
         record(rnd, "server", "global_test_loss", g_loss)
     algo.model.train()
-    return means[0], list(measures) if isinstance(measures, dict) else []
+    return means[0], names if names != [""] else []
+
+
+def eval_parts(algo: Algorithm, cids: list[str]) -> list[list[str]]:
+    """The clients an evaluation builds models for at once: as many as :data:`EVAL_PART_BYTES` of their stored state
+    (:meth:`~edgemask.trainer.device_store.DeviceStore.bytes_per_device`) allow, so the host holds a part's, not
+    every device's (a run of few devices is one part: evaluated as it always was)."""
+    step = max(1, EVAL_PART_BYTES // max(algo.store.bytes_per_device(), 1))
+    return [cids[s: s + step] for s in range(0, len(cids), step)]
 
 
 def output_varies(model: EvalModel, x: torch.Tensor, rows: int = 16) -> bool | None:
@@ -273,11 +296,21 @@ class CollapseWatch:
     def check(self, rnd: int, cids: list[str], models: list[EvalModel],
               tests: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Round ``rnd``'s evaluation (0-based; ``rounds`` after fine-tuning) of ``cids``' ``models`` on ``tests``."""
-        algo, found = self.algo, {}
+        self.update(rnd, self.scan(cids, models, tests))
+
+    def scan(self, cids: list[str], models: list[EvalModel],
+             tests: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, list[str]]:
+        """The collapsed ones of ``cids`` (their models on their ``tests``), with their dead layers: a part of an
+        evaluation (:meth:`update` takes them all)."""
+        found = {}
         for cid, model, (x, _) in zip(cids, models, tests):
-            dead = algo.dead_layers(cid)
+            dead = self.algo.dead_layers(cid)
             if dead and not output_varies(model, x):
                 found[cid] = dead
+        return found
+
+    def update(self, rnd: int, found: dict[str, list[str]]) -> None:
+        """The evaluation of round ``rnd`` found ``found`` (every part's :meth:`scan`) collapsed."""
         new = [cid for cid in found if cid not in self.clients]
         self.clients = {cid: {"round": self.clients[cid]["round"] if cid in self.clients else rnd + 1,
                               "layers": dead} for cid, dead in found.items()}
@@ -486,7 +519,8 @@ def train(cfg: TrainConfig, runs_root: Path, progress=None, memory: Callable[[Fo
     with run_lock(path):
         if memory is not None:  # said once the run is this process's to train (a second training leaves first)
             memory(fp)
-        return simulate(cfg, progress, ready=room_check(cfg, path)).write(path)
+        with store_beside(path) as state_dir:  # the devices' state between rounds, off the heap
+            return simulate(cfg, progress, ready=room_check(cfg, path), state_dir=state_dir).write(path)
 
 
 def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
@@ -495,6 +529,7 @@ def room_check(cfg: TrainConfig, path: Path) -> Callable[[Algorithm], None]:
 
     def fits(algo: Algorithm) -> None:
         cids = list(algo.client_ids)
-        check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), history_rows(cfg, len(cids)))
+        check_room(path, algo.shared_state(), algo.client_state(cids[0]), len(cids), history_rows(cfg, len(cids)),
+                   algo.store.bytes_to_come())
 
     return fits

@@ -34,25 +34,30 @@ def config(algorithm: str, hidden=(16,), clients: int = 4, **args) -> TrainConfi
 
 def test_fedmask_per_device_state_is_its_masks_in_bits_by_hand():
     # MLP 64-16-10: masks fc1 (16×64 = 1024 elements, 128 bytes packed) and out (10×16 = 160, 20 bytes); with
-    # prune_last = 2 both are pruned: m_k, the inference mask, a round's start and the structure, 4 × 148 bytes.
+    # prune_last = 2 both are pruned. In the device store, a record each of the structure, m_k and the inference
+    # mask: 1 + 2 flag bytes, fc1 at offset 8 (136), out at 136 (156), aligned: 160 bytes; the MLP's batch-norm-free
+    # buffers, an empty record of 8 bytes; in RAM while its round lasts, the start's bits, 148.
     fp = estimate(config("fedmask"))
-    assert fp.per_device == 4 * (128 + 20) == 592  # float32 masks would be 4 × 4 × 1184 = 18,944
+    assert fp.per_device == 3 * 160 + 8 + 148 == 636  # float32 masks would be 4 × 4 × 1184 = 18,944
     assert fp.devices == 4
     algo = build_algorithm(config("fedmask"))
-    held = algo.keep.nbytes() + algo.local.nbytes() + algo.round_start.nbytes()  # m_k shares local's bytes at first
-    assert held <= 4 * 592 and algo.keep.nbytes() == 4 * 148
+    assert algo.store.bytes_per_device() == 3 * 160 + 8
+    assert algo.keep.file_nbytes() == 4 * 148 and algo.keep.nbytes() == 0  # on disk, not on the heap
     one = build_algorithm(config("fedmask", prune_last=1))  # only `out` pruned: its structure alone is stored
-    assert one.keep.nbytes() == 4 * 20 and estimate(config("fedmask", prune_last=1)).per_device == 3 * 148 + 20
+    assert one.keep.file_nbytes() == 4 * 20
+    # keep: 2 flag bytes, out at offset 8 (28), aligned: 32
+    assert estimate(config("fedmask", prune_last=1)).per_device == 2 * 160 + 32 + 8 + 148
 
 
 def test_the_estimate_bounds_what_a_run_holds_per_device():
     for name in ("fedmask", "standalone", "ditto", "perfedmask"):
         fp = estimate(config(name))
         algo = simulate(config(name)).algorithm
+        stored = sum(t.record_bytes * len(t) for t in algo.store.tables.values())
         if name == "fedmask":
-            held = algo.masks.nbytes() + algo.keep.nbytes() + algo.round_start.nbytes()
+            held = stored + algo.round_start.nbytes()
         else:
-            held = sum(v.nbytes for cid in algo.client_ids for v in algo.client_state(cid).params.values())
+            held = stored + sum(v.nbytes for cid in algo.client_ids for v in algo.client_state(cid).params.values())
         assert held <= fp.per_device * fp.devices, name
     assert estimate(config("standalone")).per_device == 4 * (64 * 16 + 16 + 16 * 10 + 10)  # its own model, float32
     assert estimate(config("fedavg")).per_device == 0

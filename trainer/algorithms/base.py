@@ -44,6 +44,7 @@ buffers, x)``, a client's data is ``self.dataset.client(cid)``, and local traini
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
@@ -55,6 +56,7 @@ from edgemask.schema import read_dataclass
 from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, average_state
 from edgemask.trainer.data.base import FederatedDataset
+from edgemask.trainer.device_store import DeviceStore
 from edgemask.trainer.models import build_model, model_sites
 from edgemask.trainer.models.masking import dead_layers
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
@@ -94,13 +96,16 @@ class Algorithm:
     ``model`` (the architecture, in the round loop's mode), ``model_spec`` and ``model_context`` (what a
     :class:`~edgemask.trainer.records.LocalTask` names as its model; ``model_context.call(params, buffers, x)`` runs
     it), ``sites`` (its mask sites), ``client_ids``, ``global_params`` / ``global_buffers`` (the server's model) and
-    ``dense_bytes`` (that model with its buffers on the wire: FedAvg's downlink, fixed for the run)."""
+    ``dense_bytes`` (that model with its buffers on the wire: FedAvg's downlink, fixed for the run), and ``store``
+    (:class:`~edgemask.trainer.device_store.DeviceStore`): where every per-device state between rounds lives,
+    ``self.store.table(name)`` a ``{cid: {name: tensor}}`` off the heap (a plain dict of every device's tensors would
+    grow the host's memory with the device count: issue #45)."""
 
     name: ClassVar[str] = "base"
     Args: ClassVar[type] = NoArgs
 
     def __init__(self, cfg: TrainConfig, dataset: FederatedDataset, engine: Engine | None = None, *,
-                 meta: bool = False) -> None:
+                 meta: bool = False, state_dir: str | os.PathLike[str] | None = None) -> None:
         self.cfg = cfg
         self.dataset = dataset
         self.engine: Engine = engine if engine is not None else _NoEngine()
@@ -116,6 +121,9 @@ class Algorithm:
         self.model_context = model_context(self.model_spec, self.model)
         self.sites = model_sites(self.model)
         self.client_ids = [c.client_id for c in dataset.clients]
+        # what the algorithm keeps per device between rounds, off the heap (trainer.device_store): in ``state_dir``
+        # (edgemask train: beside the run directory) or anonymous temporary files
+        self.store = DeviceStore(self.client_ids, state_dir)
         self.global_params = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         self.global_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
         self.dense_bytes = tensor_bytes({**self.global_params, **self.global_buffers})

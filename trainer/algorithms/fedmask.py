@@ -45,6 +45,7 @@ from edgemask.schema import setting
 from edgemask.trainer.accounting import tensor_bytes
 from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.masks import (THRESHOLD, BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
                                     unpack_rows)
 from edgemask.trainer.models.masking import MaskSite, dead_layers, effective_params
@@ -187,12 +188,23 @@ class FedMask(Algorithm):
     collapse_settings = ("lambda_r", "prune_rate")
 
     def client_state_bytes(self) -> int:
-        """Its masks in bits (ClientPruning's m_k, the mask it infers with, a round's start) and the pruned layers'
-        structure, its batch-norm statistics, and with ``restart`` "keep_agreeing" its last scores m^r (float32)."""
-        sizes = {w: math.prod(s.mask_shape(self.global_params[w])) for s in self.sites for w in s.weights}
-        bits = 3 * sum(map(packed_nbytes, sizes.values())) + sum(packed_nbytes(sizes[w]) for w in self._pruned())
-        scores = 4 * sum(sizes.values()) if self.args.restart == "keep_agreeing" else 0
-        return bits + scores + tensor_bytes(self.global_buffers)
+        """Its records in the device store (:meth:`_layouts`: masks in bits, the pruned layers' structure, its
+        batch-norm statistics, with ``restart`` "keep_agreeing" its last scores m^r in float32) and, while its round
+        lasts, the bits of the mask its first step ran."""
+        shapes = {w: s.mask_shape(self.global_params[w]) for s in self.sites for w in s.weights}
+        return (sum(map(record_bytes, self._layouts(shapes).values()))
+                + sum(packed_nbytes(math.prod(s)) for s in shapes.values()))
+
+    def _layouts(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
+        """The device store's tables (:mod:`edgemask.trainer.device_store`) and their layouts: ClientPruning's
+        pruning structure (the pruned masks only, bits), m_k and the mask the device infers with (bits), its
+        batch-norm statistics and, restarting "keep_agreeing", its last scores m^r."""
+        out = {"keep": BitMasks.layout(shapes, self._pruned()), "masks": BitMasks.layout(shapes),
+               "local": BitMasks.layout(shapes),
+               "buffers": {k: (tuple(v.shape), v.dtype) for k, v in self.global_buffers.items()}}
+        if self.args.restart == "keep_agreeing":
+            out["scores"] = {w: (tuple(s), torch.float32) for w, s in shapes.items()}
+        return out
 
     def setup_bytes(self, devices: int, engine_pass) -> int:
         """ClientPruning's peak (:meth:`setup`): a chunk's trained scores (:meth:`_pruning_chunks`: float32, at most
@@ -222,11 +234,16 @@ class FedMask(Algorithm):
         # (an unpruned mask's reads as the shared ``ones``), ClientPruning's m_k (Alg. 1 line 6), the mask the
         # device infers with, and the mask a round's first step ran (for its FLOPs). A start m^r is computed from
         # them when the device is selected (:meth:`start_scores`), never stored for every device.
-        self.keep = BitMasks(shapes, ones)
-        self.masks = BitMasks(shapes)
-        self.local = BitMasks(shapes)
+        # The first three live in the run's device store (off the heap, trainer.device_store), as do each device's
+        # batch-norm statistics and, restarting "keep_agreeing", its last scores; the round's start only while its
+        # round lasts, in RAM.
+        layouts = self._layouts(shapes)
+        self.keep = BitMasks(shapes, ones, self.store.table("keep", layouts["keep"]))
+        self.masks = BitMasks(shapes, None, self.store.table("masks", layouts["masks"]))
+        self.local = BitMasks(shapes, None, self.store.table("local", layouts["local"]))
         self.round_start = BitMasks(shapes)
-        self.buffers = {cid: {k: v.clone() for k, v in self.global_buffers.items()} for cid in self.client_ids}
+        self.buffers = self.store.table("buffers", layouts["buffers"])
+        self.scores = self.store.table("scores", layouts["scores"]) if "scores" in layouts else {}
         first = self._start_scores(ones, ones)
         # ClientPruning (Alg. 1 lines 21-28): one epoch of mask updates from the all-ones global mask m^0, plain
         # SGD, by the framework's engines (a chunk of devices together when training is batched, as the rounds
@@ -241,7 +258,6 @@ class FedMask(Algorithm):
         self.global_mask = {w: ones[w] for w in masked}
         self.covered: dict[str, torch.Tensor | None] = {w: None for w in masked}
         self.shared_start: dict[str, torch.Tensor] = {}  # an unpruned mask's start, m^T for every device
-        self.scores: dict[str, dict[str, torch.Tensor]] = {}  # restart "keep_agreeing": each device's last m^r
         self._packed: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # _bits' (tensor, its bits)
 
     def _pruning_chunks(self, shapes: dict[str, tuple[int, ...]]) -> list[list[str]]:
@@ -320,8 +336,13 @@ class FedMask(Algorithm):
         constants = {**keep, **{FROZEN + k: v for k, v in self.global_params.items()}}
         fwd = Fn.of("fedmask.forward", real_output_gate=real_o, binary=self.args.forward == "binary")
         return LocalTask(trainable, self.model_spec, fwd, regs,
-                         constants=constants, buffers=self.buffers[cid], epochs=self.cfg.training.local_epochs,
+                         constants=constants, buffers=self._buffers(cid), epochs=self.cfg.training.local_epochs,
                          lr=self.cfg.training.lr, grad_keep=grad_keep)
+
+    def _buffers(self, cid: str) -> dict[str, torch.Tensor]:
+        """The device's batch-norm statistics: its own once it has trained (ClientPruning's), the server's before."""
+        own = self.buffers.get(cid)
+        return own if own is not None else {k: v.clone() for k, v in self.global_buffers.items()}
 
     def _hidden(self, w: str) -> int:
         return next(s.hidden for s in self.sites if w in s.weights)
