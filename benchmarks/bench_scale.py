@@ -1,14 +1,33 @@
-"""The papers' own settings on one host: FedMask's IC-CIFAR10 (VGG16, 400 devices, 20 a round) and PerFedMask's
-CIFAR-10 c = 1 (ResNet18, 100 devices, every one every round), from their configs in ``configs/``, at fewer devices
-and smaller widths as asked. Prints per phase the seconds of one run, its peak host RSS and GPU memory, and the
-projection to the config's own rounds.
+"""The papers' own settings on one host, from their configs in ``configs/``, on stand-in data in each dataset's
+own file layout (``benchmarks/standins.py``: read by the repository's loaders unchanged, no real sample in them):
 
-    python benchmarks/bench_scale.py [--cases fedmask,perfedmask] [--devices 50,100,200,400] [--widths 0.125]
-                                     [--rounds 1] [--device cpu] [--data-root DIR]
+* ``fedmask``: FedMask's IC-CIFAR10 (VGG16, 400 devices, 20 a round), ``configs/ic-cifar10-fedmask.toml``;
+* ``ic-emnist``: FedMask's IC-EMNIST (VGG16 on LEAF's FEMNIST, 2,414 writers × 232.8 samples, 20 a round);
+* ``har``: FedMask's HAR (the 3-layer MLP on UCI HAR, 30 subjects × 364 samples, 20 a round);
+* ``ncp``: FedMask's NCP (the character LSTM on LEAF's Shakespeare, 1,129 roles × 3,743.2 sequences, 20 a round);
+* ``perfedmask``: PerFedMask's CIFAR-10 c = 1 (ResNet18, 100 devices, every one every round);
+* ``perfedmask-c01``: PerFedMask's c = 0.1 (10 of the 100 a round);
+* ``fedselect``: FedSelect's ResNet18 on CIFAR-10 (10 clients, 2 classes each, every one every round).
 
-Each (case, devices, width) runs in a fresh process, so its peak RSS is its own. Without ``--data-root`` holding
-the CIFAR-10 python batches, a stand-in is written once under ``--cache`` (CIFAR-10's python batch format,
-50,000 + 10,000 images: a fixed colour pattern per class plus noise, so the masks have something to learn).
+Each case runs at its own default size here (``CASES``: fewer devices, fewer Shakespeare sequences or a smaller
+width where two CPU cores would not finish a case in a few minutes) or at ``--devices`` / ``--widths`` /
+``--samples``, and the script prints, per case, what it scaled down against the paper: devices, samples per device,
+width, rounds. Prints per phase the seconds of one run, its peak host RSS and GPU memory, and the projection to
+the config's own rounds.
+
+    python benchmarks/bench_scale.py [--cases fedmask,ic-emnist,har,ncp,perfedmask,perfedmask-c01,fedselect]
+                                     [--devices 50,100,200,400] [--widths 0.125] [--samples 300] [--paper-data]
+                                     [--rounds 1] [--device cpu] [--data-root DIR] [--root femnist=DIR] [--cache DIR]
+
+A round keeps the config's own number of devices (``training.participation`` × its ``data.num_clients``, floored:
+20 for FedMask's settings, 10 for PerFedMask's c = 0.1), whatever ``--devices`` says, so two device counts compare;
+fewer devices than that and every device trains every round. The table's ``a round`` column says how many trained.
+
+Each (case, devices, width) runs in a fresh process, so its peak RSS is its own. Stand-ins are written once under
+``--cache`` and reused: CIFAR-10's python batches (50,000 + 10,000 images), LEAF's FEMNIST and Shakespeare JSON
+(as many users as the most devices asked, the paper's samples per user, Shakespeare's fewer; ``--paper-data``:
+the paper's users and samples, FEMNIST's 2.1 GB of JSON, which the loader parses twice), UCI HAR's text files at
+the paper's size. ``--data-root`` (CIFAR-10) and ``--root KIND=DIR`` read real data instead.
 
 Phases (exclusive seconds: a phase inside another counts once, in the inner one):
 
@@ -31,49 +50,92 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
-import pickle
 import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # standins.py beside this file, when imported too
+
+from standins import PAPER, Size, standin, write_cifar10  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = {"fedmask": ROOT / "configs" / "ic-cifar10-fedmask.toml",
-           "perfedmask": ROOT / "configs" / "perfedmask-cifar10-c1.toml"}
 PHASES = ("data", "setup", "setup train", "train", "tasks", "aggregate", "eval", "eval glue", "other")
+write_standin = write_cifar10  # the name other benchmarks import from here
 
 
-def write_standin(directory: Path, seed: int = 0) -> Path:
-    """CIFAR-10's python batches (5 × 10,000 train, 10,000 test): class c's images are its fixed random colour
-    pattern plus Gaussian noise (σ = 48 of 255), clipped to uint8. Written once; a complete directory is reused."""
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    if all((directory / n).is_file() for n in names):
-        return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    patterns = rng.integers(0, 256, (10, 3072)).astype(np.float32)
-    for name in names:
-        labels = rng.integers(0, 10, 10_000)
-        data = np.clip(patterns[labels] + rng.normal(0, 48, (10_000, 3072)), 0, 255).astype(np.uint8)
-        tmp = directory / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump({b"batch_label": name.encode(), b"labels": labels.tolist(), b"data": data}, f, protocol=2)
-        tmp.replace(directory / name)
-    return directory
+@dataclass(frozen=True)
+class Case:
+    """A paper's setting: its config, the stand-in it reads, and the size it runs at here by default."""
+
+    config: str  # under configs/
+    data: str  # the stand-in (standins.WRITERS): cifar10, femnist, shakespeare, har
+    devices: int  # data.num_clients here
+    width: float  # the model's width (WIDTH_ARGS): 1 is the paper's
+    samples: float | None = None  # a LEAF stand-in's samples per user on average; None: the paper's
+
+
+CASES = {
+    "fedmask": Case("ic-cifar10-fedmask.toml", "cifar10", 400, 0.125),
+    "ic-emnist": Case("ic-emnist-fedmask.toml", "femnist", 100, 0.125),
+    "har": Case("har-fedmask.toml", "har", 30, 1.0),
+    "ncp": Case("ncp-fedmask.toml", "shakespeare", 20, 0.25, samples=100),
+    "perfedmask": Case("perfedmask-cifar10-c1.toml", "cifar10", 100, 0.125),
+    "perfedmask-c01": Case("perfedmask-cifar10-c01.toml", "cifar10", 100, 0.125),
+    "fedselect": Case("fedselect-cifar10-resnet18.toml", "cifar10", 10, 0.125),
+}
+# which of a model's arguments a width scales (their defaults × width, rounded, at least 1)
+WIDTH_ARGS = {"vgg16": ("width",), "resnet18": ("width",), "char_lstm": ("hidden", "fc"), "har_mlp": ("hidden",)}
+
+
+def scaled_args(model: str, args: dict, width: float) -> dict:
+    """The model's arguments at ``width``: a ``width`` argument set, or its layer sizes' defaults scaled."""
+    from edgemask.trainer.models import MODELS
+
+    names = WIDTH_ARGS.get(model)
+    if names is None:
+        if width != 1:
+            raise SystemExit(f"{model}: no width to scale; pass --widths 1 (scaled: {', '.join(WIDTH_ARGS)})")
+        return dict(args)
+    if names == ("width",):
+        return {**args, "width": width}
+    defaults = inspect.signature(MODELS.get(model)).parameters
+
+    def scale(v):
+        return tuple(scale(u) for u in v) if isinstance(v, (tuple, list)) else max(1, round(v * width))
+
+    return {**args, **{n: scale(args.get(n, defaults[n].default)) for n in names}}
+
+
+def per_round(cfg) -> int:
+    """The devices a round of the config trains: :func:`clients_per_round` of its own device count."""
+    from edgemask.trainer.sampling import clients_per_round
+
+    return clients_per_round(cfg.data.num_clients, cfg.training.participation)
+
+
+def kept_participation(base, devices: int) -> float:
+    """``training.participation`` that makes a round of ``devices`` devices train as many as ``base``'s own round
+    (all of them where there are fewer): (k + ½) / devices, so ⌊devices · participation⌋ is k whatever the
+    floating point does."""
+    k = per_round(base)
+    return 1.0 if k >= devices else (k + 0.5) / devices
 
 
 def case_config(case: str, devices: int, width: float, rounds: int, device: str, data_root: Path):
+    """(the config as the paper has it, the config run here)."""
     from edgemask.trainer.config import TrainConfig
 
-    cfg = TrainConfig.load(CONFIGS[case])
+    cfg = TrainConfig.load(ROOT / "configs" / CASES[case].config)
     data = dataclasses.replace(cfg.data, root=str(data_root), num_clients=devices)
-    model = dataclasses.replace(cfg.model, args={**cfg.model.args, "width": width})
-    training = dataclasses.replace(cfg.training, rounds=rounds, eval_every=1, device=device)
+    model = dataclasses.replace(cfg.model, args=scaled_args(cfg.model.name, cfg.model.args, width))
+    training = dataclasses.replace(cfg.training, rounds=rounds, eval_every=1, device=device,
+                                   participation=kept_participation(cfg, devices))
     return cfg, cfg.replace(data=data, model=model, training=training)
 
 
@@ -133,14 +195,18 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     peak_gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     evals = clock.calls["eval glue"]
     s = clock.seconds
-    per_round = (s["train"] + s["tasks"] + s["aggregate"] + s["other"]) / rounds
+    per_round_s = (s["train"] + s["tasks"] + s["aggregate"] + s["other"]) / rounds
     per_eval = (s["eval"] + s["eval glue"]) / max(evals, 1)
     full_rounds, every = base.training.rounds, base.training.eval_every
     evaluations = -(-full_rounds // every)
-    projection = s["data"] + s["setup"] + s["setup train"] + full_rounds * per_round + evaluations * per_eval
+    projection = s["data"] + s["setup"] + s["setup train"] + full_rounds * per_round_s + evaluations * per_eval
     stacked = s["train"] + s["eval"]
     round_time = total - s["data"] - s["setup"] - s["setup train"]
-    return {"case": case, "devices": devices, "width": width, "rounds": rounds, "device": device,
+    algo = result.algorithm
+    trained = {h["client"] for h in result.history if h["round"] == 0 and h["metric"] == "train_loss"}
+    return {"case": case, "devices": len(algo.client_ids), "per_round": len(trained), "width": width,
+            "rounds": rounds, "device": device, "model_args": cfg.model.args,
+            "samples": sum(c.num_train for c in algo.dataset.clients) / len(algo.dataset.clients),
             "seconds": s, "total": total, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_gpu": peak_gpu, "outside": 1 - stacked / round_time if round_time else float("nan"),
             "projection": projection, "full_rounds": full_rounds,
@@ -148,46 +214,111 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
 
 
 def table(rows: list[dict]) -> str:
-    head = ("case", "devices", "width", *PHASES, "total s", "outside", "peak RSS GB", "GPU GB", "projection")
+    head = ("case", "devices", "a round", "train samples", "width", *PHASES, "total s", "outside", "peak RSS GB",
+            "GPU GB", "projection")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         s = r["seconds"]
-        lines.append(" | ".join([r["case"], str(r["devices"]), f"{r['width']:g}", *(f"{s[p]:.2f}" for p in PHASES),
+        lines.append(" | ".join([r["case"], str(r["devices"]), str(r["per_round"]), f"{r['samples']:.1f}",
+                                 f"{r['width']:g}", *(f"{s[p]:.2f}" for p in PHASES),
                                  f"{r['total']:.1f}", f"{100 * r['outside']:.0f} %", f"{r['peak_rss'] / 1e9:.2f}",
                                  f"{r['peak_gpu'] / 1e9:.2f}",
                                  f"{r['projection'] / 60:.1f} min / {r['full_rounds']} rounds"]))
     return "\n".join(lines)
 
 
+def case_data(case: str, devices: list[int], args: argparse.Namespace) -> tuple[Path, Size | None, str]:
+    """Where the case's data is, the stand-in's size (None: real data, or CIFAR-10's own), and what it is."""
+    kind = CASES[case].data
+    if kind in args.root:
+        return args.root[kind], None, f"real {kind} from {args.root[kind]}"
+    if kind == "cifar10":
+        if args.data_root is not None:
+            return args.data_root, None, f"real CIFAR-10 from {args.data_root}"
+        return standin("cifar10", args.cache), None, "CIFAR-10 STAND-IN (60,000 images)"
+    paper = PAPER[kind]
+    size = paper if args.paper_data else Size(max(devices), args.samples or CASES[case].samples
+                                              or paper.mean_samples)
+    root = standin(kind, args.cache, size)
+    return root, size, f"{kind} STAND-IN, {size.users:,} users × {size.mean_samples:g} samples ({root})"
+
+
+def scaled_down(case: str, devices: list[int], widths: list[float], size: Size | None, data: str,
+                rounds: int) -> str:
+    """One line: what this case runs at against the paper's setting."""
+    from edgemask.trainer.config import TrainConfig
+
+    base = TrainConfig.load(ROOT / "configs" / CASES[case].config)
+    k = per_round(base)
+    counts = ", ".join(f"{d:,} ({min(k, d)} a round)" for d in devices)
+    kind = CASES[case].data
+    if size is None:
+        samples = "samples per device as the config has them"
+    else:
+        paper = PAPER[kind].mean_samples
+        samples = (f"samples per device {size.mean_samples:g} of the paper's {paper:g}" if size.mean_samples != paper
+                   else f"samples per device the paper's {paper:g}")
+    shown = "; ".join(f"{w:g}: {scaled_args(base.model.name, base.model.args, w)}" for w in widths)
+    return (f"{case} ({CASES[case].config}, {base.algorithm.name}): devices {counts} of the paper's "
+            f"{base.data.num_clients:,} ({k} a round); {samples}; width {', '.join(f'{w:g}' for w in widths)} of 1 "
+            f"({base.model.name} {shown}); rounds {rounds} of {base.training.rounds} (projected); data: {data}")
+
+
+def root_option(text: str) -> tuple[str, Path]:
+    kind, sep, path = text.partition("=")
+    if not sep or kind not in ("femnist", "shakespeare", "har", "cifar10"):
+        raise argparse.ArgumentTypeError(f"{text!r}: KIND=DIR, KIND one of cifar10, femnist, har, shakespeare")
+    return kind, Path(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="fedmask,perfedmask")
-    ap.add_argument("--devices", default="50,100,200,400")
-    ap.add_argument("--widths", default="0.125")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
+    ap.add_argument("--devices", default=None, help="device counts, comma-separated (default: each case's own)")
+    ap.add_argument("--widths", default=None, help="model widths, comma-separated (default: each case's own)")
+    ap.add_argument("--samples", type=float, default=None,
+                    help="a LEAF or HAR stand-in's samples per device on average (default: each case's own)")
+    ap.add_argument("--paper-data", action="store_true", help="stand-ins at the paper's users and samples")
     ap.add_argument("--rounds", type=int, default=1, help="rounds run (each evaluated)")
     ap.add_argument("--device", default="cpu", help="training.device: cpu or cuda")
     ap.add_argument("--data-root", type=Path, default=None, help="the CIFAR-10 python batches (default: a stand-in)")
-    ap.add_argument("--cache", type=Path, default=ROOT / "workspace" / "bench-data" / "cifar-standin")
+    ap.add_argument("--root", type=root_option, action="append", default=[], metavar="KIND=DIR",
+                    help="real data for a kind (femnist, shakespeare, har, cifar10) instead of its stand-in")
+    ap.add_argument("--cache", type=Path, default=ROOT / "workspace" / "bench-data", help="where stand-ins go")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # case:devices:width, run in this process (a child's)
     args = ap.parse_args()
-    root = args.data_root or write_standin(args.cache)
+    args.root = dict(args.root)
     if args.one:
         case, devices, width = args.one.split(":")
-        print(json.dumps(run_one(case, int(devices), float(width), args.rounds, args.device, root)))
+        print(json.dumps(run_one(case, int(devices), float(width), args.rounds, args.device, args.data_root)))
         return
-    rows = []
-    for case in args.cases.split(","):
-        for width in (float(w) for w in args.widths.split(",")):
-            for devices in (int(d) for d in args.devices.split(",")):
-                cmd = [sys.executable, __file__, "--one", f"{case}:{devices}:{width}", "--rounds", str(args.rounds),
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case {', '.join(unknown)}; the cases: {', '.join(CASES)}")
+    rows, notes = [], []
+    for case in cases:
+        devices = [int(d) for d in args.devices.split(",")] if args.devices else [CASES[case].devices]
+        widths = [float(w) for w in args.widths.split(",")] if args.widths else [CASES[case].width]
+        root, size, data = case_data(case, devices, args)
+        if size is not None:  # a natural split has as many devices as the stand-in has users
+            devices = sorted({min(d, size.users) for d in devices})
+        notes.append(scaled_down(case, devices, widths, size, data, args.rounds))
+        print(notes[-1], file=sys.stderr, flush=True)
+        for width in widths:
+            for n in devices:
+                cmd = [sys.executable, __file__, "--one", f"{case}:{n}:{width}", "--rounds", str(args.rounds),
                        "--device", args.device, "--data-root", str(root)]
                 p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
                 if p.returncode != 0:
-                    print(f"{case} {devices} devices width {width:g}: failed (exit {p.returncode}): "
+                    print(f"{case} {n} devices width {width:g}: failed (exit {p.returncode}): "
                           f"{(p.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
                     continue
                 rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
                 print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print("Scaled down from the papers' settings (stand-ins are not the real datasets):")
+    print("\n".join(f"- {n}" for n in notes))
+    print()
     print(table(rows))
 
 
