@@ -26,7 +26,8 @@ from edgemask.trainer.local_training import evaluate
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
 from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
-from edgemask.trainer.system import System
+from edgemask.fedscale import TraceFile
+from edgemask.trainer.system import System, TraceConfig
 
 FINETUNE_ROUND = (1 << 30) + 1  # shuffle-stream tag of the fine-tuning epochs after the last round
 
@@ -106,12 +107,13 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     ``collapse``).
     """
     t0 = time.perf_counter()
+    trace_files = read_trace(cfg)  # a device trace's files read and checked before any work
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
     algo = build_algorithm(cfg, before_setup=before_setup, state_dir=state_dir)
     if ready is not None:
         ready(algo)
     rounds = cfg.training.rounds
-    system = deadlines(cfg, algo.client_ids)
+    system = deadlines(cfg, algo.client_ids, trace_files)
     schedule = sampling_schedule(algo.client_ids, rounds, cfg.training.participation, cfg.run.seed,
                                  None if system is None else cfg.system.selected(system.k, len(algo.client_ids)))
     result = SimulationResult(cfg, algo)
@@ -126,13 +128,19 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     if progress:
         progress(0, rounds, {})  # start the clock before the first round
     for rnd in range(rounds):
-        trained = train_clients(algo, algo.round_clients(rnd, schedule[rnd]), rnd, train_phase)
-        updates = algo.client_updates(rnd, trained)
-        # past the uploads, the round needs only the results' counts: their tensors go unless the algorithm kept them
-        trained = [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in trained]
-        costs.record(rnd, trained, updates, record)
+        cids, offline = algo.round_clients(rnd, schedule[rnd]), []
+        if system is not None:  # a device offline at the round's start does not train (an availability trace)
+            cids, offline = system.available(cids)
+        trained, updates = [], []
+        if cids or system is None:
+            trained = train_clients(algo, cids, rnd, train_phase)
+            updates = algo.client_updates(rnd, trained)
+            # past the uploads, the round needs only the results' counts: their tensors go unless the algorithm
+            # kept them
+            trained = [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in trained]
+            costs.record(rnd, trained, updates, record)
         if system is not None:  # the uploads that arrive in time, as a deployment's server sees them
-            updates = system.round(rnd, trained, updates, algo.trained_fraction, record)
+            updates = system.round(rnd, trained, updates, algo.trained_fraction, record, offline)
         if updates or system is None:  # nothing arrived: the server keeps its model
             algo.aggregate(rnd, updates)
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == rounds:
@@ -153,12 +161,20 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     return result
 
 
-def deadlines(cfg: TrainConfig, client_ids: list[str]) -> System | None:
-    """The run's ``[system]`` with its devices' boards, or None (a run as it always was)."""
+def read_trace(cfg: TrainConfig) -> tuple[TraceFile, TraceFile | None] | None:
+    """The config's device trace (``[system.trace]``), its files read and checked (a mistake: one line naming the
+    file and field), or None without one."""
+    return cfg.system.trace.read_files() if cfg.system is not None and cfg.system.trace is not None else None
+
+
+def deadlines(cfg: TrainConfig, client_ids: list[str],
+              trace_files: tuple[TraceFile, TraceFile | None] | None = None) -> System | None:
+    """The run's ``[system]`` with its devices' boards (or trace clients: ``trace_files``, its device trace's files
+    as read; default: read now), or None (a run as it always was)."""
     if cfg.system is None:
         return None
     k = clients_per_round(len(client_ids), cfg.training.participation)
-    return System.build(cfg.system, list(client_ids), cfg.run.seed, cfg.training.batch_size, k)
+    return System.build(cfg.system, list(client_ids), cfg.run.seed, cfg.training.batch_size, k, trace_files)
 
 
 class RoundCosts:
@@ -513,7 +529,10 @@ def train(cfg: TrainConfig, runs_root: Path, progress=None, memory: Callable[[Fo
     with ``memory_check``, a run that cannot fit this host is refused, naming ``source`` (the config): nothing
     of its size has been allocated, and nothing is written."""
     path = Path(runs_root) / check_name(cfg.run_id, "run.run_id")
+    trace_files = read_trace(cfg)  # a device trace's mistakes said before anything else (simulate reads it again)
     fp = estimate(cfg)
+    if trace_files is not None:  # as many trace clients as the data's devices
+        TraceConfig.check_size(trace_files, fp.devices)
     if memory_check:  # a refusal says the figures itself
         check_fits(fp, source or f"run {cfg.run_id}")
     with run_lock(path):
