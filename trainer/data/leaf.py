@@ -48,12 +48,13 @@ def _load(path: Path) -> dict:
     return d
 
 
-def read_leaf(root: Path, split: str, dataset: str, hint: str, choose: Callable[[list[str]], list[str]]
-              ) -> dict[str, User]:
-    """``{user: (x, y)}`` for the users ``choose`` picks from all users of ``root/split/*.json``.
-
-    Files are parsed once to learn the users, and again only where they hold a chosen user, so a few clients
-    taken from a large dataset keep memory small.
+def read_leaf(root: Path, split: str, dataset: str, hint: str, choose: Callable[[list[str]], list[str]],
+              convert: Callable[[Path, str, list, list], tuple[np.ndarray, np.ndarray]]
+              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{user: (x, y)}`` as arrays (``convert(where, user, x, y)``) for the users ``choose`` picks from all users of
+    ``root/split/*.json``. Files are parsed once to learn the users, and again only where they hold a chosen user,
+    one file at a time: a user's samples become arrays as its file is read, so the host holds one file's parsed
+    objects at once, not every chosen user's (FEMNIST's 562,000 images as Python floats would be 14 GB: issue #45).
     """
     files = _json_files(find_dir(root, split, dataset, hint), dataset, hint)
     owners: dict[str, set[Path]] = {}
@@ -61,10 +62,10 @@ def read_leaf(root: Path, split: str, dataset: str, hint: str, choose: Callable[
         for u in _load(path)["users"]:
             owners.setdefault(str(u), set()).add(path)
     chosen = set(choose(list(owners)))
-    out: dict[str, User] = {}
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for path in sorted(set().union(*(owners[u] for u in chosen if u in owners))):
         d = _load(path)
-        for u in chosen.intersection(map(str, d["user_data"])):
+        for u in sorted(chosen.intersection(map(str, d["user_data"]))):
             rec = d["user_data"][u]
             try:
                 x, y = rec["x"], rec["y"]
@@ -72,9 +73,10 @@ def read_leaf(root: Path, split: str, dataset: str, hint: str, choose: Callable[
                 raise CorruptFileError(f"{path}: user_data[{u!r}] has no 'x' and 'y'") from None
             if len(x) != len(y):
                 raise CorruptFileError(f"{path}: user {u!r} has {len(x)} x but {len(y)} y")
-            prev = out.get(u, ([], []))
-            out[u] = (prev[0] + list(x), prev[1] + list(y))
-    return out
+            parts.setdefault(u, []).append(convert(path.parent, u, list(x), list(y)))
+        del d
+    return {u: ps[0] if len(ps) == 1 else (np.concatenate([p[0] for p in ps]), np.concatenate([p[1] for p in ps]))
+            for u, ps in parts.items()}
 
 
 def _natural(cfg: DataConfig, seed: int, hint: str,
@@ -89,12 +91,12 @@ def _natural(cfg: DataConfig, seed: int, hint: str,
         picked[:] = pick_users(users, cfg, seed)
         return picked
 
-    train = read_leaf(base, "train", cfg.name, hint, choose)
-    test = read_leaf(base, "test", cfg.name, hint, lambda users: picked)
+    train = read_leaf(base, "train", cfg.name, hint, choose, convert)
+    test = read_leaf(base, "test", cfg.name, hint, lambda users: picked, convert)
     rows = []
     for u in picked:
-        xtr, ytr = convert(base / "train", u, *train[u])
-        xte, yte = convert(base / "test", u, *test.get(u, ([], [])))
+        xtr, ytr = train[u]
+        xte, yte = test[u] if u in test else convert(base / "test", u, [], [])
         rows.append((u, xtr, ytr, xte, yte))
     return natural_clients(rows)
 
@@ -162,8 +164,8 @@ def leaf_sizes(cfg: DataConfig, input_shape: tuple[int, ...], num_classes: int, 
                input_dtype: str = "float32") -> DataSizes:
     """A LEAF dataset's sizes from its JSON files' lengths alone (JSON has no header: parsing them is the
     reading itself): samples at most the files' bytes over a sample's fewest bytes (:data:`MIN_JSON_BYTES`).
-    Reading parses a file at a time and keeps the chosen users' samples as Python objects until they are
-    converted (:data:`PARSED_PER_BYTE`): a loose bound, several times what real files hold."""
+    Reading parses a file at a time and converts its chosen users' samples to arrays before the next
+    (:func:`read_leaf`): one file's parsed objects (:data:`PARSED_PER_BYTE`) and their conversion, a loose bound."""
     if cfg.partition != "natural":
         raise ConfigError(f"{cfg.name}: data.partition must be 'natural' (one LEAF user per client), "
                           f"got {cfg.partition!r}")
@@ -174,7 +176,7 @@ def leaf_sizes(cfg: DataConfig, input_shape: tuple[int, ...], num_classes: int, 
     n = sum(sizes) // MIN_JSON_BYTES[cfg.name]
     parsed = PARSED_PER_BYTE[cfg.name]
     return DataSizes(input_shape, num_classes, 0, 0, cfg.num_clients, test_pool=n,
-                     read=parsed * (max(sizes, default=0) + sum(sizes)), input_dtype=input_dtype, largest_part=n)
+                     read=2 * parsed * max(sizes, default=0), input_dtype=input_dtype, largest_part=n)
 
 
 @SIZES.register("femnist")
