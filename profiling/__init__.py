@@ -12,6 +12,8 @@
 - ``layers``: per-layer attribution of profiled runs (operator -> layer -> mask): FLOP bound, measured speedup;
 - ``ledger`` / ``trace`` / ``replay``: ``clients.parquet`` (one row per run × client × setting) and its Pareto front,
   device traces (FedScale's ``client_device_capacity`` and edgemask's own), time- and energy-to-accuracy replay;
+- ``rounds``: a run trained with ``[system]`` read back as it trained: its rounds' in-loop times and the updates
+  dropped per board (the report's "Rounds with deadlines" section);
 - ``training`` / ``budgets`` / ``train_predict``: a campaign's training rows, PerFedMask's budgets from them, and the
   per-layer model of a training step (a board's layers by their state: trained, gradient through, frozen);
 - ``provenance``: what a derived number rests on (a run's identity: model, parameters, digests) and the check that
@@ -57,6 +59,8 @@ _EXPORTS = {
     "write_traces": "edgemask.profiling.trace",
     "read_trace": "edgemask.profiling.trace",
     "replay_report": "edgemask.profiling.replay",
+    "RunRounds": "edgemask.profiling.rounds",
+    "read_rounds": "edgemask.profiling.rounds",
     "RunIdentity": "edgemask.profiling.provenance",
     "check_same": "edgemask.profiling.provenance",
 }

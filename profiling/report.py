@@ -24,6 +24,7 @@ from edgemask.fileio import sha256_file, write_bytes_atomic, write_text_atomic
 from edgemask.targets import TRAINING_FORMATS
 from edgemask.profiling import plots
 from edgemask.profiling.layers import REALIZED_FLAG, LayerBreakdown, LayerRow, breakdowns, time_text
+from edgemask.profiling.rounds import RunRounds, read_rounds
 from edgemask.profiling.stats import DEFAULT_CV_THRESHOLD, SETTING_COLUMNS, TRAIN, summarize
 from edgemask.profiling.store import ResultsStore
 from edgemask.profiling.tidy import write_tidy
@@ -281,6 +282,8 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     finite_samples(df, str(store_path))
     runs = checked_runs(artifacts, data["runs"], workspace, str(store_path))
     inputs = {"results.sqlite": sha256_file(store_path)}
+    # runs trained with [system]: their own rounds, as the training loop timed them (issue #46)
+    in_loop = [r for r in (read_rounds(workspace, run_id) for run_id in sorted(runs)) if r is not None]
     rules = rules or VerdictRules.for_campaign(config, cv_threshold)
     training_rules = training_rules or VerdictRules.for_training(config, rules.cv_threshold)
     train_format = train_format or DEFAULT_TRAIN_FORMAT
@@ -343,8 +346,10 @@ def write_report(results_dir: str | Path, workspace: str | Path, cv_threshold: f
     verdict = verdict_lines(every, rules, training_rules)
     trained = not every.empty and bool((every["workload"] == TRAIN).any())
     sections = (_sections(runtime, summary, failures, skipped, trained) + training_sections(every, train_format)
-                + ledger_sections + layer_sections(layer_bds) + predicted_sections(predicted, prediction_errors))
-    derived = inputs_text(inputs, runs)
+                + in_loop_sections(in_loop) + ledger_sections + layer_sections(layer_bds)
+                + predicted_sections(predicted, prediction_errors))
+    derived = inputs_text({**inputs, **{f"runs/{r.run_id}/{name}": d for r in in_loop for name, d in r.inputs.items()}},
+                          runs)
     md = _markdown(name, generated, config, verdict, sections, figures, notes, derived)
     page = _html(name, generated, config, verdict, sections, figures, notes, derived)
     md_path, html_path = results_dir / "summary.md", results_dir / "report.html"
@@ -644,6 +649,58 @@ def _html(name: str, generated: str, config: dict[str, Any], verdict: list[str],
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>edgemask campaign {e(name)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def fmt_s(x: Any) -> str:
+    return "—" if _is_missing(x) else f"{float(x):.3f}"
+
+
+def in_loop_sections(runs: list[RunRounds]) -> list[tuple[int, str, pd.DataFrame | None]]:
+    """The runs trained with ``[system]`` (issue #46), each timed by its own rounds (``profiling.rounds``): per run,
+    its rounds' in-loop seconds (the deadline and the drops included, as the training loop decided them), how
+    many updates were dropped, and the time to the highest mean accuracy every such run reaches; per board, the
+    updates its devices were selected for and how many were dropped. Empty without such a run."""
+    from edgemask.profiling.replay import pct
+
+    if not runs:
+        return []
+    best = [float(r.rounds["accuracy"].max()) for r in runs if r.rounds["accuracy"].notna().any()]
+    target = min(best) if best else math.nan
+    offline = any(r.availability for r in runs)
+    rows = []
+    for r in runs:
+        t = r.to_target(target) if best else {"rounds": math.nan, "time_s": math.nan}
+        rd, deadline = r.rounds, float(r.system.get("deadline_s", math.nan))
+        selected, dropped = rd["selected"].sum(), rd["dropped"].sum()
+        row = {"algorithm": r.algorithm, "run": r.run_id, "device mix": r.mix_text(),
+               "deadline (s)": fmt_s(deadline), "over-commit": f"{float(r.system.get('over_commit', 0.0)):g}",
+               "K": fmt_int(r.system.get("aggregated_per_round")), "rounds": fmt_int(len(rd)),
+               "all rounds (s)": fmt_s(r.total_s), "mean round (s)": fmt_s(rd["round_time_s"].mean()),
+               "rounds at the deadline": fmt_int((rd["round_time_s"] >= deadline).sum()),
+               "updates": fmt_int(selected), "dropped": fmt_int(dropped),
+               "dropped share": fmt_pct(dropped / selected if selected else math.nan)}
+        if offline:
+            row["offline"] = fmt_int(rd["offline"].sum()) if r.availability else "—"
+        if best:
+            row[f"rounds to {pct(target)} %"] = fmt_int(t["rounds"])
+            row[f"time to {pct(target)} % (s)"] = fmt_s(t["time_s"])
+        rows.append(row)
+    boards = []
+    for r in runs:
+        for b in r.boards.itertuples():
+            row = {"run": r.run_id, "board": b.board, "devices": fmt_int(b.devices), "updates": fmt_int(b.updates),
+                   "dropped": fmt_int(b.dropped), "dropped share": fmt_pct(b.dropped / b.updates if b.updates
+                                                                           else math.nan)}
+            if offline:
+                row["offline"] = fmt_int(b.offline)
+            boards.append(row)
+    target_text = (f"; time to {pct(target)} % mean accuracy, the highest every such run reaches, is the sum of the "
+                   f"rounds' times through the first round reaching it" if best else "")
+    return [(2, "Rounds with deadlines, as trained: each run's own in-loop times ([system]: history.parquet's "
+                "round_time_s, the round's wall-clock as the training loop decided it, the deadline and the dropped "
+                f"updates included; not derived again from a device trace{target_text})", pd.DataFrame(rows)),
+            (3, "Updates dropped per board (in the loop: past the deadline, after the first K to finish"
+                + (", or offline: the availability trace" if offline else "") + ")", pd.DataFrame(boards))]
 
 
 def training_sections(summary: pd.DataFrame, train_format: str) -> list[tuple[int, str, pd.DataFrame | None]]:
