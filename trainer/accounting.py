@@ -65,6 +65,16 @@ def copy_bytes(params: dict[str, torch.Tensor], names: list[str] | None = None,
     return tensor_bytes(kept) + (tensor_bytes(buffers) if buffers else 0)
 
 
+def state_layout(params: dict[str, torch.Tensor], names: list[str] | None = None,
+                 buffers: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The device-store layout (``{name: (shape, dtype)}``, :mod:`edgemask.trainer.device_store`) of a copy of the
+    parameters ``names`` (default: all) and of ``buffers`` when given: a table of what an algorithm keeps of them
+    per device. From shapes alone (meta tensors too): its ``record_bytes`` is that state's
+    ``Algorithm.client_state_bytes``."""
+    kept = params if names is None else {k: params[k] for k in names}
+    return {k: (tuple(v.shape), v.dtype) for k, v in {**kept, **(buffers or {})}.items()}
+
+
 def fedavg_upload(cid: str, result: LocalResult, bytes_down: int) -> ClientUpdate:
     """FedAvg's upload of one result: the trained tensors and the batch-norm running statistics (which travel with
     the weights, so they are costed too); ``bytes_down``: the dense model coming back (``Algorithm.dense_bytes``)."""

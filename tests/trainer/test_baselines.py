@@ -71,7 +71,7 @@ def test_topk_uploads_exactly_k_values_and_k_indices():
         rest = torch.ones(n, dtype=torch.bool)
         rest[sent] = False
         assert delta.abs()[sent].min() >= delta.abs()[rest].max()  # the largest |Δ|
-        torch.testing.assert_close(algo.residual[cid], torch.where(rest, delta, torch.zeros(())))  # error feedback
+        torch.testing.assert_close(algo.residual_of(cid), torch.where(rest, delta, torch.zeros(())))  # error feedback
         ups.append(upd)
     algo.aggregate(0, ups)
     flat_before = torch.cat([before[p].reshape(-1) for p in algo.names])
@@ -103,7 +103,7 @@ def test_uploads_computed_together_are_each_clients_own(name):
             assert list(t.payload) == list(a.payload)
             assert all(torch.equal(t.payload[k], a.payload[k]) for k in a.payload), (rnd, t.client_id)
             if name == "topk":
-                assert torch.equal(together_algo.residual[t.client_id], alone_algo.residual[a.client_id])
+                assert torch.equal(together_algo.residual_of(t.client_id), alone_algo.residual_of(a.client_id))
             if name == "scaffold":
                 assert all(torch.equal(v, alone_algo.c_i[a.client_id][k])
                            for k, v in together_algo.c_i[t.client_id].items())

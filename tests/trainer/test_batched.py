@@ -377,8 +377,7 @@ def test_no_task_keeps_a_tensor_off_the_training_device(algorithm, model):
     # device) catches such a task here without a GPU: every phase of every algorithm must pass it.
     from edgemask.trainer.batched import _probe
 
-    algo = _built(algorithm, model)
-    algo.setup()
+    algo = _built(algorithm, model)  # set up once: its device tables exist (a second set-up would make them again)
     cid = algo.client_ids[0]
     data = algo.dataset.client(cid)
     task, phase = algo.local_task(cid, 0), 0

@@ -1,7 +1,8 @@
 """FedBABU (Oh, Kim and Yun, "FedBABU: Toward Enhanced Representation for Federated Image Classification",
 ICLR 2022): during federated training the head stays at its random initialization (frozen, never sent) and only
 the body is trained and averaged; after training each client fine-tunes — here its head, ``finetune_epochs``
-epochs — and is evaluated with the fine-tuned model (accuracy before and after is reported)."""
+epochs — and is evaluated with the fine-tuned model (accuracy before and after is reported). The fine-tuned heads
+live in the run's device store (``heads``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import copy_bytes, partial_upload
+from edgemask.trainer.accounting import partial_upload, state_layout
 from edgemask.trainer.aggregation import average_buffers, average_state
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.models.registry import head_names
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn
@@ -31,13 +33,13 @@ class FedBABU(Algorithm):
     Args = FedBABUArgs
 
     def client_state_bytes(self) -> int:
-        """Its fine-tuned head."""
-        return copy_bytes(self.global_params, head_names(self.model))
+        """Its fine-tuned head: a record of the device store."""
+        return record_bytes(state_layout(self.global_params, list(head_names(self.model))))
 
     def setup(self) -> None:
         self.head = list(head_names(self.model))
         self.body = [k for k in self.global_params if k not in self.head]
-        self.heads: dict[str, dict[str, torch.Tensor]] = {}
+        self.heads = self.store.table("heads", state_layout(self.global_params, self.head))  # after fine-tuning
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)

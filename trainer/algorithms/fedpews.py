@@ -19,6 +19,10 @@ Heterogeneous Federated Learning"), Algorithm 1.
   neurons of every layer into N contiguous, disjoint groups covering all of them; participant i keeps group i
   during warmup.
 
+Per device, in the run's device store: its scores s_i (``scores``) and the neuron masks of its last round
+(``neuron_masks``, bits; FedPeWS-Fixed's group is computed when used). The server's θ_i of every participant is one
+(N, units) matrix per layer in RAM: θ_g and every θ_{g∖i} are means over all of it each round.
+
 Choices the paper leaves open, stated here: s_g^0 = ``init_score`` everywhere (θ = σ(init_score)); θ_g^0 = σ(s_g^0);
 the sum over participants is unweighted, as written. In one local step the mask update is taken by the loop's
 optimizer through a zero-valued surrogate (s − s̄)·∇_s L_s at rate η_s (``LocalTask.lrs``), so Procedures I and II
@@ -31,7 +35,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from edgemask.errors import ConfigError
@@ -40,6 +43,7 @@ from edgemask.trainer.accounting import mask_bytes, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.algorithms.fedprox import FedProxArgs
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.losses import cross_entropy, with_proximal
 from edgemask.trainer.models.masking import MaskSite
 from edgemask.trainer.models.registry import head_names
@@ -167,17 +171,22 @@ def learned_loss(m: ModelContext, lambda_div: float, mask_lr: float):
     return loss
 
 
-def fixed_partition(units: int, parts: int) -> list[torch.Tensor]:
-    """FedPeWS-Fixed: ``parts`` binary masks over ``units`` neurons, contiguous groups, disjoint, covering all."""
+def fixed_group(units: int, parts: int, i: int) -> torch.Tensor:
+    """FedPeWS-Fixed: participant ``i``'s binary mask over ``units`` neurons, the ``i``-th of ``parts`` contiguous
+    groups, disjoint, covering all (``numpy.array_split``'s: the first ``units % parts`` one neuron larger)."""
     if parts > units:
         raise ConfigError(f"fedpews_fixed: {parts} participants but a hidden layer has only {units} neurons; "
                           f"every participant needs at least one")
-    out = []
-    for idx in np.array_split(np.arange(units), parts):
-        m = torch.zeros(units)
-        m[torch.from_numpy(idx)] = 1.0
-        out.append(m)
-    return out
+    q, r = divmod(units, parts)
+    start = i * q + min(i, r)
+    m = torch.zeros(units)
+    m[start: start + q + int(i < r)] = 1.0
+    return m
+
+
+def fixed_partition(units: int, parts: int) -> list[torch.Tensor]:
+    """FedPeWS-Fixed: ``parts`` binary masks over ``units`` neurons, contiguous groups, disjoint, covering all."""
+    return [fixed_group(units, parts, i) for i in range(parts)]
 
 
 @ALGORITHMS.register("fedpews")
@@ -187,8 +196,16 @@ class FedPeWS(Algorithm):
     fixed = False
 
     def client_state_bytes(self) -> int:
-        """Per hidden neuron, float32: its score s_i, θ_i, its sampled mask and its fixed partition's mask."""
-        return 16 * sum(hidden_units(self.model_context).values())
+        """Its records in the device store (:meth:`_layouts`: the scores s_i in float32, the last round's neuron
+        masks in bits) and its row of the server's θ (float32 per hidden neuron, in RAM)."""
+        units = hidden_units(self.model_context)
+        return sum(map(record_bytes, self._layouts(units).values())) + 4 * sum(units.values())
+
+    def _layouts(self, units: dict[str, int]) -> dict[str, dict]:
+        out = {"neuron_masks": {n: ((h,), torch.bool) for n, h in units.items()}}
+        if not self.fixed:
+            out["scores"] = {n: ((h,), torch.float32) for n, h in units.items()}
+        return out
 
     def setup(self) -> None:
         head = set(head_names(self.model))
@@ -199,13 +216,18 @@ class FedPeWS(Algorithm):
         self._check_sequential()
         T = self.cfg.training.rounds
         self.warmup = self.args.warmup_rounds if self.args.warmup_rounds >= 0 else int(round(self.args.tau * T))
-        s0 = {n: torch.full((h,), self.args.init_score) for n, h in self.units.items()}
-        self.scores = {cid: {n: v.clone() for n, v in s0.items()} for cid in self.client_ids}  # s_i
-        self.theta = {cid: {n: torch.sigmoid(v) for n, v in s0.items()} for cid in self.client_ids}  # θ_i
-        self.neuron_masks: dict[str, Tensors] = {}  # m̃_i of the round (uploaded)
+        self.s0 = {n: torch.full((h,), self.args.init_score) for n, h in self.units.items()}  # every s_i at first
+        N = len(self.client_ids)
+        self.index = {cid: i for i, cid in enumerate(self.client_ids)}
+        # θ_i of every client, row i of each layer's (N, units): the server's, read whole each round
+        self.theta = {n: torch.sigmoid(v).expand(N, -1).clone() for n, v in self.s0.items()}
+        layouts = self._layouts(self.units)
+        self.neuron_masks = self.store.table("neuron_masks", layouts["neuron_masks"])  # m̃_i of its last round
         if self.fixed:
-            parts = {n: fixed_partition(h, len(self.client_ids)) for n, h in self.units.items()}
-            self.fixed_masks = {cid: {n: parts[n][i] for n in parts} for i, cid in enumerate(self.client_ids)}
+            for h in self.units.values():  # a layer narrower than the participants is refused here
+                fixed_group(h, N, 0)
+        else:
+            self.scores = self.store.table("scores", layouts["scores"])  # s_i once it has trained
 
     def _check_sequential(self) -> None:
         prev = None
@@ -225,8 +247,10 @@ class FedPeWS(Algorithm):
 
     def theta_excluding(self, cid: str) -> Tensors:
         """θ_{g∖i}: the mean of the other participants' latest θ_j (θ_i itself with one participant)."""
-        others = [self.theta[c] for c in self.client_ids if c != cid] or [self.theta[cid]]
-        return {n: torch.stack([t[n] for t in others]).mean(0) for n in self.units}
+        i = self.index[cid]
+        if len(self.client_ids) == 1:
+            return {n: t.mean(0) for n, t in self.theta.items()}
+        return {n: torch.cat([t[:i], t[i + 1:]]).mean(0) for n, t in self.theta.items()}
 
     @functools.cached_property
     def theta_bytes(self) -> int:
@@ -235,7 +259,20 @@ class FedPeWS(Algorithm):
 
     @property
     def theta_global(self) -> Tensors:
-        return {n: torch.stack([self.theta[c][n] for c in self.client_ids]).mean(0) for n in self.units}
+        return {n: t.mean(0) for n, t in self.theta.items()}
+
+    def fixed_masks(self, cid: str) -> Tensors:
+        """FedPeWS-Fixed: the client's group of every hidden layer's neurons (float 0 / 1)."""
+        return {n: fixed_group(h, len(self.client_ids), self.index[cid]) for n, h in self.units.items()}
+
+    def last_masks(self, cid: str) -> Tensors:
+        """m̃_i of the client's last round (float 0 / 1; empty: dense, or before it has trained)."""
+        rec = self.neuron_masks.get(cid) or {}
+        return {n: m.float() for n, m in rec.items()}
+
+    def scores_of(self, cid: str) -> Tensors:
+        """s_i: s_g^0 until the client has trained."""
+        return self.scores.get(cid, self.s0)
 
     def param_masks(self, neuron: Tensors) -> Tensors:
         """𝒢's last step: neuron masks (units,) -> parameter masks of every masked layer's weight and bias."""
@@ -260,7 +297,7 @@ class FedPeWS(Algorithm):
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         if not self.in_warmup(rnd):
             task = super().local_task(cid, rnd)
-            self.neuron_masks[cid] = {}
+            self.neuron_masks[cid] = {}  # dense
         elif self.fixed:
             task = self._fixed_task(cid)
         else:
@@ -270,8 +307,8 @@ class FedPeWS(Algorithm):
         return task
 
     def _fixed_task(self, cid: str) -> LocalTask:
-        masks = self.fixed_masks[cid]
-        self.neuron_masks[cid] = masks
+        masks = self.fixed_masks(cid)
+        self.neuron_masks[cid] = {n: m.bool() for n, m in masks.items()}
         constants = {f"m:{n}": m for n, m in masks.items()}
         return LocalTask({k: v.clone() for k, v in self.global_params.items()}, self.model_spec, Fn("fedpews.fixed_forward"), constants=constants,
                          buffers={k: v.clone() for k, v in self.global_buffers.items()},
@@ -279,7 +316,8 @@ class FedPeWS(Algorithm):
 
     def _learned_task(self, cid: str) -> LocalTask:
         names = list(self.units)
-        trainable = {**{k: v.clone() for k, v in self.global_params.items()}, **{f"s:{n}": self.scores[cid][n].clone() for n in names}}
+        s = self.scores_of(cid)
+        trainable = {**{k: v.clone() for k, v in self.global_params.items()}, **{f"s:{n}": s[n].clone() for n in names}}
         excl = self.theta_excluding(cid)
         constants = {f"theta:{n}": excl[n] for n in names}
         loss = Fn.of("fedpews.learned_loss", lambda_div=self.args.lambda_div, mask_lr=self.args.mask_lr)
@@ -300,9 +338,11 @@ class FedPeWS(Algorithm):
             s = {n: result.trained[f"s:{n}"] for n in self.units}
             self.scores[cid] = s
             theta = {n: torch.sigmoid(v) for n, v in s.items()}
-            self.neuron_masks[cid] = {n: torch.bernoulli(t) for n, t in theta.items()}  # m_i^t = 𝒢(s_i^{t,K})
+            neuron = {n: torch.bernoulli(t) for n, t in theta.items()}  # m_i^t = 𝒢(s_i^{t,K})
+            self.neuron_masks[cid] = {n: m.bool() for n, m in neuron.items()}
             extra["theta"] = theta
-        neuron = self.neuron_masks[cid]
+        else:  # the round's masks, as its local task set them
+            neuron = self.last_masks(cid)
         pmask = self.param_masks(neuron) if neuron else {}
         if pmask:  # only the selected parameters, the mask (1 bit each) and θ_i cross the network
             sent = sum(int(m.sum()) for m in pmask.values()) * 4
@@ -317,7 +357,8 @@ class FedPeWS(Algorithm):
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for u in updates:
             if "theta" in u.extra:
-                self.theta[u.client_id] = u.extra["theta"]
+                for n, t in u.extra["theta"].items():
+                    self.theta[n][self.index[u.client_id]] = t
         for k, xg in self.global_params.items():
             masks = [u.extra["masks"].get(k) for u in updates]  # None: the whole tensor
             self.global_params[k] = server_update(xg, [u.payload[k] for u in updates], masks, self.args.server_lr)
@@ -326,7 +367,7 @@ class FedPeWS(Algorithm):
 
     def eval_masks(self, cid: str) -> Tensors:
         """The masks of the client's last local training (for its FLOPs); dense after the warmup."""
-        neuron = self.neuron_masks.get(cid) or {}
+        neuron = self.last_masks(cid)
         if not neuron:
             return {}
         pm = self.param_masks(neuron)

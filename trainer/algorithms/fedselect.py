@@ -14,7 +14,9 @@ Each round, every sampled client k, starting from its model θ_0 = θ_k^{t−1}:
   θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k and θ_k ⊙ m_k = v_k^+.
 
 Choices stated here: a client not sampled in a round keeps its personal parameters and takes θ_G on its shared
-ones (Alg. 2's m_G branch only matters under partial participation); a never-sampled client uses θ_G. Batch-norm
+ones (Alg. 2's m_G branch only matters under partial participation); a never-sampled client uses θ_G. So θ_k is
+where(m_k, v_k, θ_G) at every moment: the run's device store keeps m_k (``personal``, bits) and v_k (``models``, the
+whole tensors as the client last left them), and θ_k is built from them and the current θ_G when it is used. Batch-norm
 running statistics are the client's own: its local training resumes from them, and it is evaluated and saved
 (its personalized model) with them; the server averages them like FedAvg's for the clients never sampled.
 The paper's backbone is an ImageNet-pretrained ResNet18, which cannot be downloaded here: ``init_weights`` loads a
@@ -37,9 +39,10 @@ from safetensors import SafetensorError
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from edgemask.trainer.accounting import copy_bytes, mask_bytes, tensor_bytes
+from edgemask.trainer.accounting import mask_bytes, state_layout, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 
 Tensors = dict[str, torch.Tensor]
@@ -145,22 +148,40 @@ class FedSelect(Algorithm):
     Args = FedSelectArgs
 
     def client_state_bytes(self) -> int:
-        """Its personal mask m_k (bool, a byte an element), its personalized model θ_k and batch-norm statistics."""
-        personal = sum(v.numel() for v in self.global_params.values())  # bool
-        return personal + copy_bytes(self.global_params, buffers=self.global_buffers)
+        """Its records in the device store (:meth:`_layouts`): its personal mask m_k in bits, v_k and its batch-norm
+        statistics."""
+        return sum(map(record_bytes, self._layouts().values()))
+
+    def _layouts(self) -> dict[str, dict]:
+        """The device store's tables: m_k (bool, packed), v_k (the client's model as it last left it: θ_k takes its
+        values where m_k is set) and the client's own batch-norm statistics."""
+        return {"personal": {k: (tuple(v.shape), torch.bool) for k, v in self.global_params.items()},
+                "models": state_layout(self.global_params), "buffers": state_layout({}, buffers=self.global_buffers)}
 
     def setup(self) -> None:
         self.init_report = {}
         if self.args.init_weights:
             n, skipped = load_init_weights(self.args.init_weights, self.global_params, self.global_buffers)
             self.init_report = {"init_weights": self.args.init_weights, "loaded": n, "skipped_shape": skipped}
-        self.models: dict[str, Tensors] = {}  # θ_k, the client's full model
-        self.personal: dict[str, Tensors] = {}  # m_k (bool)
-        self.buffers: dict[str, Tensors] = {}
-        self.round_state: dict[str, dict] = {}
+        layouts = self._layouts()
+        self.personal = self.store.table("personal", layouts["personal"])  # m_k, as θ_k holds it
+        self.models = self.store.table("models", layouts["models"])  # v_k
+        self.buffers = self.store.table("buffers", layouts["buffers"])
+        self.round_state: dict[str, dict] = {}  # a round's GradLTN state per client, until its upload
+        self.uploaded: dict[str, Tensors] = {}  # the masks uploaded since the last aggregate (until it)
 
     def client_model(self, cid: str) -> Tensors:
-        return self.models.get(cid, self.global_params)
+        """θ_k = where(m_k, v_k, θ_G); θ_G for a client that has not uploaded yet."""
+        m = self.personal.get(cid)
+        if m is None:
+            return self.global_params
+        v = self.models[cid]
+        return {k: torch.where(m[k], v[k], g) for k, g in self.global_params.items()}
+
+    def personal_mask(self, cid: str) -> Tensors | None:
+        """The client's latest m_k (None before its first upload)."""
+        m = self.uploaded.get(cid)
+        return m if m is not None else self.personal.get(cid)
 
     def _task(self, start: Tensors, buffers: Tensors, keep: Tensors, epochs: int) -> LocalTask:
         return LocalTask(trainable=dict(start),  # the loops train copies: θ_0 itself stays as it is
@@ -204,7 +225,7 @@ class FedSelect(Algorithm):
     def _upload(self, cid: str, result: LocalResult) -> ClientUpdate:
         """The shared part of θ_k (4 bytes an element) and the personal mask m_k (1 bit an element)."""
         m = self.round_state.pop(cid)["mask"]
-        self.personal[cid] = m
+        self.uploaded[cid] = m
         self.buffers[cid] = result.buffers
         n_shared = sum(int((~v).sum()) for v in m.values())
         return ClientUpdate(cid, result.num_samples, {**result.trained, **result.buffers},
@@ -212,16 +233,23 @@ class FedSelect(Algorithm):
                             train_loss=result.loss, samples_seen=result.samples_seen, extra={"personal": m})
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        """θ_G from the shared parts; then every client holds θ_G on its shared parameters (θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k,
+        :meth:`client_model`) and on its personal ones v_k^+ (uploaded) or what it held (kept)."""
+        masks = {**self.uploaded, **{u.client_id: u.extra["personal"] for u in updates}}
+        trained = {u.client_id: u.payload for u in updates}
+        # an upload that did not arrive (a deadline missed): the client keeps the model it held, under its new mask
+        kept = {cid: self.client_model(cid) for cid in masks if cid not in trained and cid in self.personal}
         w = [float(u.num_samples) for u in updates]
         for k, g in self.global_params.items():
             self.global_params[k] = shared_average(g, [u.payload[k] for u in updates],
                                                    [u.extra["personal"][k] for u in updates], w)
         self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
                                               [u.num_samples for u in updates])
-        trained = {u.client_id: u.payload for u in updates}
-        for cid in self.personal:  # θ_k ⊙ ¬m_k = θ_G ⊙ ¬m_k; θ_k ⊙ m_k = v_k^+ (sampled) or kept
-            src = trained.get(cid, self.models.get(cid, self.global_params))
-            self.models[cid] = {k: torch.where(self.personal[cid][k], src[k], g) for k, g in self.global_params.items()}
+        for cid, m in masks.items():
+            src = trained.get(cid, kept.get(cid, self.global_params))
+            self.personal[cid] = m
+            self.models[cid] = {k: src[k] for k in self.global_params}
+        self.uploaded.clear()
 
     def client_buffers(self, cid: str) -> Tensors:
         """The batch-norm statistics of the client's personalized model: its own from its last local training
@@ -234,12 +262,14 @@ class FedSelect(Algorithm):
     def client_state(self, cid: str) -> ClientState:
         """The personal parameters (where m_k keeps any element) and the client's own buffers: with the shared
         model they rebuild exactly the model it was evaluated with."""
-        if cid not in self.personal:
+        m = self.personal_mask(cid)
+        if m is None:
             return ClientState()
-        personal = {k: v for k, v in self.models[cid].items() if self.personal[cid][k].any()}
+        personal = {k: v for k, v in self.client_model(cid).items() if m[k].any()}
         return ClientState(params={**personal, **self.client_buffers(cid)})
 
     def summary_extra(self) -> dict:
         total = sum(v.numel() for v in self.global_params.values())
-        frac = {cid: sum(int(v.sum()) for v in m.values()) / total for cid, m in self.personal.items()}
+        frac = {cid: sum(int(v.sum()) for v in m.values()) / total
+                for cid in self.client_ids if (m := self.personal_mask(cid)) is not None}
         return {"personal_fraction": frac, **self.init_report}

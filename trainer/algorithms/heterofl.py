@@ -98,44 +98,45 @@ class HeteroFL(Algorithm):
         rates = [float(r) for r in (self.args.rates or [1.0, 0.5, 0.25])]
         head = set(head_names(self.model))
         self.rate = {cid: rates[i % len(rates)] for i, cid in enumerate(self.client_ids)}
-        # a client's masks are its rate's: built once per rate, the same tensors for all its clients (no per-client
-        # copy of a model-sized mask; stacked as views)
-        by_rate = {r: width_masks(self.global_params, self.sites, head, r) for r in sorted(set(self.rate.values()))}
-        holds = {r: holder_masks(self.global_params, self.sites, m) for r, m in by_rate.items()}
-        held = {r: sum(int(h.sum()) for h in hold.values()) for r, hold in holds.items()}
-        self.masks = {cid: by_rate[r] for cid, r in self.rate.items()}
-        self.hold = {cid: holds[r] for cid, r in self.rate.items()}
-        self.held = {cid: held[r] for cid, r in self.rate.items()}  # elements
+        # a client's masks are its rate's: built once per rate, the same tensors for all its clients (nothing
+        # model-sized per client; stacked as views)
+        self.rate_masks = {r: width_masks(self.global_params, self.sites, head, r)
+                           for r in sorted(set(self.rate.values()))}
+        self.rate_hold = {r: holder_masks(self.global_params, self.sites, m) for r, m in self.rate_masks.items()}
+        self.rate_held = {r: sum(int(h.sum()) for h in hold.values()) for r, hold in self.rate_hold.items()}  # elements
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
-        masks = self.masks[cid]
+        r = self.rate[cid]
         # the global tensors themselves: the loops train copies (LocalTask)
         return LocalTask(dict(self.global_params), self.model_spec, SUBMODEL,
-                         constants=dict(masks), buffers=dict(self.global_buffers),
-                         epochs=self.cfg.training.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.hold[cid]))
+                         constants=dict(self.rate_masks[r]), buffers=dict(self.global_buffers),
+                         epochs=self.cfg.training.local_epochs, lr=self.cfg.training.lr, grad_keep=dict(self.rate_hold[r]))
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
         """The trained submodel; its float32 elements cost the same both ways."""
-        return [ClientUpdate(cid, res.num_samples, {**res.trained, **res.buffers}, bytes_up=self.held[cid] * 4,
-                             bytes_down=self.held[cid] * 4, train_loss=res.loss, samples_seen=res.samples_seen)
-                for cid, res in results]
+        out = []
+        for cid, res in results:
+            held = self.rate_held[self.rate[cid]]
+            out.append(ClientUpdate(cid, res.num_samples, {**res.trained, **res.buffers}, bytes_up=held * 4,
+                                    bytes_down=held * 4, train_loss=res.loss, samples_seen=res.samples_seen))
+        return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
         for k, g in self.global_params.items():
             self.global_params[k] = mask_weighted_average(g, [u.payload[k] for u in updates],
-                                                          [self.hold[u.client_id][k] for u in updates])
+                                                          [self.rate_hold[self.rate[u.client_id]][k] for u in updates])
         self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
                                               [u.num_samples for u in updates])
 
     def eval_masks(self, cid: str) -> dict[str, torch.Tensor]:
-        return self.masks[cid]
+        return self.rate_masks[self.rate[cid]]
 
     def eval_models(self, cids: list[str]) -> list[EvalModel]:
-        return [masked_model(self.model_context, self.global_params, self.masks[cid], self.global_buffers)
+        return [masked_model(self.model_context, self.global_params, self.eval_masks(cid), self.global_buffers)
                 for cid in cids]
 
     def client_state(self, cid: str) -> ClientState:
-        return ClientState(masks=dict(self.masks[cid]))
+        return ClientState(masks=dict(self.eval_masks(cid)))
 
     def summary_extra(self) -> dict:
         return {"rates": self.rate}

@@ -21,7 +21,8 @@ communicated"):
 ratio of Liang et al.'s MNIST reproduction (400 of 500 rounds; FedMask Fig. 2's 1.30× saving of LG-FedAvg over
 FedAvg on VGG16 likewise puts about 77 % of the traffic in the first stage). ``warmup_rounds = 0``: no first
 stage, every device starts from the shared seeded initialization. Evaluation: the device's own representation with
-the current global head (during the first stage, the global FedAvg model).
+the current global head (during the first stage, the global FedAvg model). A device's representation lives in the
+run's device store (``rep``: its parameters and batch-norm statistics, one record) once it has trained locally.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 import torch
 
 from edgemask.schema import setting
-from edgemask.trainer.accounting import copy_bytes, fedavg_upload, tensor_bytes
+from edgemask.trainer.accounting import fedavg_upload, state_layout, tensor_bytes
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.aggregation import average_state
 from edgemask.trainer.models import head_names
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
@@ -52,9 +54,13 @@ class LGFedAvg(Algorithm):
     Args = LGFedAvgArgs
 
     def client_state_bytes(self) -> int:
-        """Its local representation (every parameter but the head) and batch-norm statistics."""
-        return copy_bytes(self.global_params, [k for k in self.global_params if k not in set(head_names(self.model))],
-                          self.global_buffers)
+        """Its local representation (every parameter but the head) and batch-norm statistics: a record of the
+        device store."""
+        return record_bytes(self._layout())
+
+    def _layout(self) -> dict:
+        head = set(head_names(self.model))
+        return state_layout(self.global_params, [k for k in self.global_params if k not in head], self.global_buffers)
 
     def setup(self) -> None:
         self.head = [n for n in head_names(self.model)]
@@ -64,19 +70,18 @@ class LGFedAvg(Algorithm):
         self.warmup = a.warmup_rounds if a.warmup_rounds >= 0 else int(a.warmup_fraction * T)
         # a device's personal representation once it has trained in the local stage; before, the global model's
         # (the seeded init, or the FedAvg stage's: the local stage never changes the global representation)
-        self.rep: dict[str, dict[str, torch.Tensor]] = {}
-        self.rep_buffers: dict[str, dict[str, torch.Tensor]] = {}
-        # devices holding the model their local stage starts from (without a first stage: the shared seed's)
-        self.started: set[str] = set() if self.warmup else set(self.client_ids)
+        self.rep = self.store.table("rep", self._layout())
 
     def in_warmup(self, rnd: int) -> bool:
         return rnd < self.warmup
 
     def representation(self, cid: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The device's representation parameters and batch-norm statistics."""
-        if cid in self.rep:
-            return self.rep[cid], self.rep_buffers[cid]
-        return {k: v for k, v in self.global_params.items() if k not in self.head}, self.global_buffers
+        rec = self.rep.get(cid)
+        if rec is None:
+            return {k: v for k, v in self.global_params.items() if k not in self.head}, self.global_buffers
+        return ({k: v for k, v in rec.items() if k in self.global_params},
+                {k: v for k, v in rec.items() if k in self.global_buffers})
 
     def _global_head(self) -> dict[str, torch.Tensor]:
         return {k: self.global_params[k] for k in self.head}
@@ -97,13 +102,12 @@ class LGFedAvg(Algorithm):
         """In the warmup FedAvg's upload; then the client keeps its representation and uploads its head."""
         if self.in_warmup(rnd):  # FedAvg: the whole model both ways
             return fedavg_upload(cid, result, self.dense_bytes)
-        self.rep[cid] = {k: v for k, v in result.trained.items() if k not in self.head}
-        self.rep_buffers[cid] = dict(result.buffers)
+        # a device's first local-stage round downloads the FedAvg model's representation once (without a first
+        # stage every device holds the shared seed's already)
+        first = self.warmup > 0 and cid not in self.rep
+        self.rep[cid] = {**{k: v for k, v in result.trained.items() if k not in self.head}, **result.buffers}
         head = {k: result.trained[k] for k in self.head}
-        down = self._global_head()
-        if cid not in self.started:  # the first local-stage round: the FedAvg model's representation, once
-            down = {**self.global_params, **self.global_buffers}
-            self.started.add(cid)
+        down = {**self.global_params, **self.global_buffers} if first else self._global_head()
         return ClientUpdate(cid, result.num_samples, head, bytes_up=tensor_bytes(head),
                             bytes_down=tensor_bytes(down), train_loss=result.loss,
                             samples_seen=result.samples_seen)

@@ -15,7 +15,8 @@ of the model's classifier head (the ``head`` the personalization baselines split
 with a forward pre-hook during a stateless call of the model (``trainer.models.stateless``) — any registered model
 works, under ``vmap`` too. As in the authors' code the global and previous models are frozen and run in eval
 mode (batch norm uses their running statistics and does not update them). ℓ_con is averaged over the minibatch
-like the cross-entropy; the history's ``train_loss`` is the whole objective ℓ.
+like the cross-entropy; the history's ``train_loss`` is the whole objective ℓ. w_i^{t−1} lives in the run's device
+store (``previous``: its parameters and buffers, one record a device).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgemask.errors import ConfigError
-from edgemask.trainer.accounting import copy_bytes
+from edgemask.trainer.accounting import state_layout
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.losses import cross_entropy
 from edgemask.trainer.models.stateless import stateless_call
 from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
@@ -95,8 +97,8 @@ class Moon(Algorithm):
     Args = MoonArgs
 
     def client_state_bytes(self) -> int:
-        """Its previous local model w_i^{t−1} with its buffers."""
-        return copy_bytes(self.global_params, buffers=self.global_buffers)
+        """Its previous local model w_i^{t−1} with its buffers: a record of the device store."""
+        return record_bytes(state_layout(self.global_params, buffers=self.global_buffers))
 
     def setup(self) -> None:
         heads = tuple(getattr(self.model, "head", ()))
@@ -105,7 +107,8 @@ class Moon(Algorithm):
                               f"(its input is MOON's representation z), it names {heads or 'none'}; "
                               f"set the model class's ``head`` attribute")
         self.head = heads[0]
-        self.previous: dict[str, dict[str, torch.Tensor]] = {}  # w_i^{t−1} with its buffers, per client
+        # w_i^{t−1} with its buffers, per client (the global model's at its first participation)
+        self.previous = self.store.table("previous", state_layout(self.global_params, buffers=self.global_buffers))
         self.loss = Fn.of("moon.loss", head=self.head, mu=self.args.mu, tau=self.args.tau)
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:

@@ -16,8 +16,9 @@ count, the last D is paired with the round's first minibatch B_0 (a different ba
 only a client whose whole round is one minibatch uses it as both D and D'). ``max_steps`` counts such steps.
 The server averages like FedAvg. Personalized evaluation: each device adapts the global model with one gradient
 step of size α on its whole local training set (full batch), w_i = w − α ∇f(w; D_i^train), and is tested with
-w_i; that adapted model is what the run directory stores for the client. With the batched engine, every client's
-adaptation step runs at once (:meth:`PerFedAvg.eval_models`).
+w_i; that adapted model is what the run directory stores for the client, kept from its last evaluation in the run's
+device store (``personal``). With the batched engine, every client's adaptation step runs at once
+(:meth:`PerFedAvg.eval_models`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from edgemask.trainer.accounting import copy_bytes
+from edgemask.trainer.accounting import state_layout
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.losses import cross_entropy
 from edgemask.trainer.records import ClientState, EvalModel, LocalTask
 from edgemask.trainer.task_functions import Fn, ModelContext, task_function
@@ -85,11 +87,11 @@ class PerFedAvg(Algorithm):
     Args = PerFedAvgArgs
 
     def client_state_bytes(self) -> int:
-        """Its adapted model (evaluation's one step)."""
-        return copy_bytes(self.global_params)
+        """Its adapted model (evaluation's one step): a record of the device store."""
+        return record_bytes(state_layout(self.global_params))
 
     def setup(self) -> None:
-        self.personal: dict[str, dict[str, torch.Tensor]] = {}
+        self.personal = self.store.table("personal", state_layout(self.global_params))  # w_i of the last evaluation
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)
@@ -110,10 +112,12 @@ class PerFedAvg(Algorithm):
             whole = max([d.num_train for d in data] + [1])
             results = self.engine.train(tasks, [(d.train_x, d.train_y) for d in data],
                                         [[np.arange(d.num_train)] for d in data], whole)
-            self.personal.update({cid: res.trained for cid, res in zip(cids, results)})
+            adapted = [res.trained for res in results]
         else:
-            self.personal.update({cid: self._adapted(cid) for cid in cids})
-        return [EvalModel(self.personal[cid], self.global_buffers, self.model_context.call) for cid in cids]
+            adapted = [self._adapted(cid) for cid in cids]
+        for cid, w in zip(cids, adapted):
+            self.personal[cid] = w
+        return [EvalModel(w, self.global_buffers, self.model_context.call) for w in adapted]
 
     def _adapted(self, cid: str) -> dict[str, torch.Tensor]:
         d = self.dataset.client(cid)
@@ -123,6 +127,7 @@ class PerFedAvg(Algorithm):
                      self.args.alpha)
 
     def client_state(self, cid: str) -> ClientState:
-        if cid not in self.personal:
-            self.personal[cid] = self._adapted(cid)
-        return ClientState(params=dict(self.personal[cid]))
+        w = self.personal.get(cid)
+        if w is None:
+            w = self.personal[cid] = self._adapted(cid)
+        return ClientState(params=dict(w))

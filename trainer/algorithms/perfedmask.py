@@ -17,6 +17,8 @@ Vectors", ICLR 2023; the poster's equations).
   (:func:`edgemask.trainer.aggregation.mask_weighted_average`); an element no device trained keeps its value.
 * After training every device fine-tunes its head φ_n on its data (``finetune_task``); accuracy is reported
   before and after, with each device's trainable parameters and forward/backward FLOPs (the poster's tables).
+  The fine-tuned heads live in the run's device store (``heads``); a device's masks are rebuilt from its P^mask
+  row when used (:meth:`PerFedMask.keep`), never kept for every device.
 
 Linearization (ours): with z_jc = 1 ⇔ layer j is trained by exactly c devices (c = 0..N, one-hot),
 Σ_n m_nj = Σ_c c z_jc and (k̃_n)_j = m_nj Σ_c z_jc / c, so Σ_n (k̃_n)_j = 1 − z_j0 and the weighted sum is
@@ -38,9 +40,10 @@ import torch
 
 from edgemask.errors import ConfigError
 from edgemask.schema import setting
-from edgemask.trainer.accounting import copy_bytes, fedavg_upload, forward_flops, layer_positions, tensor_bytes
+from edgemask.trainer.accounting import fedavg_upload, forward_flops, layer_positions, state_layout, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, mask_weighted_average
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.models.registry import head_names
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn
@@ -219,8 +222,11 @@ class PerFedMask(Algorithm):
     Args = PerFedMaskArgs
 
     def client_state_bytes(self) -> int:
-        """Its fine-tuned head (the P^mask tensors are shared: ``_param_masks``)."""
-        return copy_bytes(self.global_params, sorted(head_names(self.model)))
+        """Its fine-tuned head, a record of the device store (the P^mask tensors are shared: :meth:`keep`)."""
+        return record_bytes(self._head_layout())
+
+    def _head_layout(self) -> dict:
+        return state_layout(self.global_params, sorted(head_names(self.model)))
 
     def setup(self) -> None:
         self.head = set(head_names(self.model))
@@ -250,15 +256,16 @@ class PerFedMask(Algorithm):
                             for i, cid in enumerate(self.client_ids)}
         self._zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}
         self._ones = {k: torch.ones_like(v) for k, v in self.global_params.items()}
-        self.keep = {cid: self._param_masks(cid) for cid in self.client_ids}
-        self.heads: dict[str, dict[str, torch.Tensor]] = {}
+        if "heads" not in self.store.tables:  # set up once more by device_task: the same table
+            self.store.table("heads", self._head_layout())
+        self.heads = self.store.tables["heads"]  # φ_n after fine-tuning
         example = self.dataset.clients[0].train_x[:1]
         positions = layer_positions(self.model, self.sites, example)
         self.fwd = forward_flops(self.model, self.sites, {}, positions)
         per_site = {s.name: forward_flops(self.model, (s,), {}, positions) for s in self.sites}
         self.bwd = {cid: self._backward(cid, per_site) for cid in self.client_ids}
 
-    def _param_masks(self, cid: str) -> dict[str, torch.Tensor]:
+    def keep(self, cid: str) -> dict[str, torch.Tensor]:
         """The device's P^mask row as a 0 / 1 tensor per parameter (1: trained). A layer is trained whole or not
         at all, so every device's masks are the same two tensors per parameter, all-zeros and all-ones, shared
         (stacked as views): the per-device state is ``layer_masks``, one bit a layer."""
@@ -291,7 +298,7 @@ class PerFedMask(Algorithm):
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)
-        task.grad_keep = self.keep[cid]
+        task.grad_keep = self.keep(cid)
         return task
 
     def client_updates(self, rnd: int, results: list[tuple[str, LocalResult]]) -> list[ClientUpdate]:
@@ -299,14 +306,15 @@ class PerFedMask(Algorithm):
         out = []
         for cid, result in results:
             upd = fedavg_upload(cid, result, self.dense_bytes)
-            upd.bytes_up = tensor_bytes({k: v for k, v in result.trained.items() if self.keep[cid][k].any()})
+            keep = self.keep(cid)
+            upd.bytes_up = tensor_bytes({k: v for k, v in result.trained.items() if keep[k].any()})
             out.append(upd)
         return out
 
     def aggregate(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        keeps = [self.keep(u.client_id) for u in updates]
         for k, g in self.global_params.items():
-            self.global_params[k] = mask_weighted_average(
-                g, [u.payload[k] for u in updates], [self.keep[u.client_id][k] for u in updates])
+            self.global_params[k] = mask_weighted_average(g, [u.payload[k] for u in updates], [m[k] for m in keeps])
         self.global_buffers = average_buffers(self.global_buffers, [u.payload for u in updates],
                                               [u.num_samples for u in updates])
 
@@ -341,13 +349,13 @@ class PerFedMask(Algorithm):
     def trained_fraction(self, cid: str) -> float:
         """The body's share device ``cid`` trains (the layers P^mask gave it, ≤ ψ_n / d_w): the f of a board's
         measured step line (``edgemask budgets``, :mod:`edgemask.trainer.system`)."""
-        body = sum(int(m.sum()) for k, m in self.keep[cid].items() if k not in self.head)
-        return body / max(sum(int(m.numel()) for k, m in self.keep[cid].items() if k not in self.head), 1)
+        keep = {k: m for k, m in self.keep(cid).items() if k not in self.head}
+        return sum(int(m.sum()) for m in keep.values()) / max(sum(int(m.numel()) for m in keep.values()), 1)
 
     def summary_extra(self) -> dict:
         return {"pmask_objective": self.pmask.objective, "pmask": self.pmask.summary(),
                 "flops_fwd_per_sample": self.fwd,
-                "devices": {cid: {"budget": self.psi[i], "trainable_params": sum(int(m.sum()) for m in self.keep[cid].values()),
+                "devices": {cid: {"budget": self.psi[i], "trainable_params": sum(int(m.sum()) for m in self.keep(cid).values()),
                                   "layers_trained": sum(self.layer_masks[cid].values()),
                                   "flops_fwd_per_sample": self.fwd, "flops_bwd_per_sample": self.bwd[cid],
                                   **self._budget_source(cid)}

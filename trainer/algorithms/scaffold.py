@@ -10,7 +10,8 @@ Federated Learning", ICML 2020), Algorithm 1 with option II for the client's con
 The corrected gradient g − c_i + c is the gradient of f_i(y) + ⟨y, c − c_i⟩, so the correction is a linear
 regularizer of the local task (c and c_i ride in its constants) and both local-training loops run unchanged.
 K is the client's number of local optimizer steps (⌈n_i/B⌉ per epoch, the loop's own plan); a client with no step
-keeps its c_i. Control variates start at 0. The averages over S are uniform, as in the paper; batch-norm
+keeps its c_i. Control variates start at 0; a client's c_i lives in the run's device store (``c_i``) once it has
+trained. The averages over S are uniform, as in the paper; batch-norm
 buffers are averaged as FedAvg does (they are statistics, not iterates).
 
 Momentum and weight decay: the paper analyses plain SGD. Weight decay is part of g_i here (SCAFFOLD corrects the
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import copy_bytes, tensor_bytes
+from edgemask.trainer.accounting import state_layout, tensor_bytes
 from edgemask.trainer.aggregation import average_buffers, local_steps, momentum_norm, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.records import ClientUpdate, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn, ModelContext, task_function
 
@@ -84,18 +86,22 @@ class Scaffold(Algorithm):
     Args = ScaffoldArgs
 
     def client_state_bytes(self) -> int:
-        """Its control variate c_i, one per parameter."""
-        return copy_bytes(self.global_params)
+        """Its control variate c_i, one per parameter: a record of the device store."""
+        return record_bytes(state_layout(self.global_params))
 
     def setup(self) -> None:
-        zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}
-        self.c = dict(zeros)  # the server's control variate
-        self.c_i = {cid: zeros for cid in self.client_ids}  # every client starts from the same zero tensors
+        self.zeros = {k: torch.zeros_like(v) for k, v in self.global_params.items()}
+        self.c = dict(self.zeros)  # the server's control variate
+        self.c_i = self.store.table("c_i", state_layout(self.global_params))  # the clients' c_i
+
+    def control(self, cid: str) -> dict[str, torch.Tensor]:
+        """The client's control variate c_i: 0 (the same zero tensors for all) until it has trained."""
+        return self.c_i.get(cid, self.zeros)
 
     def local_task(self, cid: str, rnd: int) -> LocalTask:
         task = super().local_task(cid, rnd)
         task.constants.update({C_PREFIX + k: v for k, v in self.c.items()})
-        task.constants.update({CI_PREFIX + k: v for k, v in self.c_i[cid].items()})
+        task.constants.update({CI_PREFIX + k: v for k, v in self.control(cid).items()})
         return task.with_regularizer(CONTROL_VARIATE)  # y ← y − η_l (g − c_i + c)
 
     def local_steps(self, cid: str) -> float:
@@ -115,9 +121,10 @@ class Scaffold(Algorithm):
         rate = torch.tensor([k * lr if k > 0 else 1.0 for k in steps])  # K η_l per client
         c_new: dict[str, tuple[torch.Tensor, ...]] = {}
         dc: dict[str, tuple[torch.Tensor, ...]] = {}
+        cis = [self.control(cid) for cid, _ in results]  # each read once from the store
         for k, xk in x.items():
             y = stack_rows([res.trained[k] for _, res in results])  # (K, *shape)
-            ci = stack_rows([self.c_i[cid][k] for cid, _ in results])
+            ci = stack_rows([c[k] for c in cis])
             new = client_control_update(ci, self.c[k], xk, y, rate.view(-1, *[1] * xk.dim()))
             if idle:
                 new[idle] = ci[idle]

@@ -6,7 +6,8 @@ w ← w + Σ_k n_k·sparse(Δ_k) / Σ_k n_k.
 
 Error feedback: Aji & Heafield keep the dropped part as a local residual that is added to the next update
 before selection ("gradient dropping" with residual accumulation); the FedMask paper does not say otherwise, so
-``error_feedback = true`` by default (Δ_k ← Δ_k + r_k; r_k ← Δ_k − sparse(Δ_k)). The residual never travels.
+``error_feedback = true`` by default (Δ_k ← Δ_k + r_k; r_k ← Δ_k − sparse(Δ_k)). The residual never travels; it
+lives in the run's device store (``residual``, a flat float32 vector a device), 0 until the device has trained.
 Downlink: the dense float32 global model (a client sampled after missing rounds needs all of it). Batch-norm
 statistics are averaged densely and costed as float32.
 """
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from edgemask.trainer.accounting import copy_bytes, tensor_bytes, topk_bytes
+from edgemask.trainer.accounting import tensor_bytes, topk_bytes
 from edgemask.trainer.aggregation import average_buffers, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
+from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.records import ClientUpdate, LocalResult
 
 
@@ -42,14 +44,22 @@ class TopK(Algorithm):
     Args = TopKArgs
 
     def client_state_bytes(self) -> int:
-        """Its error-feedback residual, one float32 per parameter."""
-        return copy_bytes(self.global_params)
+        """Its error-feedback residual, one float32 per parameter: a record of the device store."""
+        return record_bytes(self._layout()) if self.args.error_feedback else 0
+
+    def _layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"residual": ((sum(v.numel() for v in self.global_params.values()),), torch.float32)}
 
     def setup(self) -> None:
         self.names = list(self.global_params)
         self.numel = sum(v.numel() for v in self.global_params.values())
         self.k = max(1, int(round(self.args.fraction * self.numel)))
-        self.residual = {cid: torch.zeros(self.numel) for cid in self.client_ids}
+        self.residual = self.store.table("residual", self._layout())  # r_k, {"residual": (numel,)} a device
+
+    def residual_of(self, cid: str) -> torch.Tensor:
+        """r_k ``(numel,)``: 0 until the device has trained."""
+        rec = self.residual.get(cid)
+        return torch.zeros(self.numel) if rec is None else rec["residual"]
 
     def _flat(self, params: dict[str, torch.Tensor], rows: int | None = None) -> torch.Tensor:
         """All parameters as one float32 vector ``(numel,)``, or ``rows`` clients' stacked ``(rows, numel)``."""
@@ -66,11 +76,11 @@ class TopK(Algorithm):
                              len(results))
         delta = trained - self._flat(self.global_params)  # (K, numel)
         if self.args.error_feedback:
-            delta = delta + stack_rows([self.residual[cid] for cid, _ in results])
+            delta = delta + stack_rows([self.residual_of(cid) for cid, _ in results])
         idx, vals = top_k_sparsify(delta, self.k)  # (K, k) each
         if self.args.error_feedback:
             for (cid, _), r in zip(results, delta.scatter(1, idx.long(), 0.0).unbind(0)):
-                self.residual[cid] = r
+                self.residual[cid] = {"residual": r}
         down = self.dense_bytes
         return [ClientUpdate(cid, res.num_samples, {"indices": i, "values": v, **res.buffers},
                              bytes_up=topk_bytes(self.k) + tensor_bytes(res.buffers), bytes_down=down,

@@ -57,9 +57,9 @@ def test_heterofl_averages_each_element_over_its_holders():
 def test_fedpews_fixed_masks_cover_hidden_neurons_once():
     algo = _algo("fedpews_fixed", {"warmup_rounds": 2}, hidden=(8, 6), clients=3)
     for layer in ("fc1", "fc2"):
-        total = sum(algo.fixed_masks[c][layer] for c in algo.client_ids)
+        total = sum(algo.fixed_masks(c)[layer] for c in algo.client_ids)
         assert torch.equal(total, torch.ones_like(total))
-    pm = algo.param_masks(algo.fixed_masks[algo.client_ids[0]])
+    pm = algo.param_masks(algo.fixed_masks(algo.client_ids[0]))
     # client 0 holds neurons 0..2 of fc1 and 0..1 of fc2: fc2's weights between them, the head's columns 0..1
     assert pm["fc2.weight"].sum() == 2 * 3 and pm["out.weight"][:, :2].all() and not pm["out.weight"][:, 2:].any()
 
@@ -75,8 +75,8 @@ def test_perfedmask_frozen_layers_do_not_move():
     res = local_train(task, d.train_x, d.train_y, batch_order(d.num_train, 1, 0, 0, 1), 8)
     for k, v in res.trained.items():
         moved = not torch.equal(v, algo.global_params[k])
-        assert moved == bool(algo.keep[cid][k].any()), k  # exactly the unmasked layers moved (head frozen)
-    trained = sum(int(m.sum()) for m in algo.keep[cid].values())  # the elements the client optimizes
+        assert moved == bool(algo.keep(cid)[k].any()), k  # exactly the unmasked layers moved (head frozen)
+    trained = sum(int(m.sum()) for m in algo.keep(cid).values())  # the elements the client optimizes
     assert trained <= 0.5 * sum(v.numel() for k, v in algo.global_params.items() if not k.startswith("out"))
 
 
