@@ -100,6 +100,8 @@ class DeviceTable(MutableMapping):
         self.held = np.zeros(len(self.client_ids), dtype=bool)  # a record written and not deleted
         self.bytes_read = self.bytes_written = 0
         self._fd: int | None = None
+        self._pinned: set[str] | None = None  # the devices whose records are kept once read (:meth:`pin`)
+        self._cache: dict[str, dict[str, torch.Tensor]] = {}
         if path is not None and path.with_suffix(".json").is_file():
             self._reopen()
         elif layout is not None:
@@ -189,16 +191,35 @@ class DeviceTable(MutableMapping):
                                 "free space or pass another --workspace, then run again") from None
         self.bytes_written += self.record_bytes
         self.held[i] = True
+        if self._pinned is not None and cid in self._pinned:  # kept as written (a copy: the caller's may change)
+            self._cache[cid] = {n: t.detach().cpu().clone() for n, t in tensors.items()}
 
     def __getitem__(self, cid: str) -> dict[str, torch.Tensor]:
         return self.read(cid)
 
-    def read(self, cid: str, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """The device's held fields (those of ``names`` only, when given: only their bytes are read), each a fresh
-        tensor. KeyError for a device without a record."""
+    def pin(self, cids: list[str]) -> None:
+        """Keep the records of ``cids`` in RAM once read, until :meth:`unpin`: a round reads its devices' state once
+        (its task, its upload, the aggregate and its costs each ask for it), an evaluation part its devices'."""
+        self._pinned, self._cache = set(cids), {}
+
+    def unpin(self) -> None:
+        self._pinned, self._cache = None, {}
+
+    def read(self, cid: str, names: list[str] | None = None, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The device's held fields (those of ``names`` only, when given), each a fresh tensor; KeyError for a
+        device without a record. A pinned device's record is read from the file once (whole) and kept; ``copy``
+        False hands out the kept tensors themselves, for a caller that never changes them in place (packed bits)."""
         i = self._slot(cid)
         if not self.held[i]:
             raise KeyError(cid)
+        if self._pinned is None or cid not in self._pinned:
+            return self._read(i, names)
+        rec = self._cache.get(cid)
+        if rec is None:
+            rec = self._cache[cid] = self._read(i, None)
+        return {k: v.clone() if copy else v for k, v in rec.items() if names is None or k in names}
+
+    def _read(self, i: int, names: list[str] | None) -> dict[str, torch.Tensor]:
         base = i * self.record_bytes
         flags = os.pread(self._fd, 1 + len(self.fields), base)
         order = list(self.fields)
@@ -231,6 +252,7 @@ class DeviceTable(MutableMapping):
             raise KeyError(cid)
         os.pwrite(self._fd, b"\x00", i * self.record_bytes)
         self.held[i] = False
+        self._cache.pop(cid, None)
 
     def __contains__(self, cid: object) -> bool:
         i = self.index.get(cid)  # type: ignore[arg-type]
@@ -247,12 +269,14 @@ class DeviceTable(MutableMapping):
             for i in np.flatnonzero(self.held):
                 os.pwrite(self._fd, b"\x00", int(i) * self.record_bytes)
         self.held[:] = False
+        self._cache.clear()
 
 
 class DeviceStore:
     """A run's device tables (:class:`DeviceTable`), in ``directory`` (each table ``<name>.bin`` with its header) or,
     without one, in anonymous temporary files. ``store.table(name)`` makes (or, in a directory that has it, opens
-    again) a table of every device of the run."""
+    again) a table of every device of the run; making a table this store has made already starts it over, empty
+    (an algorithm set up again)."""
 
     def __init__(self, client_ids: list[str], directory: str | os.PathLike[str] | None = None) -> None:
         self.client_ids = list(client_ids)
@@ -260,15 +284,27 @@ class DeviceStore:
         self.tables: dict[str, DeviceTable] = {}
 
     def table(self, name: str, layout: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None) -> DeviceTable:
-        if name in self.tables:
-            raise ValueError(f"device table {name!r} exists already")
         path = None if self.directory is None else self.directory / f"{name}.bin"
+        if name in self.tables:  # made again (a second set-up): it starts over, empty
+            self.tables.pop(name).close()
+            if path is not None:
+                path.unlink(missing_ok=True)
+                path.with_suffix(".json").unlink(missing_ok=True)
         t = self.tables[name] = DeviceTable(path, name, self.client_ids, layout)
         return t
 
     def bytes_per_device(self) -> int:
         """The records' bytes of one device, over every table."""
         return sum(t.record_bytes for t in self.tables.values())
+
+    def pin(self, cids: list[str]) -> None:
+        """:meth:`DeviceTable.pin` on every table: the devices of a round, or of an evaluation part."""
+        for t in self.tables.values():
+            t.pin(cids)
+
+    def unpin(self) -> None:
+        for t in self.tables.values():
+            t.unpin()
 
     def bytes_to_come(self) -> int:
         """Disk the tables may still take: their full size less what their files hold already (they are sparse)."""

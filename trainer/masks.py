@@ -111,7 +111,7 @@ class BitMasks(MutableMapping):
         if self.table is None:
             return self._ram[cid]
         if self._last[0] != cid:
-            self._last = (cid, self.table[cid])
+            self._last = (cid, self.table.read(cid, copy=False))
         return self._last[1]
 
     def __getitem__(self, cid: str) -> dict[str, torch.Tensor]:

@@ -132,6 +132,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         if system is not None:  # a device offline at the round's start does not train (an availability trace)
             cids, offline = system.available(cids)
         trained, updates = [], []
+        algo.store.pin(cids)  # a round reads its devices' state once and holds it until its aggregate
         if cids or system is None:
             trained = train_clients(algo, cids, rnd, train_phase)
             updates = algo.client_updates(rnd, trained)
@@ -143,6 +144,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             updates = system.round(rnd, trained, updates, algo.trained_fraction, record, offline)
         if updates or system is None:  # nothing arrived: the server keeps its model
             algo.aggregate(rnd, updates)
+        algo.store.unpin()
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == rounds:
             mean_acc, measures = evaluate_clients(algo, rnd, record, watch)
         if progress:
@@ -243,6 +245,7 @@ def evaluate_clients(algo: Algorithm, rnd: int, record: Record,
     scores: dict[str, list[tuple[float, float]]] = {}
     found: dict[str, list[str]] = {}
     for part in eval_parts(algo, cids):  # a part's models at a time: their state read from the device store
+        algo.store.pin(part)
         tests = [(d.test_x, d.test_y) for d in map(ds.client, part)]
         measures = algo.eval_models(part)
         named = measures if isinstance(measures, dict) else {"": measures}
@@ -252,6 +255,7 @@ def evaluate_clients(algo: Algorithm, rnd: int, record: Record,
             if i == 0 and watch is not None:
                 found.update(watch.scan(part, models, tests))
         del measures, named
+        algo.store.unpin()
     means = []
     for i, name in enumerate(names):  # the rows in the order of one evaluation of every client
         suffix = "" if i == 0 else f"_{name}"

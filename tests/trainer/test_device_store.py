@@ -3,6 +3,7 @@ packed 8 to a byte, fresh tensors on every read, a layout fixed by its first wri
 the same state; FedMask's masks there and not on the heap; ``edgemask train`` keeps the store beside the run and
 leaves nothing of it behind."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -149,3 +150,49 @@ def test_a_run_through_the_store_writes_what_it_trained(tmp_path):
         got = load_client(Path(path) / "clients" / f"{cid}.safetensors")
         want = res.algorithm.client_state(cid)
         assert all(torch.equal(got.masks[w], want.masks[w]) for w in want.masks)
+
+
+def test_a_pinned_device_is_read_from_the_file_once_and_kept_as_written():
+    t = DeviceStore(CIDS).table("t", LAYOUT)
+    t["a"] = {"w": torch.ones(2, 3)}
+    t["b"] = {"w": torch.zeros(2, 3)}
+    t.pin(["a"])
+    before = t.bytes_read
+    for _ in range(3):
+        t["a"]
+    assert t.bytes_read - before == 48  # one record, once
+    t["b"]
+    t["b"]
+    assert t.bytes_read - before == 3 * 48  # not pinned: each read from the file
+    new = torch.full((2, 3), 5.0)
+    t["a"] = {"w": new}
+    new.zero_()  # the writer's tensor changes; what was written does not
+    assert torch.equal(t["a"]["w"], torch.full((2, 3), 5.0)) and t.bytes_read - before == 3 * 48
+    t.unpin()
+    assert torch.equal(t["a"]["w"], torch.full((2, 3), 5.0)) and t.bytes_read - before == 4 * 48  # the file agrees
+
+
+def test_a_round_reads_at_most_its_devices_records_and_an_evaluation_each_devices_once():
+    import edgemask.trainer.simulation as sim
+
+    cfg = config(clients=8)
+    cfg = cfg.replace(training=dataclasses.replace(cfg.training, rounds=3, eval_every=10))
+    io, real = [], sim.evaluate_clients
+
+    def evaluate_clients(algo, *a, **kw):
+        io.append(("eval-start", algo.store.io()))
+        out = real(algo, *a, **kw)
+        io.append(("eval-end", algo.store.io()))
+        return out
+
+    seen = {}
+    sim.evaluate_clients = evaluate_clients
+    try:
+        res = sim.simulate(cfg, ready=lambda algo: seen.setdefault("algo", algo),
+                           progress=lambda rnd, total, _: io.append((rnd, seen["algo"].store.io())))
+    finally:
+        sim.evaluate_clients = real
+    record = res.algorithm.store.bytes_per_device()
+    marks = dict((k, v) for k, v in io if k in (1, 2, "eval-start", "eval-end"))
+    assert marks[2][0] - marks[1][0] <= 4 * record  # round 2: 4 devices (participation 0.5 of 8), once each
+    assert marks["eval-end"][0] - marks["eval-start"][0] == 8 * record  # every device's record, once
