@@ -76,7 +76,7 @@ def test_the_disk_room_check_counts_the_clients_the_sampler_draws(tmp_path, monk
                                  "model": {"name": "mlp", "args": {"hidden": [8]}},
                                  "training": {"rounds": 3, "participation": 0.7}})
     seen = []
-    monkeypatch.setattr(simulation, "check_room", lambda path, shared, one, n, rows: seen.append((n, rows)))
+    monkeypatch.setattr(simulation, "check_room", lambda path, shared, one, n, rows, store: seen.append((n, rows)))
     simulation.room_check(cfg, tmp_path / "run")(simulation.build_algorithm(cfg))
     assert seen == [(4, 108)]
     sched = sampling_schedule([f"c{i}" for i in range(4)], 3, 0.7, cfg.run.seed)
