@@ -38,12 +38,13 @@ Phases (exclusive seconds: a phase inside another counts once, in the inner one)
 * ``tasks``: building each selected device's local task (FedMask's start m^T ⊙ m_k);
 * ``aggregate``: the uploads (``client_updates``) and the server's ``aggregate``;
 * ``eval``: the stacked evaluation forward passes; ``eval glue``: the rest of an evaluation (each device's model);
+* ``finetune``: fine-tuning after the last round (PerFedMask's heads), once a run;
 * ``other``: the rest of ``simulate`` (the model, FLOP and byte accounting, the history).
 
 ``outside`` is the share of the rounds' time spent outside the stacked passes (tasks, aggregate, eval glue,
-other), the figure #36 holds to 20 %; data and set-up are once a run, not in it. The projection: data and set-up
-+ the config's rounds × a round's time outside evaluation + its evaluations (every ``eval_every`` rounds) × one
-evaluation's time.
+other), the figure #36 holds to 20 %; data, set-up and fine-tuning are once a run, not in it. The projection: data,
+set-up and fine-tuning + the config's rounds × a round's time outside evaluation + its evaluations (every
+``eval_every`` rounds, and one after fine-tuning) × one evaluation's time.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # standins.py beside t
 from standins import PAPER, Size, standin, write_cifar10  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("data", "setup", "setup train", "train", "tasks", "aggregate", "eval", "eval glue", "other")
+PHASES = ("data", "setup", "setup train", "train", "tasks", "aggregate", "eval", "eval glue", "finetune", "other")
+ONCE = ("data", "setup", "setup train", "finetune")  # once a run, not in its rounds
 write_standin = write_cifar10  # the name other benchmarks import from here
 
 
@@ -145,25 +147,26 @@ class PhaseClock:
     def __init__(self) -> None:
         self.seconds = {p: 0.0 for p in PHASES}
         self.calls = {p: 0 for p in PHASES}
-        self.stack: list[list[float]] = []
+        self.stack: list[tuple[str, list[float]]] = []  # (phase, seconds of the wrapped calls inside it)
 
-    def wrap(self, owner, attr: str, phase, inner: str | None = None) -> None:
+    def wrap(self, owner, attr: str, phase: str, inside: dict[str, str] | None = None) -> None:
+        """Time ``owner.attr`` as ``phase``, or as ``inside[p]`` when called within phase ``p``."""
         fn = getattr(owner, attr)
         clock = self
 
         def timed(*args, **kwargs):
-            name = phase if inner is None or not clock.stack else inner
-            clock.stack.append([0.0])
+            name = (inside or {}).get(clock.stack[-1][0], phase) if clock.stack else phase
+            clock.stack.append((name, [0.0]))
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 elapsed = time.perf_counter() - t0
-                children = clock.stack.pop()[0]
+                children = clock.stack.pop()[1][0]
                 clock.seconds[name] += elapsed - children
                 clock.calls[name] += 1
                 if clock.stack:
-                    clock.stack[-1][0] += elapsed
+                    clock.stack[-1][1][0] += elapsed
 
         setattr(owner, attr, timed)
 
@@ -180,14 +183,15 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     algo_cls = ALGORITHMS.get(cfg.algorithm.name)
     clock.wrap(algo_cls, "setup", "setup")
     for engine in (engines.BatchedEngine, engines.SequentialEngine):
-        clock.wrap(engine, "train", "train", inner="setup train")  # inside setup: ClientPruning's epoch
+        # inside setup: ClientPruning's epoch; inside finetune: PerFedMask's heads, once after the rounds
+        clock.wrap(engine, "train", "train", inside={"setup": "setup train", "finetune": "finetune"})
         clock.wrap(engine, "evaluate", "eval")
     clock.wrap(algo_cls, "local_task", "tasks")
     clock.wrap(algo_cls, "client_updates", "aggregate")
     clock.wrap(algo_cls, "aggregate", "aggregate")
     clock.wrap(simulation, "evaluate_clients", "eval glue")
     clock.wrap(simulation, "build_dataset", "data")
-    # setup's own engine calls land in "setup train" (the clock's stack is non-empty), the rounds' in "train"
+    clock.wrap(simulation, "finetune", "finetune")
     t0 = time.perf_counter()
     result = simulation.simulate(cfg)
     total = time.perf_counter() - t0
@@ -198,10 +202,10 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     per_round_s = (s["train"] + s["tasks"] + s["aggregate"] + s["other"]) / rounds
     per_eval = (s["eval"] + s["eval glue"]) / max(evals, 1)
     full_rounds, every = base.training.rounds, base.training.eval_every
-    evaluations = -(-full_rounds // every)
-    projection = s["data"] + s["setup"] + s["setup train"] + full_rounds * per_round_s + evaluations * per_eval
+    evaluations = -(-full_rounds // every) + (clock.calls["finetune"] > 0)  # and one after fine-tuning
+    projection = sum(s[p] for p in ONCE) + full_rounds * per_round_s + evaluations * per_eval
     stacked = s["train"] + s["eval"]
-    round_time = total - s["data"] - s["setup"] - s["setup train"]
+    round_time = total - sum(s[p] for p in ONCE)
     algo = result.algorithm
     trained = {h["client"] for h in result.history if h["round"] == 0 and h["metric"] == "train_loss"}
     return {"case": case, "devices": len(algo.client_ids), "per_round": len(trained), "width": width,
