@@ -157,7 +157,7 @@ class ClientSide:
     def train(self, msg: TaskMessage) -> LocalResult:
         """The client's local training on its own data, in the batch orders of
         :func:`edgemask.trainer.simulation.train_phase_on_host` (the client's shuffle stream for the message's
-        phase)."""
+        phase), by the sequential engine: on one thread, so the same bits as ``edgemask train --sequential``."""
         cid = msg.client_id
         if cid not in self.index:
             raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")

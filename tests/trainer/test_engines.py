@@ -5,17 +5,23 @@ through the one it was built with."""
 from __future__ import annotations
 
 import dataclasses
+import os
+from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.engines import BatchedEngine, SequentialEngine, engine_for
-from edgemask.trainer.local_training import evaluate
+from edgemask.trainer.local_training import evaluate, local_train
 from edgemask.trainer.records import EvalModel
 from edgemask.trainer.simulation import build_algorithm, train_clients
+
+from test_batched import _model_task  # a plain model's task
 
 
 def _cfg(batched: bool) -> TrainConfig:
@@ -69,6 +75,43 @@ def test_the_round_loop_trains_through_the_algorithms_engine():
     ref = train_clients(build_algorithm(cfg), list(algo.client_ids), 0)
     for (cid, a), (cid2, b) in zip(got, ref):
         assert cid == cid2 and all(torch.equal(a.trained[k], b.trained[k]) for k in a.trained)
+
+
+@contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: the kernels sum in one order anyway")
+def test_the_sequential_engine_steps_on_one_thread_as_a_flower_node():
+    """Issue #45: a convolution's weight gradient is summed across threads in chunks of the minibatch, so a step's
+    bits depend on the thread count. A Flower node of the simulation engine trains on one torch thread; the
+    sequential engine does too (it restores the caller's count after), so a device's step is the same bits in
+    ``--sequential`` and on a node, on any host's number of cores."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 4))
+    task = _model_task(model, lr=0.5)
+    x, y = torch.randn(32, 3, 16, 16), torch.randint(0, 4, (32,))
+    orders = [np.random.default_rng(0).permutation(32)]
+    with _threads(1):
+        node = local_train(task, x, y, orders, 16, momentum=0.9)  # a node's step (one thread)
+    with _threads(2):
+        many = local_train(task, x, y, orders, 16, momentum=0.9)
+        if _bits_equal(many.trained, node.trained):
+            pytest.skip("this host's kernels give the same bits on one thread and two: nothing to tell apart")
+        (got,) = SequentialEngine().train([task], [(x, y)], [orders], 16, momentum=0.9)
+        assert torch.get_num_threads() == 2  # the caller's count, restored
+    assert _bits_equal(got.trained, node.trained)
+    assert got.loss == node.loss
 
 
 def test_an_algorithm_built_without_an_engine_says_how_to_get_one():
