@@ -12,7 +12,10 @@ own file layout (``benchmarks/standins.py``: read by the repository's loaders un
 Each case runs at its own default size here (``CASES``: fewer devices, fewer Shakespeare sequences or a smaller
 width where two CPU cores would not finish a case in a few minutes) or at ``--devices`` / ``--widths`` /
 ``--samples``, and the script prints, per case, what it scaled down against the paper: devices, samples per device,
-width, rounds. Prints per phase the seconds of one run, its peak host RSS and GPU memory, and the projection to
+width, rounds. A CIFAR-10 device keeps the paper's samples at any device count: IC-CIFAR10's
+``samples_per_client``, FedSelect's per-class counts, PerFedMask's 600 (``kept_samples``: the 60,000 images over
+its 100 devices, where the partition alone would give 20 devices 3,000 each); a LEAF or HAR device has its
+stand-in user's. Prints per phase the seconds of one run, its peak host RSS and GPU memory, and the projection to
 the config's own rounds.
 
     python benchmarks/bench_scale.py [--cases fedmask,ic-emnist,har,ncp,perfedmask,perfedmask-c01,fedselect]
@@ -87,8 +90,8 @@ CASES = {
     "ic-emnist": Case("ic-emnist-fedmask.toml", "femnist", 100, 0.125),
     "har": Case("har-fedmask.toml", "har", 30, 1.0),
     "ncp": Case("ncp-fedmask.toml", "shakespeare", 20, 0.25, samples=100),
-    "perfedmask": Case("perfedmask-cifar10-c1.toml", "cifar10", 100, 0.125),
-    "perfedmask-c01": Case("perfedmask-cifar10-c01.toml", "cifar10", 100, 0.125),
+    "perfedmask": Case("perfedmask-cifar10-c1.toml", "cifar10", 10, 0.0625),
+    "perfedmask-c01": Case("perfedmask-cifar10-c01.toml", "cifar10", 20, 0.0625),  # 10 a round, as the paper's
     "fedselect": Case("fedselect-cifar10-resnet18.toml", "cifar10", 10, 0.125),
 }
 # which of a model's arguments a width scales (their defaults × width, rounded, at least 1)
@@ -129,12 +132,27 @@ def kept_participation(base, devices: int) -> float:
     return 1.0 if k >= devices else (k + 0.5) / devices
 
 
+POOLS = {"cifar10": 60_000}  # the images a partition shares out: CIFAR-10's 50,000 + 10,000 (the stand-in's too)
+
+
+def kept_samples(base) -> int | None:
+    """A device's samples as in the paper, where the config leaves them to the partition (PerFedMask: the pooled
+    60,000 CIFAR-10 images over its 100 devices, 600 each), so fewer devices do not each take a larger share of
+    the pool; None where the config fixes them (``samples_per_client``, FedSelect's per-class counts) or the data
+    has its users."""
+    d = base.data
+    if d.samples_per_client is not None or d.name not in POOLS or "train_per_class" in d.options:
+        return None
+    return POOLS[d.name] // d.num_clients
+
+
 def case_config(case: str, devices: int, width: float, rounds: int, device: str, data_root: Path):
     """(the config as the paper has it, the config run here)."""
     from edgemask.trainer.config import TrainConfig
 
     cfg = TrainConfig.load(ROOT / "configs" / CASES[case].config)
-    data = dataclasses.replace(cfg.data, root=str(data_root), num_clients=devices)
+    data = dataclasses.replace(cfg.data, root=str(data_root), num_clients=devices,
+                               samples_per_client=kept_samples(cfg) or cfg.data.samples_per_client)
     model = dataclasses.replace(cfg.model, args=scaled_args(cfg.model.name, cfg.model.args, width))
     training = dataclasses.replace(cfg.training, rounds=rounds, eval_every=1, device=device,
                                    participation=kept_participation(cfg, devices))
@@ -244,7 +262,7 @@ def case_data(case: str, devices: list[int], args: argparse.Namespace) -> tuple[
     size = paper if args.paper_data else Size(max(devices), args.samples or CASES[case].samples
                                               or paper.mean_samples)
     root = standin(kind, args.cache, size)
-    return root, size, f"{kind} STAND-IN, {size.users:,} users × {size.mean_samples:g} samples ({root})"
+    return root, size, f"{kind} STAND-IN, {size.users:,} users × {size.mean_samples:,g} samples ({root})"
 
 
 def scaled_down(case: str, devices: list[int], widths: list[float], size: Size | None, data: str,
@@ -257,11 +275,13 @@ def scaled_down(case: str, devices: list[int], widths: list[float], size: Size |
     counts = ", ".join(f"{d:,} ({min(k, d)} a round)" for d in devices)
     kind = CASES[case].data
     if size is None:
-        samples = "samples per device as the config has them"
+        kept = kept_samples(base)
+        samples = ("samples per device as the config fixes them" if kept is None else
+                   f"samples per device at most the paper's {kept:,} (data.samples_per_client)")
     else:
         paper = PAPER[kind].mean_samples
-        samples = (f"samples per device {size.mean_samples:g} of the paper's {paper:g}" if size.mean_samples != paper
-                   else f"samples per device the paper's {paper:g}")
+        samples = (f"samples per device {size.mean_samples:,g} of the paper's {paper:,g}"
+                   if size.mean_samples != paper else f"samples per device the paper's {paper:,g}")
     shown = "; ".join(f"{w:g}: {scaled_args(base.model.name, base.model.args, w)}" for w in widths)
     return (f"{case} ({CASES[case].config}, {base.algorithm.name}): devices {counts} of the paper's "
             f"{base.data.num_clients:,} ({k} a round); {samples}; width {', '.join(f'{w:g}' for w in widths)} of 1 "

@@ -66,3 +66,11 @@ def test_two_device_counts_train_the_papers_twenty_a_round(tmp_path):
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("har | ")]
     assert [(r[1], r[2]) for r in rows] == [("25", "20"), ("40", "20")]
     assert (tmp_path / "har-40x30-s0" / "STANDIN.json").is_file()
+
+
+def test_a_perfedmask_device_keeps_the_papers_600_samples(tmp_path):
+    """PerFedMask's config leaves a device's samples to the partition (60,000 images over 100 devices): at 20
+    devices each would take 3,000, so the benchmark caps them at the paper's 600; configs that fix them keep theirs."""
+    caps = {case: bench_scale.case_config(case, 20, 0.5, 1, "cpu", tmp_path)[1].data.samples_per_client
+            for case in ("perfedmask", "perfedmask-c01", "fedmask", "fedselect", "ic-emnist")}
+    assert caps == {"perfedmask": 600, "perfedmask-c01": 600, "fedmask": 33, "fedselect": None, "ic-emnist": None}
