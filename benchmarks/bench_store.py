@@ -3,10 +3,16 @@ the paper's width, nothing trained), and what a run reads and writes — the set
 devices' records only) and an evaluation (every device's) — measured on a short FedMask run.
 
     python benchmarks/bench_store.py [--cases fedmask,ic-emnist] [--devices 400] [--width 0.125] [--rounds 3]
+                                     [--rss 400,2000]
 
 The record sizes come from ``FedMask._layouts`` on the model built on the meta device (as ``edgemask train``'s
 estimate builds it); the measured run is IC-CIFAR10's config on the CIFAR-10 stand-in (``bench_scale.py``'s) at
 ``--devices`` and ``--width``, ``eval_every`` past the rounds so that only the last round evaluates.
+
+``--rss N,M``: peak host RSS (``ru_maxrss`` of a fresh process) of one FedMask round at each device count, 20
+devices a round, on a model whose masks are large and whose training is cheap (an MLP 5-2048-2048-4 on FedPeWS's
+synthetic 32,000 samples, split evenly: about 1.6 MB of masks per device, 3.2 GB at 2,000 devices were they on the
+heap), so that two device counts compare in minutes on two cores; run it under the code before and after a change (``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -91,6 +97,22 @@ def measured(devices: int, width: float, rounds: int, data_root: Path) -> list[t
     return rows
 
 
+def rss_one(devices: int) -> int:
+    """Peak RSS (bytes) of this process after one FedMask round of ``devices`` devices (:func:`main`'s ``--rss``)."""
+    import resource
+
+    from edgemask.trainer.config import TrainConfig
+    from edgemask.trainer.simulation import simulate
+
+    cfg = TrainConfig.from_dict({
+        "data": {"name": "synthetic", "num_clients": devices, "partition": "iid", "options": {"size": "32k"}},
+        "model": {"name": "mlp", "args": {"hidden": [2048, 2048]}},
+        "algorithm": {"name": "fedmask", "args": {"prune_last": 2}},
+        "training": {"rounds": 1, "participation": (20 + 0.5) / devices, "batch_size": 20, "eval_every": 1}})
+    simulate(cfg)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="fedmask,ic-emnist")
@@ -98,7 +120,21 @@ def main() -> int:
     ap.add_argument("--width", type=float, default=0.125)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache", type=Path, default=ROOT / "workspace" / "bench-data")
+    ap.add_argument("--rss", default=None, help="device counts: peak RSS of one round at each (see above)")
+    ap.add_argument("--one-rss", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_rss is not None:
+        print(rss_one(args.one_rss))
+        return 0
+    if args.rss:
+        import subprocess
+
+        print("| devices | a round | peak RSS |\n| ---: | ---: | ---: |")
+        for n in (int(x) for x in args.rss.split(",")):
+            out = subprocess.run([sys.executable, __file__, "--one-rss", str(n)], check=True, capture_output=True,
+                                 text=True).stdout.split()[-1]
+            print(f"| {n:,} | 20 | {int(out) / 1e9:.2f} GB |", flush=True)
+        return 0
 
     print("| case (full width) | table | bytes per device |\n| --- | --- | ---: |")
     for case in args.cases.split(","):
