@@ -130,6 +130,14 @@ def file_lock(path: str | os.PathLike[str], what: str, wait_s: float = 0.0, *, s
 _PARTIAL, _OLD = ".partial", ".old"
 
 
+def temporary_beside(target: str | os.PathLike[str]) -> Path:
+    """A fresh directory beside ``target`` (its parent made if missing), named ``.<name>.<8 random>.partial``,
+    unique per call: the pattern :func:`remove_stale_temporaries` removes when a writer was killed."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=_PARTIAL, dir=target.parent))
+
+
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike[str], is_ours: Callable[[Path], bool], what: str) -> Iterator[Path]:
     """Yield a fresh directory beside ``target`` to build in; if the block succeeds it replaces ``target``.
@@ -151,8 +159,7 @@ def atomic_dir(target: str | os.PathLike[str], is_ours: Callable[[Path], bool], 
                                 "move it away or choose another name")
 
     refuse_foreign()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=_PARTIAL, dir=target.parent))
+    tmp = temporary_beside(target)
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a run or artifact is as readable as mkdir makes it
     try:
         try:

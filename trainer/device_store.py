@@ -29,7 +29,6 @@ by the next training of the run id); the run directory itself is written as befo
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
@@ -41,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from edgemask.errors import EdgemaskError
+from edgemask.fileio import disk_full, temporary_beside, write_json_atomic
 
 LAYOUT_SCHEMA = 1
 EVAL_PART_BYTES = 256 << 20  # per-device state an evaluation reads from the store at once, at most (simulation)
@@ -117,12 +119,9 @@ class DeviceTable(MutableMapping):
             f.close()
         else:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            header = {"schema": LAYOUT_SCHEMA, "clients": self.client_ids, "record_bytes": self.record_bytes,
-                      "fields": [[f.name, list(f.shape), str(f.dtype).removeprefix("torch.")]
-                                 for f in self.fields.values()]}
-            tmp = self.path.with_suffix(".json.partial")
-            tmp.write_text(json.dumps(header))
-            os.replace(tmp, self.path.with_suffix(".json"))
+            write_json_atomic(self.path.with_suffix(".json"), {
+                "schema": LAYOUT_SCHEMA, "clients": self.client_ids, "record_bytes": self.record_bytes,
+                "fields": [[f.name, list(f.shape), str(f.dtype).removeprefix("torch.")] for f in self.fields.values()]})
         os.ftruncate(self._fd, self.record_bytes * len(self.client_ids))
 
     def _reopen(self) -> None:
@@ -182,12 +181,11 @@ class DeviceTable(MutableMapping):
         try:
             os.pwrite(self._fd, buf, i * self.record_bytes)
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            full = disk_full(e)
+            if full is None:
                 raise
-            from edgemask.errors import EdgemaskError
-
             where = self.path or "the temporary directory"
-            raise EdgemaskError(f"{where}: the disk is full ({e.strerror}) while writing device {cid}'s state; "
+            raise EdgemaskError(f"{where}: the disk is full ({full}) while writing device {cid}'s state; "
                                 "free space or pass another --workspace, then run again") from None
         self.bytes_written += self.record_bytes
         self.held[i] = True
@@ -222,9 +220,8 @@ class DeviceTable(MutableMapping):
     def _read(self, i: int, names: list[str] | None) -> dict[str, torch.Tensor]:
         base = i * self.record_bytes
         flags = os.pread(self._fd, 1 + len(self.fields), base)
-        order = list(self.fields)
         want = [f for j, f in enumerate(self.fields.values()) if flags[1 + j] and (names is None or f.name in names)]
-        if names is None or len(want) == len(order):
+        if names is None or len(want) == len(self.fields):
             buf = bytearray(self.record_bytes)
             os.preadv(self._fd, [buf], base)
             self.bytes_read += self.record_bytes
@@ -322,12 +319,10 @@ class DeviceStore:
 @contextlib.contextmanager
 def store_beside(target: str | os.PathLike[str]) -> Iterator[Path]:
     """A fresh directory beside the run directory ``target`` for its device store, removed when the block ends.
-    Named as :func:`edgemask.fileio.atomic_dir` names its temporaries (``.<name>.<8 random>.partial``), so the next
-    training of the run id, holding its lock, removes one a killed run left
+    Named as :func:`edgemask.fileio.atomic_dir` names its temporaries (:func:`~edgemask.fileio.temporary_beside`),
+    so the next training of the run id, holding its lock, removes one a killed run left
     (:func:`edgemask.fileio.remove_stale_temporaries`); two runs of other ids never share one."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    tmp = temporary_beside(target)
     try:
         yield tmp
     finally:
