@@ -31,7 +31,7 @@ import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from edgemask.errors import ConfigError
 
@@ -87,27 +87,31 @@ class TraceFile:
     clients: dict[int, Any]
 
 
+def _read_clients(path: str | Path, field: str, parse: Callable[[int, Any], Any]) -> TraceFile:
+    """The trace at ``path`` with each client's entry read by ``parse(client id, entry)``, ids ascending."""
+    data, digest = _load(path, field)
+    clients = {(cid := _client_id(path, key)): parse(cid, entry) for key, entry in data.items()}
+    return TraceFile(str(path), digest, dict(sorted(clients.items())))
+
+
 def read_capacity(path: str | Path, field: str = "capacity") -> TraceFile:
     """``client_device_capacity`` at ``path`` (``field``: the config field naming it, for a message): each client's
     computation (ms per sample) and communication (kbit/s), positive finite numbers."""
-    data, digest = _load(path, field)
-    clients = {}
-    for key, entry in data.items():
-        cid = _client_id(path, key)
+
+    def parse(cid: int, entry: Any) -> Capacity:
         e = _entry(path, cid, entry, CAPACITY_FIELDS, "a table {\"computation\": ms per sample, \"communication\": "
                                                       "kbit/s}")
-        clients[cid] = Capacity(_number(path, cid, "computation", e["computation"], positive=True),
-                                _number(path, cid, "communication", e["communication"], positive=True))
-    return TraceFile(str(path), digest, dict(sorted(clients.items())))
+        return Capacity(_number(path, cid, "computation", e["computation"], positive=True),
+                        _number(path, cid, "communication", e["communication"], positive=True))
+
+    return _read_clients(path, field, parse)
 
 
 def read_availability(path: str | Path, field: str = "availability") -> TraceFile:
     """``client_behave_trace`` at ``path``: each client's ``active`` and ``inactive`` lists (seconds, as many of
     one as of the other, at least one) and ``finish_time`` (the period they repeat over, > 0)."""
-    data, digest = _load(path, field)
-    clients = {}
-    for key, entry in data.items():
-        cid = _client_id(path, key)
+
+    def parse(cid: int, entry: Any) -> Availability:
         e = _entry(path, cid, entry, AVAILABILITY_FIELDS, "a table {\"active\": [s], \"inactive\": [s], "
                                                           "\"finish_time\": s}")
         lists = {}
@@ -120,9 +124,10 @@ def read_availability(path: str | Path, field: str = "availability") -> TraceFil
         if len(lists["active"]) != len(lists["inactive"]):
             raise ConfigError(f"{path}: client {cid}: fields active and inactive hold {len(lists['active'])} and "
                               f"{len(lists['inactive'])} times; expected one inactive time per active one")
-        clients[cid] = Availability(lists["active"], lists["inactive"],
-                                    _number(path, cid, "finish_time", e["finish_time"], positive=True))
-    return TraceFile(str(path), digest, dict(sorted(clients.items())))
+        return Availability(lists["active"], lists["inactive"],
+                            _number(path, cid, "finish_time", e["finish_time"], positive=True))
+
+    return _read_clients(path, field, parse)
 
 
 def _load(path: str | Path, field: str) -> tuple[dict, str]:
