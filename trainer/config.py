@@ -57,6 +57,10 @@ class TrainingConfig:
     # a run whose every client has collapsed at the last evaluation (a masked layer with no live unit, the output
     # the same for every input) makes `edgemask train` exit 3; true accepts it (`--allow-collapse`)
     allow_collapse: bool = setting(False)
+    # an epoch's last minibatch of one sample, in a model whose batch norm then sees one value per channel (VGG16's
+    # conv11-13 on FEMNIST's 28x28): "drop" leaves that sample out of the epoch, "keep" trains on it (torch refuses
+    # it in training mode), "auto" drops it only for such a model (trainer.algorithms.base.one_sample_rule)
+    one_sample_batch: str = setting("auto", choices=("auto", "drop", "keep"))
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import torch
 
 from edgemask.errors import ConfigError, EdgemaskError
 from edgemask.workspace import check_name
-from edgemask.trainer.algorithms.base import Algorithm
+from edgemask.trainer.algorithms.base import Algorithm, one_sample_rule
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.records import TENSOR_FIELDS, LocalResult, LocalTask
@@ -153,6 +153,7 @@ class ClientSide:
         self.cfg = cfg
         self.dataset = build_dataset(cfg.data, cfg.run.seed)
         self.index = {c.client_id: i for i, c in enumerate(self.dataset.clients)}
+        self.drop_one_sample = one_sample_rule(cfg, self.dataset)  # as the server's algorithm decides it
 
     def train(self, msg: TaskMessage) -> LocalResult:
         """The client's local training on its own data, in the batch orders of
@@ -163,7 +164,7 @@ class ClientSide:
             raise EdgemaskError(f"client {cid!r} is not in this run's dataset ({len(self.index)} clients)")
         stream = phase_stream(self.index[cid], len(self.index), msg.phase)
         (res,) = train_on_data(self.cfg, SequentialEngine(), msg.round, [self.dataset.client(cid)], [stream],
-                               [msg.task()])  # one message, one client: the sequential engine
+                               [msg.task()], self.drop_one_sample)  # one message, one client: sequential
         return res
 
 

@@ -94,6 +94,15 @@ def batch_orders(sizes: Sequence[int], epochs: Sequence[int], seed: int, round_:
     return out
 
 
+def drop_one_sample_batches(orders: list[list[np.ndarray]], batch_size: int) -> list[list[np.ndarray]]:
+    """``orders`` (per client, per epoch, a permutation) without each epoch's last sample where it would be a
+    minibatch of its own (the epoch's length ≡ 1 mod ``batch_size``): ``training.one_sample_batch = "drop"``, for a
+    model whose batch norm sees one value per channel in a one-sample minibatch
+    (:func:`edgemask.trainer.models.registry.one_value_norms`). Which sample goes is the permutation's last, so the
+    dropped sample changes from epoch to epoch. An order with nothing to drop is the same array."""
+    return [[o[:-1] if len(o) % batch_size == 1 else o for o in client] for client in orders]
+
+
 def client_seed(seed: int, round_: int, client_index: int) -> int:
     """A 63-bit seed for a client's own random stream in one round (:attr:`LocalTask.noise`): a SplitMix64 hash
     of (seed, round, client index), independent of the batch orders' keys."""

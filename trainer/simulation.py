@@ -25,7 +25,8 @@ from edgemask.trainer.footprint import TASK_PART_BYTES, Footprint, check_fits, e
 from edgemask.trainer.local_training import evaluate
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.run_dir import check_room, run_lock, write_run
-from edgemask.trainer.sampling import batch_orders, client_seeds, clients_per_round, sampling_schedule
+from edgemask.trainer.sampling import (batch_orders, client_seeds, clients_per_round, drop_one_sample_batches,
+                                      sampling_schedule)
 from edgemask.fedscale import TraceFile
 from edgemask.trainer.system import System, TraceConfig
 
@@ -425,16 +426,19 @@ def train_phase_on_host(algo: Algorithm, rnd: int, phase: int,
                         pairs: list[tuple[str, LocalTask]]) -> list[LocalResult]:
     """One phase of round ``rnd`` for the ``(cid, task)`` pairs on this host, by the algorithm's engine."""
     return train_on_data(algo.cfg, algo.engine, rnd, [algo.dataset.client(cid) for cid, _ in pairs],
-                         phase_streams(algo, phase, pairs), [task for _, task in pairs])
+                         phase_streams(algo, phase, pairs), [task for _, task in pairs], algo.drop_one_sample)
 
 
 def train_on_data(cfg: TrainConfig, engine: Engine, rnd: int, data: list[Any], streams: list[int],
-                  tasks: list[LocalTask]) -> list[LocalResult]:
+                  tasks: list[LocalTask], drop_one_sample: bool = False) -> list[LocalResult]:
     """``tasks[i]`` on the client data ``data[i]`` (its ``train_x``, ``train_y``) in round ``rnd``'s batch orders
     of shuffle stream ``streams[i]`` (:func:`phase_stream`), by ``engine``: what a phase needs besides the tasks,
-    which a Flower node has without an algorithm."""
+    which a Flower node has without an algorithm. ``drop_one_sample``: an epoch's one-sample last minibatch left
+    out (:func:`edgemask.trainer.algorithms.base.one_sample_rule`)."""
     t = cfg.training
     order = batch_orders([d.num_train for d in data], [task.epochs for task in tasks], cfg.run.seed, rnd, streams)
+    if drop_one_sample:
+        order = drop_one_sample_batches(order, t.batch_size)
     return engine.train(tasks, [(d.train_x, d.train_y) for d in data], order, t.batch_size, t.momentum,
                         t.weight_decay)
 

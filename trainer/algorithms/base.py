@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 from torch import nn
 
+from edgemask.errors import ConfigError
 from edgemask.registry import Registry
 from edgemask.schema import read_dataclass
 from edgemask.trainer.accounting import fedavg_upload, tensor_bytes
@@ -58,6 +59,7 @@ from edgemask.trainer.aggregation import average_buffers, average_state
 from edgemask.trainer.data.base import FederatedDataset
 from edgemask.trainer.device_store import DeviceStore
 from edgemask.trainer.models import build_model, model_sites
+from edgemask.trainer.models.registry import one_value_norms
 from edgemask.trainer.models.masking import dead_layers
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import ModelSpec, model_context
@@ -121,6 +123,8 @@ class Algorithm:
         self.model_context = model_context(self.model_spec, self.model)
         self.sites = model_sites(self.model)
         self.client_ids = [c.client_id for c in dataset.clients]
+        # whether an epoch's one-sample last minibatch is left out (training.one_sample_batch)
+        self.drop_one_sample = one_sample_rule(cfg, dataset)
         # what the algorithm keeps per device between rounds, off the heap (trainer.device_store): in ``state_dir``
         # (edgemask train: beside the run directory) or anonymous temporary files
         self.store = DeviceStore(self.client_ids, state_dir)
@@ -236,6 +240,36 @@ class Algorithm:
         engine's stacked training of ``k`` clients' local tasks, for a set-up that trains (FedMask's
         ClientPruning). Default: none."""
         return 0
+
+
+def one_sample_rule(cfg: TrainConfig, dataset: FederatedDataset) -> bool:
+    """Whether the run leaves an epoch's last sample out where it would be a minibatch of its own
+    (:func:`edgemask.trainer.sampling.drop_one_sample_batches`): ``training.one_sample_batch``.
+
+    The papers leave it open. FedMask §4.1 runs VGG16 on FEMNIST's 28×28 writers, where conv11–13 are 1×1, so a
+    one-sample minibatch gives their batch norms one value per channel, which torch refuses to train on; the
+    paper gives no batch size ("Not given by the paper": configs/ic-emnist-fedmask.toml). ``"auto"`` (the default)
+    drops it only for a model with such a batch norm (:func:`~edgemask.trainer.models.registry.one_value_norms`),
+    so every run that trains without it is unchanged; ``"drop"`` drops it for every model; ``"keep"`` trains on
+    it, and is refused up front where a device's epoch would end in such a minibatch. A batch size of 1 on such
+    a model is refused whatever the setting: every minibatch would be one sample."""
+    t = cfg.training
+    rule = t.one_sample_batch
+    if rule == "drop":
+        return True
+    norms = one_value_norms(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.args)
+    if not norms:
+        return False
+    what = (f"model {cfg.model.name!r} on {'x'.join(map(str, dataset.input_shape))} inputs gives batch norm "
+            f"{norms[0]!r} one value per channel in a one-sample minibatch, which training cannot normalize")
+    if t.batch_size == 1:
+        raise ConfigError(f"[training] batch_size = 1: {what}; set batch_size to 2 or more")
+    if rule == "keep":
+        ones = [c.client_id for c in dataset.clients if c.num_train % t.batch_size == 1]
+        if ones:
+            raise ConfigError(f"[training] one_sample_batch = \"keep\": {what}, and device {ones[0]!r}'s epochs "
+                              f"({len(ones)} devices in all) end in one; set it to \"auto\" or \"drop\"")
+    return rule == "auto"
 
 
 def parse_args(typ: type, raw: dict[str, Any], algo: str, source: str | None = None) -> Any:

@@ -51,7 +51,7 @@ from edgemask.trainer.masks import (THRESHOLD, BitMasks, binarize, pack_rows, pa
 from edgemask.trainer.models.masking import MaskSite, dead_layers, effective_params
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn, ModelContext, task_function
-from edgemask.trainer.sampling import batch_order
+from edgemask.trainer.sampling import batch_order, drop_one_sample_batches
 
 PRUNING_ROUND = 1 << 30  # shuffle-stream tag of the one-shot pruning epoch (distinct from every round)
 PRUNING_CHUNK_BYTES = 1 << 30  # float32 scores of the devices one ClientPruning call trains, at most
@@ -276,6 +276,8 @@ class FedMask(Algorithm):
         data = [self.dataset.client(cid) for cid in cids]
         orders = [batch_order(d.num_train, 1, self.cfg.run.seed, PRUNING_ROUND, index[cid])
                   for cid, d in zip(cids, data)]
+        if self.drop_one_sample:  # training.one_sample_batch
+            orders = drop_one_sample_batches(orders, self.cfg.training.batch_size)
         tasks = []
         for cid in cids:
             task = self._task(cid, first, {}, regularize=False)  # m^0: nothing pruned yet

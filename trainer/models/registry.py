@@ -157,3 +157,37 @@ def head_names(model: nn.Module) -> tuple[str, ...]:
     prefixes = tuple(getattr(model, "head", ()))
     return tuple(n for n, _ in model.named_parameters() if n.split(".")[0] in prefixes or
                  any(n.startswith(p + ".") for p in prefixes))
+
+
+def one_value_norms(name: str, input_shape: tuple[int, ...], num_classes: int,
+                    args: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The batch norms of model ``name`` that see one value per channel in a one-sample minibatch (batch × the
+    spatial positions = 1: VGG16's conv11–13 on 28×28 inputs are 1×1; any ``BatchNorm1d`` on ``(B, C)``). In
+    training mode torch refuses them ("Expected more than 1 value per channel"); what a run does about it is
+    ``training.one_sample_batch`` (:func:`edgemask.trainer.sampling.drop_one_sample_batches`). Found by one forward
+    of a ``(1, *input_shape)`` input on the ``meta`` device: shapes only, no memory, no arithmetic; a model without
+    batch norm, or whose forward the meta device cannot run, has none."""
+    with torch.device("meta"):
+        model = MODELS.get(name)(tuple(input_shape), num_classes, **(args or {}))
+        found: list[str] = []
+
+        def hook(path: str):
+            def seen(_mod: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+                x = inputs[0]
+                if x.dim() >= 2 and x.numel() == x.shape[1]:  # (1, C, 1, ...) or (1, C)
+                    found.append(path)
+            return seen
+
+        norms = [(path, mod) for path, mod in model.named_modules()
+                 if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
+        if not norms:  # nothing to look for (an LSTM's integer inputs never reach a forward here)
+            return ()
+        for path, mod in norms:
+            mod.register_forward_pre_hook(hook(path))
+        model.eval()  # the shapes, without the training-mode check this looks for
+        try:
+            with torch.no_grad():
+                model(torch.zeros((1, *input_shape)))
+        except Exception:  # noqa: BLE001 - a forward the meta device cannot run: nothing known, nothing dropped
+            return ()
+    return tuple(dict.fromkeys(found))
