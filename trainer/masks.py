@@ -4,6 +4,7 @@ held as bits (:class:`BitMasks`), and a client's masked model for evaluation (:f
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Callable
@@ -28,6 +29,43 @@ def binarize(soft: torch.Tensor, threshold: float = THRESHOLD) -> torch.Tensor:
     return (soft >= threshold).to(torch.float32)
 
 
+def sigmoid_at_least(scores: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 on real-valued scores, as bool: ``torch.sigmoid(scores) >= THRESHOLD``, bit for bit, without the
+    sigmoid. σ is monotone, so on the CPU in float32 it is ``scores >= x_τ``, x_τ the least float32 whose σ torch
+    rounds to at least τ (:func:`_least_at_threshold`: −1.788e−7 for τ = 0.5, not 0, since σ(x) rounds to 0.5 for
+    tiny negative x); one comparison instead of an exp, a division and a comparison (ClientPruning binarizes every
+    device's 15 M VGG16 scores). Elsewhere (CUDA's σ rounds in its own way, another dtype) σ is computed."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32:
+        return scores >= _least_at_threshold()
+    return torch.sigmoid(scores) >= THRESHOLD
+
+
+@functools.cache
+def _least_at_threshold() -> float:
+    """The least float32 x with ``torch.sigmoid(x) >= THRESHOLD`` on the CPU, by bisection over the floats' bit
+    patterns (as a vector and as one element: the kernels' vectorized body and their scalar tail); checked on
+    the 4,096 floats on either side of it."""
+    def at_least(bits: int) -> bool:
+        x = float(np.int32(bits).view(np.float32))
+        v = torch.sigmoid(torch.full((64,), x)) >= THRESHOLD
+        one = bool(torch.sigmoid(torch.tensor([x]))[0] >= THRESHOLD)
+        if not (bool(v.all()) == bool(v.any()) == one):
+            raise RuntimeError(f"torch.sigmoid({x!r}) compares with {THRESHOLD} differently in its kernels")
+        return one
+
+    # a negative float's bit pattern grows with its magnitude: lo stays at least τ, hi below
+    lo, hi = int(np.float32(-0.0).view(np.int32)), int(np.float32(-1.0).view(np.int32))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at_least(mid) else (lo, mid)
+    x0 = float(np.int32(lo).view(np.float32))
+    near = torch.from_numpy(np.arange(lo - 4096, lo + 4096, dtype=np.int32).view(np.float32))
+    near = torch.cat([near, near.neg()])
+    if not torch.equal(torch.sigmoid(near) >= THRESHOLD, near >= x0):
+        raise RuntimeError(f"torch.sigmoid is not monotone at {THRESHOLD} around {x0!r}")
+    return x0
+
+
 def pack_bits(mask: torch.Tensor) -> np.ndarray:
     """A binary mask as uint8 bytes, 8 elements per byte (C order, big bit order): ⌈n/8⌉ bytes."""
     flat = mask.detach().reshape(-1).cpu().numpy()
@@ -50,6 +88,10 @@ def pack_rows(bits: torch.Tensor, lead: int = 0) -> torch.Tensor:
     zero-padded) on the tensor's own device: ``(*lead_dims, ⌈n/8⌉)`` for the first ``lead`` dims kept (a
     client's rows, ``lead = 1`` on the clients' stacked ``(K, *shape)``), n the numel of the rest."""
     head = bits.shape[:lead]
+    if bits.device.type == "cpu":  # numpy's packbits: the same layout, one pass (the shifts below take ~8)
+        flat = bits.detach().reshape(*head, -1)
+        flat = flat if flat.dtype in (torch.bool, torch.uint8) else flat.to(torch.uint8)
+        return torch.from_numpy(np.packbits(flat.numpy(), axis=-1))
     flat = bits.detach().reshape(*head, -1).to(torch.uint8)
     n = flat.shape[-1]
     if n % 8:

@@ -5,12 +5,13 @@ float mask computes, under vmap too."""
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from edgemask.trainer.batched import evaluate_many
 from edgemask.trainer.local_training import evaluate
-from edgemask.trainer.masks import (BitMasks, count_ones, masked_model, pack_bits, pack_rows, packed_masked_model,
-                                    unpack_rows)
+from edgemask.trainer.masks import (THRESHOLD, BitMasks, _least_at_threshold, count_ones, masked_model, pack_bits,
+                                    pack_rows, packed_masked_model, sigmoid_at_least, unpack_rows)
 from edgemask.trainer.models import build_model, model_sites
 from edgemask.trainer.task_functions import ModelSpec, model_context
 
@@ -88,3 +89,35 @@ def test_packed_masked_model_computes_the_float_masks_model_alone_and_stacked():
     got = evaluate_many(packed, [(x, y)] * 3)  # stacked: unpacked inside vmap
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert len({a for a, _ in want}) > 1  # the masks matter
+
+
+def _shift_pack(x, lead):
+    """pack_rows' torch formula (the one CUDA runs), written out: the reference for the CPU's numpy path."""
+    head = x.shape[:lead]
+    flat = x.reshape(*head, -1).to(torch.uint8)
+    n = flat.shape[-1]
+    if n % 8:
+        flat = torch.nn.functional.pad(flat, (0, 8 - n % 8))
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
+    return (flat.view(*head, -1, 8) << shifts).sum(-1, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("shape,lead", [((3, 4, 13), 1), ((2, 3, 3, 7), 1), ((5, 16), 1), ((13,), 0), ((1, 0), 1)])
+def test_pack_rows_on_the_cpu_is_the_shift_formula_bit_for_bit(shape, lead):
+    bits = torch.rand(shape, generator=torch.Generator().manual_seed(3)) < 0.4
+    for x in (bits, bits.float(), bits.to(torch.uint8)):
+        got = pack_rows(x, lead)
+        assert got.dtype == torch.uint8 and torch.equal(got, _shift_pack(x, lead))
+    assert pack_rows(torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1], dtype=torch.bool)).tolist() == [0b10110000, 0b10000000]
+
+
+def test_sigmoid_at_least_is_torchs_sigmoid_compared_at_the_threshold():
+    x0 = _least_at_threshold()
+    assert -1e-6 < x0 < 0  # σ rounds to 0.5 a little below 0: "scores >= 0" would not be Eq. 3 as torch computes it
+    below = float(np.nextafter(np.float32(x0), np.float32(-1)))
+    probe = torch.tensor([x0, below, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, float("inf"), float("-inf")])
+    wide = torch.cat([probe, torch.randn(100_000) * 1e-6, torch.randn(1000)])
+    assert torch.equal(sigmoid_at_least(wide), torch.sigmoid(wide) >= THRESHOLD)
+    assert sigmoid_at_least(probe[:2]).tolist() == [True, False]
+    doubles = wide.double()  # another dtype: σ is computed
+    assert torch.equal(sigmoid_at_least(doubles), torch.sigmoid(doubles) >= THRESHOLD)

@@ -46,8 +46,8 @@ from edgemask.trainer.accounting import tensor_bytes
 from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.device_store import record_bytes
-from edgemask.trainer.masks import (THRESHOLD, BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
-                                    unpack_rows)
+from edgemask.trainer.masks import (BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
+                                    sigmoid_at_least, unpack_rows)
 from edgemask.trainer.models.masking import MaskSite, dead_layers, effective_params
 from edgemask.trainer.records import ClientState, ClientUpdate, EvalModel, LocalResult, LocalTask
 from edgemask.trainer.task_functions import Fn, ModelContext, task_function
@@ -288,7 +288,7 @@ class FedMask(Algorithm):
         keep, bits = {}, {}
         for w in self.mask_names:
             trained = stack_rows([res.trained[w] for res in results])  # (K, *shape)
-            m = torch.sigmoid(trained) >= THRESHOLD  # Eq. 3, as bool
+            m = sigmoid_at_least(trained)  # Eq. 3, as bool
             if w in self.pruned:
                 W = self._weight_rows(w)
                 after = W * trained
@@ -434,7 +434,7 @@ class FedMask(Algorithm):
             return []
         rows = {}
         for w in self.mask_names:
-            bits = torch.sigmoid(stack_rows([res.trained[w] for _, res in results])) >= THRESHOLD  # bool
+            bits = sigmoid_at_least(stack_rows([res.trained[w] for _, res in results]))  # Eq. 3, bool
             if w in self.pruned:
                 bits &= unpack_rows(torch.stack([self.keep.packed(cid)[w] for cid, _ in results]), bits.shape[1:],
                                     torch.bool)
