@@ -2,6 +2,8 @@
 value per channel (VGG16 on FEMNIST's 28×28: conv11–13 are 1×1), which torch refuses to train on."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -90,7 +92,8 @@ def test_the_engines_and_a_flower_node_train_the_same_steps_when_dropping(tmp_pa
 def test_keep_is_refused_up_front_naming_a_device(tmp_path):
     root = _femnist(tmp_path, [17, 5])
     with pytest.raises(ConfigError, match=r"one_sample_batch = \"keep\": model 'vgg16' on 1x28x28 inputs gives "
-                                          r"batch norm 'bn11' one value per channel .* device 'client-000'"):
+                                          r"batch norm 'bn11' one value per channel .* the epochs of 1 device\(s\) end in one "
+                                          r"\(the first: 'client-000'\)"):
         simulate(_cfg(root, rule="keep"))
     with pytest.raises(ConfigError, match=r"batch_size = 1: .*set batch_size to 2 or more"):
         simulate(_cfg(root, batch_size=1))
@@ -110,3 +113,17 @@ def test_keep_trains_on_every_sample_where_no_epoch_ends_alone_and_drop_applies_
 def test_a_wrong_value_is_a_config_error():
     with pytest.raises(ConfigError, match="one_sample_batch"):
         TrainConfig.from_dict({"training": {"one_sample_batch": "fold"}})
+
+
+def test_edgemask_train_refuses_keep_in_one_line_and_writes_no_run(tmp_path):
+    root = _femnist(tmp_path / "data", [17, 5])
+    (tmp_path / "t.toml").write_text(
+        f'[run]\nrun_id = "osb"\n[data]\nname = "femnist"\nroot = "{root}"\nnum_clients = 2\npartition = "natural"\n'
+        '[model]\nname = "vgg16"\n[model.args]\nwidth = 0.0625\n[algorithm]\nname = "fedavg"\n'
+        '[training]\nrounds = 1\none_sample_batch = "keep"\n')
+    p = subprocess.run([sys.executable, "-m", "edgemask.cli.main", "train", "--config", str(tmp_path / "t.toml"),
+                        "--workspace", str(tmp_path / "ws")], capture_output=True, text=True)
+    err = [line for line in p.stderr.splitlines() if "memory estimate" not in line]
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(err) == 1 and err[0].startswith("edgemask train: error: [training] one_sample_batch = \"keep\"")
+    assert [f.name for f in (tmp_path / "ws" / "runs").iterdir()] == [".osb.lock"]  # no run, no store left

@@ -267,8 +267,8 @@ def one_sample_rule(cfg: TrainConfig, dataset: FederatedDataset) -> bool:
     if rule == "keep":
         ones = [c.client_id for c in dataset.clients if c.num_train % t.batch_size == 1]
         if ones:
-            raise ConfigError(f"[training] one_sample_batch = \"keep\": {what}, and device {ones[0]!r}'s epochs "
-                              f"({len(ones)} devices in all) end in one; set it to \"auto\" or \"drop\"")
+            raise ConfigError(f"[training] one_sample_batch = \"keep\": {what}, and the epochs of {len(ones)} "
+                              f"device(s) end in one (the first: {ones[0]!r}); set it to \"auto\" or \"drop\"")
     return rule == "auto"
 
 
