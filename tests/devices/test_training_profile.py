@@ -73,9 +73,11 @@ def test_a_profiled_step_sums_to_the_timed_step_and_every_layer_gets_its_time(pr
         assert prof["available"] and prof["profiler"].startswith("torch.profiler"), prof.get("reason")
         assert len(prof["runs"]) == PROFILED.profile_runs  # the warm-up steps dropped
         step = client_step(_manifest_dict(man), prof, float(np.median(m.latency_ms)))
-        # each profiled step: its events cover most of it, and never more than it (inclusive times, no child twice)
-        for run, t in zip(prof["runs"], step.profiled):
-            assert 0.6 * run["end_to_end_ms"] <= t.total_ms <= 1.02 * run["end_to_end_ms"], (cid, t, run)
+        # each profiled step's events never sum to more than it (inclusive times, no child counted twice), and in
+        # the median step they cover most of it (one step preempted on a loaded host has gaps no event covers:
+        # 1.18 of 5.82 ms once at load 3 on 2 cores; backward events dropped would read ~0.4 in every step)
+        cover = [t.total_ms / run["end_to_end_ms"] for run, t in zip(prof["runs"], step.profiled)]
+        assert max(cover) <= 1.02 and statistics.median(cover) >= 0.6, (cid, cover)
         # the per-layer times (forward + backward), the update and the rest, median over the profiled steps, sum to
         # the timed (unprofiled) step within SUM_BAND
         total = statistics.median(t.total_ms for t in step.profiled)
