@@ -128,8 +128,10 @@ def report(table: pd.DataFrame) -> int:
     agg = table.groupby(["deadline_s", "budgets"]).agg(acc_mean=("mean_accuracy", "mean"),
                                                        acc_std=("mean_accuracy", "std"),
                                                        dropped=("dropped_share", "mean"),
+                                                       reached=("time_to_target_s", "count"),
+                                                       runs=("time_to_target_s", "size"),
                                                        time_to_target=("time_to_target_s", "mean"))
-    print("\nacross seeds:")
+    print("\nacross seeds (time_to_target: the mean over the runs that reached the target, `reached` of `runs`):")
     print(agg.to_string(float_format=lambda x: f"{x:.4f}"))
     return 0
 
