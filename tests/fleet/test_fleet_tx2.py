@@ -39,7 +39,9 @@ def test_a_trt_job_runs_through_the_real_runner_over_ssh(x86_device, tmp_path):
         again = run_benchmark(conn, spec, art, "trt", settings=SETTINGS, timeout=600)
     assert m.ok, m.error
     assert m.format == "trt" and m.runtime_version == "tensorrt 8.2.1"
-    assert m.accuracy == pytest.approx(6 / 8) and m.runs >= 20 and m.timed_window_s >= 1.0
+    # --exportTimes writes std::ostream's 6 significant digits: at 1,000-9,999 ms each end is rounded to 0.005 ms, so
+    # the window read back may fall up to 10 us short of the --duration that trtexec itself reached (CI: 0.999998 s).
+    assert m.accuracy == pytest.approx(6 / 8) and m.runs >= 20 and m.timed_window_s >= 1.0 - 1e-5
     trt = m.state_after["tensorrt"]
     assert trt["cached"] is False and trt["build_s"] > 0 and trt["flags"] == ["--fp16"]
     assert trt["timing_cache"].startswith(spec.workdir)  # one timing cache per board, in its workdir
