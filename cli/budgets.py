@@ -3,7 +3,6 @@ written into a new training config, with where each came from."""
 
 from __future__ import annotations
 
-import math
 import tomllib
 from pathlib import Path
 
@@ -41,9 +40,11 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     from edgemask.profiling.provenance import RunIdentity, check_same, finite_column, from_run_dir, from_store
     from edgemask.profiling.store import ResultsStore
     from edgemask.profiling.training import training_costs
+    from edgemask.trainer.algorithms.base import one_sample_rule
     from edgemask.trainer.config import TrainConfig
     from edgemask.trainer.data import build_dataset
     from edgemask.trainer.models import build_model, head_names
+    from edgemask.trainer.sampling import epoch_steps
 
     deadline_s = values.seconds("--deadline", deadline_s)
     if cost_model not in COST_MODELS:
@@ -95,8 +96,8 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     for col in ("step_p50_ms", "trained_params"):  # a NaN or inf here would fit a line through nothing
         finite_column(valid, col, str(store), lambda r: f"{r['artifact']} {fmt} on {r['device']}", positive=True,
                       missing_ok=False)
-    B, E = cfg.training.batch_size, cfg.training.local_epochs
-    steps = {c.client_id: max(1, math.ceil(len(c.train_y) / B)) * E for c in ds.clients}
+    B, E, drop = cfg.training.batch_size, cfg.training.local_epochs, one_sample_rule(cfg, ds)
+    steps = {c.client_id: max(1, epoch_steps(len(c.train_y), B, drop)) * E for c in ds.clients}  # as trained
     boards = assign_boards(list(steps), mix, cfg.run.seed)
     if cost_model == "layers":
         devices, source = _layer_budgets(cfg, model, head, results, store, fmt, threads, measured_run, deadline_s,

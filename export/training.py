@@ -41,6 +41,7 @@ from edgemask.errors import EdgemaskError
 from edgemask.fileio import atomic_path
 from edgemask.export.runtime import one_line, runtime_layout
 from edgemask.trainer.records import LocalTask
+from edgemask.trainer.sampling import epoch_steps
 from edgemask.trainer.task_program import program
 
 TRAIN_IO = "train_io.npz"
@@ -84,7 +85,8 @@ STEP_RULE = StepRule()
 class StepSpec:
     """One client's local step: its task, the minibatch the artifact is traced and checked with, and how many such
     steps a local round takes (``steps_per_round``: ⌈num_train / batch_size⌉ · epochs, capped by the task's
-    ``max_steps``; the round's last minibatch of an epoch may be partial, the board times full ones)."""
+    ``max_steps``; the round's last minibatch of an epoch may be partial, the board times full ones; an epoch's
+    lone last sample left out where ``training.one_sample_batch`` drops it: ``trainer.sampling.epoch_steps``)."""
 
     task: LocalTask
     x: torch.Tensor  # (B, *input_shape)
@@ -282,7 +284,7 @@ def step_spec(run, client_id: str | None) -> StepSpec:
         raise TrainingExportError(f"client {client_id} has no training samples")
     B = int(cfg.training.batch_size)
     idx = torch.arange(B) % n
-    steps = math.ceil(n / B) * int(task.epochs)
+    steps = epoch_steps(n, B, alg.drop_one_sample) * int(task.epochs)  # the steps the host trained (one_sample_batch)
     if task.max_steps is not None:
         steps = min(steps, int(task.max_steps))
     x = runtime_layout(data.train_x[idx].float())  # the step is traced with the layout its runtime is fed

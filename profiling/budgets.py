@@ -17,7 +17,9 @@ A line in f is a choice: a step's cost depends on which layers train, not only h
 first layer makes the backward pass run through every layer above it; PerFedMask's own FLOP count says so), so the
 fit's largest miss on the measured rows is recorded with it (``max_miss_ms``): a deadline closer than that to a
 device's predicted round is not one the model can promise. The run records, per device, its board, the cost
-model and the predicted round (``budget_source`` in summary.json).
+model and the predicted round (``budget_source`` in summary.json). ``steps_n`` counts the steps the host trains
+(``trainer.sampling.epoch_steps``: one fewer sample an epoch where ``training.one_sample_batch`` drops a lone last
+one).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -101,6 +102,20 @@ def drop_one_sample_batches(orders: list[list[np.ndarray]], batch_size: int) -> 
     (:func:`edgemask.trainer.models.registry.one_value_norms`). Which sample goes is the permutation's last, so the
     dropped sample changes from epoch to epoch. An order with nothing to drop is the same array."""
     return [[o[:-1] if len(o) % batch_size == 1 else o for o in client] for client in orders]
+
+
+def epoch_samples(num_samples: int, batch_size: int, drop_one_sample: bool) -> int:
+    """The samples one local epoch of ``num_samples`` trains on: one fewer where :func:`drop_one_sample_batches`
+    leaves the epoch's one-sample last minibatch out (``num_samples`` ≡ 1 mod ``batch_size``), else all."""
+    n = int(num_samples)
+    return n - 1 if drop_one_sample and n % int(batch_size) == 1 else n
+
+
+def epoch_steps(num_samples: int, batch_size: int, drop_one_sample: bool) -> int:
+    """The minibatches one local epoch of ``num_samples`` takes: ⌈:func:`epoch_samples` / B⌉, the count every
+    derived step figure uses (an export's ``steps_per_round``, ``edgemask budgets``, a ``[system]`` round), so
+    that under ``training.one_sample_batch = "drop"`` they count the steps the host trained."""
+    return math.ceil(epoch_samples(num_samples, batch_size, drop_one_sample) / int(batch_size))
 
 
 def client_seed(seed: int, round_: int, client_index: int) -> int:

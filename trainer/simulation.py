@@ -114,7 +114,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     if ready is not None:
         ready(algo)
     rounds = cfg.training.rounds
-    system = deadlines(cfg, algo.client_ids, trace_files)
+    system = deadlines(cfg, algo.client_ids, trace_files, algo.drop_one_sample)
     schedule = sampling_schedule(algo.client_ids, rounds, cfg.training.participation, cfg.run.seed,
                                  None if system is None else cfg.system.selected(system.k, len(algo.client_ids)))
     result = SimulationResult(cfg, algo)
@@ -171,13 +171,16 @@ def read_trace(cfg: TrainConfig) -> tuple[TraceFile, TraceFile | None] | None:
 
 
 def deadlines(cfg: TrainConfig, client_ids: list[str],
-              trace_files: tuple[TraceFile, TraceFile | None] | None = None) -> System | None:
+              trace_files: tuple[TraceFile, TraceFile | None] | None = None,
+              drop_one_sample: bool = False) -> System | None:
     """The run's ``[system]`` with its devices' boards (or trace clients: ``trace_files``, its device trace's files
-    as read; default: read now), or None (a run as it always was)."""
+    as read; default: read now), or None (a run as it always was). ``drop_one_sample``: the algorithm's
+    ``training.one_sample_batch`` decision, so a device's round counts the steps it trained."""
     if cfg.system is None:
         return None
     k = clients_per_round(len(client_ids), cfg.training.participation)
-    return System.build(cfg.system, list(client_ids), cfg.run.seed, cfg.training.batch_size, k, trace_files)
+    return System.build(cfg.system, list(client_ids), cfg.run.seed, cfg.training.batch_size, k, trace_files,
+                        drop_one_sample)
 
 
 class RoundCosts:

@@ -5,7 +5,8 @@ Each simulated device is a board of a mix (:func:`edgemask.mix.assign_boards`: e
 OSDI 2022, with the step measured on the board instead of inferred from inference)::
 
     steps_n   = ⌈num_train_n / B⌉ · E                          (the round's minibatch steps; samples_seen / B where
-                                                                 a task stops early)
+                                                                 a task stops early; num_train_n − 1 where
+                                                                 one_sample_batch drops a lone last sample)
     step_b(f) = step_ms_frozen_b + (step_ms_b − step_ms_frozen_b) · f      f = the device's trained fraction of
                                                                  the model's parameters (1 but for PerFedMask's ψ_n)
     round_n   = steps_n · step_b(f_n) + (bytes_up_n + bytes_down_n) · 8 / bandwidth
@@ -45,6 +46,7 @@ from edgemask.fedscale import Availability, Capacity, TraceFile, read_availabili
 from edgemask.mix import assign_boards, assign_trace_clients, check_trace_size
 from edgemask.schema import read_dataclass, setting
 from edgemask.values import WEEK_S
+from edgemask.trainer.sampling import epoch_samples, epoch_steps
 
 MAX_STEP_MS = 3.6e6  # an hour a step: above this a unit is wrong (seconds given as ms · 1000)
 
@@ -219,19 +221,22 @@ class System:
     batch_size: int
     k: int  # devices a round aggregates at most
     trace: DeviceTrace | None = None
+    drop_one_sample: bool = False  # training.one_sample_batch left an epoch's lone last sample out (sampling.py)
     clock: float = 0.0  # the rounds' wall-clock so far: the next round's start (FedScale's global_virtual_clock)
     dropped: dict[str, int] = field(default_factory=dict)  # board -> updates left out, all rounds
     offline: dict[str, int] = field(default_factory=dict)  # board -> of those, offline (an availability trace)
 
     @classmethod
     def build(cls, config: SystemConfig, client_ids: list[str], seed: int, batch_size: int, k: int,
-              files: tuple[TraceFile, TraceFile | None] | None = None) -> "System":
-        """The run's system; with a trace, ``files`` are its files already read (default: read them now)."""
+              files: tuple[TraceFile, TraceFile | None] | None = None, drop_one_sample: bool = False) -> "System":
+        """The run's system; with a trace, ``files`` are its files already read (default: read them now).
+        ``drop_one_sample``: the run's ``Algorithm.drop_one_sample``, so a device's steps are those it trained."""
         if config.trace is not None:
             trace = DeviceTrace.build(config.trace, client_ids, seed, files)
-            return cls(config, {d: f"fedscale-{c}" for d, c in trace.capacity_of.items()}, batch_size, k, trace)
+            return cls(config, {d: f"fedscale-{c}" for d, c in trace.capacity_of.items()}, batch_size, k, trace,
+                       drop_one_sample)
         mix = {name: b.share for name, b in config.boards.items()}
-        return cls(config, assign_boards(client_ids, mix, seed), batch_size, k)
+        return cls(config, assign_boards(client_ids, mix, seed), batch_size, k, drop_one_sample=drop_one_sample)
 
     @property
     def availability(self) -> bool:
@@ -244,8 +249,10 @@ class System:
         ``fraction``, its bytes at the bandwidth; with a trace, FedScale's completion time of its trace client."""
         board = self.boards[cid]
         B = self.batch_size
-        epochs, rest = divmod(samples_seen, num_samples) if num_samples else (0, samples_seen)
-        steps = math.ceil(num_samples / B) * epochs if rest == 0 else math.ceil(samples_seen / B)
+        per_epoch = epoch_samples(num_samples, B, self.drop_one_sample)  # the samples an epoch trained on
+        epochs, rest = divmod(samples_seen, per_epoch) if per_epoch else (0, samples_seen)
+        steps = (epoch_steps(num_samples, B, self.drop_one_sample) * epochs if rest == 0
+                 else math.ceil(samples_seen / B))
         if self.trace is not None:
             c = self.trace.capacity_for(cid)
             compute = self.trace.augmentation * samples_seen * c.computation_ms / 1000.0

@@ -25,12 +25,13 @@ from edgemask.trainer.run_dir import load_run, write_run
 
 
 def _run(tmp_path, algorithm: str = "fedmask", args: dict | None = None, lr: float = 5.0, momentum: float = 0.9,
-         weight_decay: float = 0.0):
+         weight_decay: float = 0.0, batch_size: int = 16, one_sample_batch: str = "auto"):
     cfg = TrainConfig(run=RunConfig(seed=0, run_id=f"digits-{algorithm}-train-test"),
                       data=DataConfig(name="digits", num_clients=2),
                       model=ModelConfig("mlp", {"hidden": [32, 16]}),
                       algorithm=AlgorithmConfig(algorithm, args or {}),
-                      training=TrainingConfig(batch_size=16, lr=lr, momentum=momentum, weight_decay=weight_decay))
+                      training=TrainingConfig(batch_size=batch_size, lr=lr, momentum=momentum,
+                                              weight_decay=weight_decay, one_sample_batch=one_sample_batch))
     torch.manual_seed(0)
     model = build_model("mlp", (64,), 10, hidden=(32, 16))
     clients = {f"client-00{i}": ClientState(masks=random_masks(model, 0.4, seed=i) if algorithm == "fedmask" else {})
@@ -65,6 +66,16 @@ def test_steps_per_round_is_the_clients_minibatches_times_epochs(tmp_path):
     n = len(run.dataset.client("client-000").train_y)
     assert spec.num_train == n and spec.steps_per_round == -(-n // 16) * spec.epochs
     assert spec.x.shape == (16, 1, 8, 8) and spec.y.dtype == torch.int64
+
+
+def test_steps_per_round_leave_out_the_lone_last_sample_the_host_dropped(tmp_path):
+    """training.one_sample_batch = "drop" with B = n − 1: the host trains one step an epoch, not ⌈n / B⌉ = 2, so the
+    measured round must count one (before: the manifest said 2 · E, a step an epoch the host never ran)."""
+    n = len(_run(tmp_path / "probe").dataset.client("client-000").train_y)
+    assert n > 2
+    dropped = step_spec(_run(tmp_path / "drop", batch_size=n - 1, one_sample_batch="drop"), "client-000")
+    kept = step_spec(_run(tmp_path / "auto", batch_size=n - 1), "client-000")  # an MLP: auto keeps it
+    assert dropped.steps_per_round == dropped.epochs and kept.steps_per_round == 2 * kept.epochs
 
 
 @pytest.mark.parametrize("fmt", ["pte-train", "torch-train"])

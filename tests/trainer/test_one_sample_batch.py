@@ -14,7 +14,7 @@ from edgemask.errors import ConfigError
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.flower import loopback_phases
 from edgemask.trainer.models.registry import MODELS, one_value_norms
-from edgemask.trainer.sampling import drop_one_sample_batches
+from edgemask.trainer.sampling import drop_one_sample_batches, epoch_samples, epoch_steps
 from edgemask.trainer.simulation import simulate
 
 
@@ -27,6 +27,31 @@ def test_drop_leaves_out_only_a_last_sample_that_would_be_alone():
     assert len(out[2][0]) == 0  # a device of one sample: nothing left to train on
     assert len(drop_one_sample_batches([[a]], 8)[0][0]) == 16  # 17 = 2·8 + 1: dropped at 8 too
     assert len(drop_one_sample_batches([[np.arange(18)]], 8)[0][0]) == 18  # 18 = 2·8 + 2: kept
+
+
+def test_epoch_steps_count_what_drop_leaves_to_train():
+    assert (epoch_samples(17, 16, True), epoch_steps(17, 16, True)) == (16, 1)  # 17 = 16 + 1: one step, not 2
+    assert (epoch_samples(17, 16, False), epoch_steps(17, 16, False)) == (17, 2)
+    assert (epoch_samples(33, 16, True), epoch_steps(33, 16, True)) == (32, 2)
+    assert (epoch_samples(18, 16, True), epoch_steps(18, 16, True)) == (18, 2)  # 18 = 16 + 2: nothing dropped
+    assert (epoch_samples(1, 16, True), epoch_steps(1, 16, True)) == (0, 0)
+    assert epoch_steps(5, 1, True) == 5  # batch size 1: no epoch ends in a lone extra sample
+    for n in range(1, 40):  # the count is that of the orders drop_one_sample_batches leaves
+        order = drop_one_sample_batches([[np.arange(n)]], 8)[0][0]
+        assert epoch_samples(n, 8, True) == len(order) and epoch_steps(n, 8, True) == -(-len(order) // 8)
+
+
+def test_a_system_round_counts_the_steps_the_device_trained():
+    """A [system] round of a device with 17 samples at B = 16 under drop: 16 samples an epoch, one step each. With
+    17 epochs the 272 samples seen are a whole multiple of 17 too, which ⌈17 / 16⌉ · 16 = 32 steps misread."""
+    from edgemask.trainer.system import System, SystemConfig
+
+    cfg = SystemConfig.read("test", {"deadline_s": 100.0, "boards": {"b": {"share": 1.0, "step_ms": 10.0}}})
+    drop = System(cfg, {"d": "b"}, batch_size=16, k=1, drop_one_sample=True)
+    assert drop.device_round("d", 17, 17 * 16, 1.0, 0, 0).steps == 17
+    assert drop.device_round("d", 17, 2 * 16, 1.0, 0, 0).steps == 2
+    keep = System(cfg, {"d": "b"}, batch_size=16, k=1)
+    assert keep.device_round("d", 17, 2 * 17, 1.0, 0, 0).steps == 4
 
 
 def test_one_value_norms_finds_the_1x1_batch_norms_by_shape():
