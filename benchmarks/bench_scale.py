@@ -16,7 +16,7 @@ width, rounds. A CIFAR-10 device keeps the paper's samples at any device count: 
 ``samples_per_client``, FedSelect's per-class counts, PerFedMask's 600 (``kept_samples``: the 60,000 images over
 its 100 devices, where the partition alone would give 20 devices 3,000 each); a LEAF or HAR device has its
 stand-in user's. Prints per phase the seconds of one run, its peak host RSS and GPU memory, and the projection to
-the config's own rounds.
+the config's own rounds; then each phase's own peak RSS, which says which phase sets the run's peak.
 
     python benchmarks/bench_scale.py [--cases fedmask,ic-emnist,har,ncp,perfedmask,perfedmask-c01,fedselect]
                                      [--devices 50,100,200,400] [--widths 0.125] [--samples 300] [--paper-data]
@@ -159,13 +159,37 @@ def case_config(case: str, devices: int, width: float, rounds: int, device: str,
     return cfg, cfg.replace(data=data, model=model, training=training)
 
 
+def _high_water(reset: bool) -> int:
+    """This process's peak RSS in bytes since the last reset (VmHWM), then reset (``clear_refs`` 5, Linux ≥ 4.0);
+    0 where /proc does not have it. A reset also lowers ``getrusage``'s ru_maxrss, so the run's peak is the largest
+    phase's."""
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        return kb * 1024
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
 class PhaseClock:
-    """Exclusive seconds per phase: a wrapped call's time, less the wrapped calls inside it."""
+    """Exclusive seconds per phase: a wrapped call's time, less the wrapped calls inside it. And each phase's own
+    peak RSS: at every call's start and end the peak since the last such moment is the phase then running's, and
+    the high-water mark is reset (``other``: outside every wrapped call)."""
 
     def __init__(self) -> None:
         self.seconds = {p: 0.0 for p in PHASES}
         self.calls = {p: 0 for p in PHASES}
+        self.peak = {p: 0 for p in PHASES}
         self.stack: list[tuple[str, list[float]]] = []  # (phase, seconds of the wrapped calls inside it)
+        _high_water(reset=True)
+
+    def mark(self) -> None:
+        """The peak since the last mark, to the phase running now."""
+        now = self.stack[-1][0] if self.stack else "other"
+        self.peak[now] = max(self.peak[now], _high_water(reset=True))
 
     def wrap(self, owner, attr: str, phase: str, inside: dict[str, str] | None = None) -> None:
         """Time ``owner.attr`` as ``phase``, or as ``inside[p]`` when called within phase ``p``."""
@@ -174,12 +198,14 @@ class PhaseClock:
 
         def timed(*args, **kwargs):
             name = (inside or {}).get(clock.stack[-1][0], phase) if clock.stack else phase
+            clock.mark()
             clock.stack.append((name, [0.0]))
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 elapsed = time.perf_counter() - t0
+                clock.mark()
                 children = clock.stack.pop()[1][0]
                 clock.seconds[name] += elapsed - children
                 clock.calls[name] += 1
@@ -213,6 +239,7 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     t0 = time.perf_counter()
     result = simulation.simulate(cfg)
     total = time.perf_counter() - t0
+    clock.mark()
     clock.seconds["other"] = total - sum(clock.seconds.values())
     peak_gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     evals = clock.calls["eval glue"]
@@ -229,7 +256,7 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     return {"case": case, "devices": len(algo.client_ids), "per_round": len(trained), "width": width,
             "rounds": rounds, "device": device, "model_args": cfg.model.args,
             "samples": sum(c.num_train for c in algo.dataset.clients) / len(algo.dataset.clients),
-            "seconds": s, "total": total, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "seconds": s, "phase_peak": clock.peak, "total": total, "peak_rss": max(max(clock.peak.values()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
             "peak_gpu": peak_gpu, "outside": 1 - stacked / round_time if round_time else float("nan"),
             "projection": projection, "full_rounds": full_rounds,
             "accuracy": result.summary["mean_accuracy"], "threads": torch.get_num_threads()}
@@ -246,6 +273,17 @@ def table(rows: list[dict]) -> str:
                                  f"{r['total']:.1f}", f"{100 * r['outside']:.0f} %", f"{r['peak_rss'] / 1e9:.2f}",
                                  f"{r['peak_gpu'] / 1e9:.2f}",
                                  f"{r['projection'] / 60:.1f} min / {r['full_rounds']} rounds"]))
+    return "\n".join(lines)
+
+
+def peak_table(rows: list[dict]) -> str:
+    """Each phase's own peak RSS (GB): which phase sets the run's peak."""
+    head = ("case", "devices", "width", *PHASES)
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        p = r.get("phase_peak") or {}
+        lines.append(" | ".join([r["case"], str(r["devices"]), f"{r['width']:g}",
+                                 *(f"{p.get(x, 0) / 1e9:.2f}" for x in PHASES)]))
     return "\n".join(lines)
 
 
@@ -344,6 +382,9 @@ def main() -> None:
     print("\n".join(f"- {n}" for n in notes))
     print()
     print(table(rows))
+    print()
+    print("Peak RSS (GB) while each phase ran (its own high-water mark, /proc/self/status VmHWM):")
+    print(peak_table(rows))
 
 
 if __name__ == "__main__":

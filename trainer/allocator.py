@@ -14,7 +14,13 @@ clients' first-layer weights spends most of its time in those faults, a large sh
 PyTorch's caching allocator does on a GPU. The price: up to 256 MiB of freed memory stays with the process.
 Both must be set: fixing one turns off glibc's adaptation of the other (then at 128 KiB).
 
-It changes nothing, and says why, off glibc, when the user chose the allocator's settings already
+The same settings keep what a phase of a round freed: every hole a freed block leaves inside the heap, and up to
+256 MiB at its top. A round's phases (its devices' tasks, the stacked training, the uploads, the aggregate, the
+evaluation) free their blocks in another order than they took them, so the holes add up from one phase to the next.
+:func:`release_free_memory` hands them back (glibc's ``malloc_trim(0)``, which also releases whole free pages
+inside the heap) between phases, where nothing is reused soon; a step's blocks, inside a phase, are still kept.
+
+:func:`tune_host_allocator` changes nothing, and says why, off glibc, when the user chose the allocator's settings already
 (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``, a
 jemalloc or tcmalloc in ``LD_PRELOAD``), or with ``EDGEMASK_MALLOC=default``.
 """
@@ -66,3 +72,23 @@ def _tune() -> str:
     if not mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
         return "unchanged: mallopt refused M_TRIM_THRESHOLD"  # (the mmap threshold is set: harmless alone)
     return "tuned"
+
+
+_trim = None  # glibc's malloc_trim, once found; False off glibc
+
+
+def release_free_memory() -> bool:
+    """Return the heap's free memory to the OS (glibc's ``malloc_trim(0)``: the top above the pad and every whole
+    free page inside each arena), between a round's phases (module docstring). Whether it ran: False off glibc."""
+    global _trim
+    if _trim is None:
+        _trim = False
+        if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+            try:
+                _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+            except (OSError, AttributeError):
+                pass
+    if not _trim:
+        return False
+    _trim(0)
+    return True

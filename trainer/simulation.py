@@ -16,7 +16,7 @@ from edgemask.workspace import check_name
 from edgemask.trainer.accounting import (dense_reference, forward_flops_split_many, kept_counts, layer_positions,
                                          tensor_bytes)
 from edgemask.trainer.algorithms import ALGORITHMS, Algorithm
-from edgemask.trainer.allocator import tune_host_allocator
+from edgemask.trainer.allocator import release_free_memory, tune_host_allocator
 from edgemask.trainer.config import TrainConfig
 from edgemask.trainer.data import build_dataset
 from edgemask.trainer.device_store import EVAL_PART_BYTES, store_beside
@@ -111,6 +111,7 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
     trace_files = read_trace(cfg)  # a device trace's files read and checked before any work
     tune_host_allocator()  # freed tensors reused, not faulted in again each step (trainer.allocator)
     algo = build_algorithm(cfg, before_setup=before_setup, state_dir=state_dir)
+    release_free_memory()  # what the set-up freed, back to the OS between phases (trainer.allocator)
     if ready is not None:
         ready(algo)
     rounds = cfg.training.rounds
@@ -140,14 +141,17 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
             # past the uploads, the round needs only the results' counts: their tensors go unless the algorithm
             # kept them
             trained = [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in trained]
+            release_free_memory()
             costs.record(rnd, trained, updates, record)
         if system is not None:  # the uploads that arrive in time, as a deployment's server sees them
             updates = system.round(rnd, trained, updates, algo.trained_fraction, record, offline)
         if updates or system is None:  # nothing arrived: the server keeps its model
             algo.aggregate(rnd, updates)
         algo.store.unpin()
+        release_free_memory()
         if (rnd + 1) % cfg.training.eval_every == 0 or rnd + 1 == rounds:
             mean_acc, measures = evaluate_clients(algo, rnd, record, watch)
+            release_free_memory()
         if progress:
             progress(rnd + 1, rounds, {"mean_accuracy": mean_acc})
     if rounds == 0:
@@ -456,6 +460,7 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
     same results."""
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
         seed_tasks(algo, rnd, phase, pairs)
+        release_free_memory()  # what building the tasks freed, before the training takes its own
         return (train_phase or train_phase_on_host)(algo, rnd, phase, pairs)
 
     out = []
@@ -464,6 +469,7 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
         group = [cid for cid, _ in pairs]
         results = dict(zip(group, run(pairs, 0)))
         del pairs  # a task's tensors (FedMask's start scores) are not needed past its training
+        release_free_memory()
         seen = {cid: r.samples_seen for cid, r in results.items()}
         pending, phase = list(group), 1
         while pending:  # the clients that go on to another phase, together again

@@ -85,3 +85,42 @@ def test_mallopt_refusing_a_value_is_reported_not_claimed(monkeypatch):
         monkeypatch.setattr(allocator.ctypes, "CDLL", lambda path, refuse=refuse: Libc(refuse))
         assert allocator._tune() == f"unchanged: mallopt refused {name}"
     assert calls == [(-3, 32 << 20), (-3, 32 << 20), (-1, 256 << 20)]  # the mmap threshold first, then the trim
+
+
+# A phase's pattern: 64 blocks of 2 MiB written, every other one freed (the kept ones hold the heap's top in place),
+# then RSS before and after release_free_memory, in MiB
+HOLES = """
+import ctypes
+from edgemask.trainer.allocator import release_free_memory, tune_host_allocator
+tune_host_allocator()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+blocks = []
+for _ in range(64):
+    blocks.append(libc.malloc(2 << 20))
+    libc.memset(blocks[-1], 1, 2 << 20)
+for b in blocks[::2]:
+    libc.free(b)
+before = rss()
+if RELEASE:
+    release_free_memory()
+print(before, rss())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_release_free_memory_returns_the_holes_a_phase_leaves_in_the_heap():
+    def run(release: bool) -> tuple[float, float]:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "EDGEMASK_MALLOC"))}
+        out = subprocess.run([sys.executable, "-c", f"RELEASE = {release}\n" + HOLES], capture_output=True, text=True,
+                             check=True, cwd=ROOT, env={**clean, "PYTHONPATH": str(ROOT)}).stdout.split()
+        return float(out[0]), float(out[1])
+
+    before, after = run(False)
+    assert after > before - 4  # the tuned allocator keeps the 32 freed blocks' 64 MiB resident
+    before, after = run(True)
+    assert after < before - 56  # handed back: the 64 MiB of holes, less what their chunk headers keep
