@@ -1,5 +1,6 @@
 """The per-layer model of a training step (issue #46): fit on a sample of clients, predict the held-out clients'
-measured steps and local rounds, on the `local` device.
+measured steps and local rounds, on the `local` device or (``--device arm64-standin``) the fleet's aarch64
+stand-in (qemu-user, a Cortex-A72 model: NOT a Raspberry Pi).
 
 Per case a run is trained (``simulate``, 1 round: a step's cost depends on the tensors it trains and the model's
 shapes, not on what the masks learned), every client's local step exported as ``torch-train``, and each measured by
@@ -26,7 +27,7 @@ Cases:
   dataset's own file format; no download; a step's time does not depend on pixel values), 8 clients.
 
     .venv/bin/python benchmarks/bench_train_predict.py [--cases fedmask-mlp,perfedmask-digits,vgg16-cifar]
-        [--reps 3] [--sample 4] [--threads 1]
+        [--reps 3] [--sample 4] [--threads 1] [--device local|arm64-standin]
 
 The machine these figures come from may be shared (other processes on its cores): say so beside them.
 """
@@ -96,24 +97,62 @@ def build(case: str, tmp: Path, args) -> list[Path]:
     return arts
 
 
+ARM64_STANDIN = "arm64-standin"
+# the runtimes the emulated Pi is provisioned with (tests/fleet/test_fleet_training.py)
+PI_TRAINING_RUNTIMES = ("onnxruntime", "tflite", "executorch", "torch")
+
+
+class Arm64StandIn:
+    """The fleet's aarch64 stand-in (tests/fleet/standin.py): a Debian bookworm arm64 root filesystem with a Pi's
+    runtimes, its own sshd, every binary under qemu-user as a Cortex-A72, one CPU's worth of quota. A STAND-IN, NOT
+    a Raspberry Pi: its steps are an emulator's, so its figures test the predictor on another machine's costs, not a
+    Pi's. Needs root and the fleet's cached root filesystem (built on first use, about 20 minutes)."""
+
+    def __init__(self, ws: Path) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from fleet.standin import FleetUnavailable, StandIn, arm64_rootfs, require_host, sweep
+
+        try:
+            require_host(aarch64=True)
+        except FleetUnavailable as e:
+            raise SystemExit(f"--device {ARM64_STANDIN}: the aarch64 stand-in cannot run here: {e}") from None
+        sweep()
+        ws.mkdir(parents=True, exist_ok=True)
+        self.dev = StandIn.start("pi-bench", "aarch64", ws, cores=1.0, sensor="hwmon", lower=arm64_rootfs())
+
+    def __enter__(self):
+        return self.dev.spec(workdir="/root/training", runtimes=PI_TRAINING_RUNTIMES)
+
+    def __exit__(self, *exc) -> None:
+        self.dev.teardown()
+
+
 def measure(arts: list[Path], args, ws: Path):
     """Each artifact ``--reps`` times round-robin: per artifact its manifest, timed step p50s, rounds and profiled
-    runs."""
-    from edgemask.devices.benchmark import run_benchmark
-    from edgemask.devices.connection import open_connection
+    runs, on ``--device`` (the local device, or the aarch64 stand-in: :class:`Arm64StandIn`)."""
+    from contextlib import nullcontext
+
     from edgemask.devices.inventory import local_device
     from edgemask.devices.records import RunnerSettings
 
     settings = RunnerSettings(warmup_runs=3, warmup_seconds=0.2, min_runs=args.min_runs, min_seconds=args.min_seconds,
                               idle_seconds=0.0, threads=args.threads, profile_layers=True,
                               profile_runs=args.profile_runs, profile_warmup=3)
-    dev = local_device(ws)
+    with (Arm64StandIn(ws / "fleet") if args.device == ARM64_STANDIN else nullcontext(local_device(ws))) as dev:
+        return _measure_on(dev, arts, args, settings)
+
+
+def _measure_on(dev, arts, args, settings):
+    from edgemask.devices.benchmark import run_benchmark
+    from edgemask.devices.connection import open_connection
+
     got = {a.name: {"manifest": json.loads((a / "manifest.json").read_text()), "p50": [], "rounds": [], "runs": []}
            for a in arts}
     with open_connection(dev) as conn:
         for rep in range(args.reps):
             for a in arts:
-                m = run_benchmark(conn, dev, a, "torch-train", settings=settings, train_rounds=args.rounds)
+                m = run_benchmark(conn, dev, a, "torch-train", settings=settings, train_rounds=args.rounds,
+                                  timeout=3600)
                 if not m.ok:
                     raise SystemExit(f"{a}: {m.error}")
                 g = got[a.name]
@@ -285,13 +324,18 @@ def main() -> None:
     ap.add_argument("--vgg-width", type=float, default=0.25)
     ap.add_argument("--estimator", choices=("min", "median"), default="min",
                     help="a client's step from its repetitions (see clients())")
+    ap.add_argument("--device", choices=("local", ARM64_STANDIN), default="local",
+                    help=f"where the steps run: this host, or {ARM64_STANDIN} (the fleet's qemu-user aarch64 "
+                    "stand-in, a Cortex-A72 model under emulation: NOT a Raspberry Pi; needs root)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the measurements (JSON) here")
     ap.add_argument("--from-kept", type=Path, default=None, help="report on measurements kept by --keep, measure "
                     "nothing")
     args = ap.parse_args()
     import os
 
-    print(f"bench_train_predict: torch-train on the local device, {args.threads} thread(s); this host has "
+    where = ("the local device" if args.device == "local" else
+             "the aarch64 STAND-IN (qemu-user, Cortex-A72 model, one CPU's quota; NOT a Raspberry Pi)")
+    print(f"bench_train_predict: torch-train on {where}, {args.threads} thread(s); this host has "
           f"{os.cpu_count()} CPUs and may be SHARED with other work: the figures carry its load")
     for case in args.cases.split(","):
         if args.from_kept:
