@@ -106,7 +106,9 @@ class Arm64StandIn:
     """The fleet's aarch64 stand-in (tests/fleet/standin.py): a Debian bookworm arm64 root filesystem with a Pi's
     runtimes, its own sshd, every binary under qemu-user as a Cortex-A72, one CPU's worth of quota. A STAND-IN, NOT
     a Raspberry Pi: its steps are an emulator's, so its figures test the predictor on another machine's costs, not a
-    Pi's. Needs root and the fleet's cached root filesystem (built on first use, about 20 minutes)."""
+    Pi's. Needs root and the fleet's cached root filesystem (built on first use, about 20 minutes). Slow: on the
+    2-core project machine one measurement of the demo's FedMask step (deploy, load torch, 3 warm-up + 10 timed +
+    5 profiled steps) took about 4.5 minutes, so pass few ``--reps`` and ``--min-runs``."""
 
     def __init__(self, ws: Path) -> None:
         sys.path.insert(0, str(ROOT / "tests"))
