@@ -63,8 +63,14 @@ def test_two_device_counts_train_the_papers_twenty_a_round(tmp_path):
     assert ("har (har-fedmask.toml, fedmask): devices 25 (20 a round), 40 (20 a round) of the paper's 30 (20 a round); "
             "samples per device 30 of the paper's 364; width 0.25 of 1 (har_mlp 0.25: {'hidden': (64, 32)}); "
             "rounds 1 of 100 (projected); data: har STAND-IN, 40 users × 30 samples") in out
-    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("har | ")]
+    runs, peaks = out.split("Peak RSS (GB) while each phase ran")
+    rows = [line.split(" | ") for line in runs.splitlines() if line.startswith("har | ")]
     assert [(r[1], r[2]) for r in rows] == [("25", "20"), ("40", "20")]
+    # each phase's own peak: the run's peak is the largest of them (a reset high-water mark lowers ru_maxrss)
+    phase = [line.split(" | ") for line in peaks.splitlines() if line.startswith("har | ")]
+    assert [r[1] for r in phase] == ["25", "40"]
+    for run, own in zip(rows, phase):
+        assert float(own[3]) > 0 and run[-3] == max(own[3:], key=float)  # data's peak, and the run's
     assert (tmp_path / "har-40x30-s0" / "STANDIN.json").is_file()
 
 
