@@ -44,7 +44,6 @@ import torch
 from edgemask.schema import setting
 from edgemask.trainer.accounting import tensor_bytes
 from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
-from edgemask.trainer.allocator import release_free_memory
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.device_store import record_bytes
 from edgemask.trainer.masks import (BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
@@ -251,7 +250,6 @@ class FedMask(Algorithm):
         # are); each chunk's top-k and binarization run on its stacked scores, and only its bits are kept.
         for part in self._pruning_chunks(shapes):
             self._client_pruning(part, first)
-            release_free_memory()  # a chunk's stacked scores and top-k temporaries, back before the next chunk
         # ClientPruning's upload (Alg. 1 line 28: "return m_k to server"), 1 bit per element, packed, per device:
         # before the first round, so in summary.json's ``bytes_up_setup``, not in a round's history.
         self.setup_bytes_up = len(self.client_ids) * sum(packed_nbytes(math.prod(s)) for s in shapes.values())
