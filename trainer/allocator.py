@@ -60,18 +60,28 @@ def _tune() -> str:
     preload = os.environ.get("LD_PRELOAD", "")
     if "jemalloc" in preload or "tcmalloc" in preload:
         return "unchanged: another allocator is preloaded"
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not _on_glibc():
         return "unchanged: not glibc"
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt  # int mallopt(int, int): ctypes' default argument and result types
-    except (OSError, AttributeError):
+    mallopt = _glibc_function("mallopt")  # int mallopt(int, int): ctypes' default argument and result types
+    if mallopt is None:
         return "unchanged: mallopt not found"
     if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
         return "unchanged: mallopt refused M_MMAP_THRESHOLD"
     if not mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
         return "unchanged: mallopt refused M_TRIM_THRESHOLD"  # (the mmap threshold is set: harmless alone)
     return "tuned"
+
+
+def _on_glibc() -> bool:
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def _glibc_function(name: str):
+    """glibc's function ``name`` through ctypes, or None where the C library or the function cannot be found."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
 
 
 _trim = None  # glibc's malloc_trim, once found; False off glibc
@@ -82,12 +92,7 @@ def release_free_memory() -> bool:
     free page inside each arena), between a round's phases (module docstring). Whether it ran: False off glibc."""
     global _trim
     if _trim is None:
-        _trim = False
-        if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-            try:
-                _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-            except (OSError, AttributeError):
-                pass
+        _trim = (_glibc_function("malloc_trim") if _on_glibc() else None) or False
     if not _trim:
         return False
     _trim(0)

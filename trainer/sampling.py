@@ -101,14 +101,20 @@ def drop_one_sample_batches(orders: list[list[np.ndarray]], batch_size: int) -> 
     model whose batch norm sees one value per channel in a one-sample minibatch
     (:func:`edgemask.trainer.models.registry.one_value_norms`). Which sample goes is the permutation's last, so the
     dropped sample changes from epoch to epoch. An order with nothing to drop is the same array."""
-    return [[o[:-1] if len(o) % batch_size == 1 else o for o in client] for client in orders]
+    return [[o[:-1] if ends_alone(len(o), batch_size) else o for o in client] for client in orders]
+
+
+def ends_alone(num_samples: int, batch_size: int) -> bool:
+    """Whether an epoch of ``num_samples`` ends in a minibatch of one sample (≡ 1 mod ``batch_size``; never at
+    ``batch_size`` 1): the sample ``training.one_sample_batch = "drop"`` leaves out."""
+    return int(num_samples) % int(batch_size) == 1
 
 
 def epoch_samples(num_samples: int, batch_size: int, drop_one_sample: bool) -> int:
     """The samples one local epoch of ``num_samples`` trains on: one fewer where :func:`drop_one_sample_batches`
     leaves the epoch's one-sample last minibatch out (``num_samples`` ≡ 1 mod ``batch_size``), else all."""
     n = int(num_samples)
-    return n - 1 if drop_one_sample and n % int(batch_size) == 1 else n
+    return n - 1 if drop_one_sample and ends_alone(n, batch_size) else n
 
 
 def epoch_steps(num_samples: int, batch_size: int, drop_one_sample: bool) -> int:

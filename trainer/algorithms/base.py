@@ -62,6 +62,7 @@ from edgemask.trainer.models import build_model, model_sites
 from edgemask.trainer.models.registry import one_value_norms
 from edgemask.trainer.models.masking import dead_layers
 from edgemask.trainer.records import ClientState, ClientUpdate, Engine, EvalModel, LocalResult, LocalTask
+from edgemask.trainer.sampling import ends_alone
 from edgemask.trainer.task_functions import ModelSpec, model_context
 
 if TYPE_CHECKING:  # an annotation only: the config validates algorithm names against ALGORITHMS
@@ -265,7 +266,7 @@ def one_sample_rule(cfg: TrainConfig, dataset: FederatedDataset) -> bool:
     if t.batch_size == 1:
         raise ConfigError(f"[training] batch_size = 1: {what}; set batch_size to 2 or more")
     if rule == "keep":
-        ones = [c.client_id for c in dataset.clients if c.num_train % t.batch_size == 1]
+        ones = [c.client_id for c in dataset.clients if ends_alone(c.num_train, t.batch_size)]
         if ones:
             raise ConfigError(f"[training] one_sample_batch = \"keep\": {what}, and the epochs of {len(ones)} "
                               f"device(s) end in one (the first: {ones[0]!r}); set it to \"auto\" or \"drop\"")
