@@ -256,7 +256,8 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     return {"case": case, "devices": len(algo.client_ids), "per_round": len(trained), "width": width,
             "rounds": rounds, "device": device, "model_args": cfg.model.args,
             "samples": sum(c.num_train for c in algo.dataset.clients) / len(algo.dataset.clients),
-            "seconds": s, "phase_peak": clock.peak, "total": total, "peak_rss": max(max(clock.peak.values()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+            "seconds": s, "phase_peak": clock.peak, "total": total,
+            "peak_rss": max(max(clock.peak.values()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
             "peak_gpu": peak_gpu, "outside": 1 - stacked / round_time if round_time else float("nan"),
             "projection": projection, "full_rounds": full_rounds,
             "accuracy": result.summary["mean_accuracy"], "threads": torch.get_num_threads()}

@@ -98,8 +98,6 @@ def build(case: str, tmp: Path, args) -> list[Path]:
 
 
 ARM64_STANDIN = "arm64-standin"
-# the runtimes the emulated Pi is provisioned with (tests/fleet/test_fleet_training.py)
-PI_TRAINING_RUNTIMES = ("onnxruntime", "tflite", "executorch", "torch")
 
 
 class Arm64StandIn:
@@ -112,7 +110,7 @@ class Arm64StandIn:
 
     def __init__(self, ws: Path) -> None:
         sys.path.insert(0, str(ROOT / "tests"))
-        from fleet.standin import FleetUnavailable, StandIn, arm64_rootfs, require_host, sweep
+        from fleet.standin import PI4, FleetUnavailable, StandIn, arm64_rootfs, require_host, sweep
 
         try:
             require_host(aarch64=True)
@@ -120,9 +118,11 @@ class Arm64StandIn:
             raise SystemExit(f"--device {ARM64_STANDIN}: the aarch64 stand-in cannot run here: {e}") from None
         sweep()
         ws.mkdir(parents=True, exist_ok=True)
-        self.dev = StandIn.start("pi-bench", "aarch64", ws, cores=1.0, sensor="hwmon", lower=arm64_rootfs())
+        self.dev = StandIn.start("pi-bench", "aarch64", ws, lower=arm64_rootfs(), **PI4)
 
     def __enter__(self):
+        from fleet.standin import PI_TRAINING_RUNTIMES
+
         return self.dev.spec(workdir="/root/training", runtimes=PI_TRAINING_RUNTIMES)
 
     def __exit__(self, *exc) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "devices"))  # tests/devices/artifacts.py
 
-from fleet.standin import FleetUnavailable, StandIn, aarch64_wheels, arm64_rootfs, require_host, sweep  # noqa: E402
+from fleet.standin import PI4, FleetUnavailable, StandIn, aarch64_wheels, arm64_rootfs, require_host, sweep  # noqa: E402
 
 
 def _start(tmp_path_factory: pytest.TempPathFactory, name: str, arch: str, **kw) -> StandIn:
@@ -73,6 +73,6 @@ def arm64_device(aarch64_rootfs_dir, tmp_path_factory):
     """A shared aarch64 stand-in (Raspberry Pi 4 profile): arm64 sshd, Python, numpy, onnxruntime, ai-edge-litert
     and ExecuTorch's runtime under qemu-user as a Cortex-A72, one CPU's worth of quota, an emulated INA226
     hwmon sensor."""
-    dev = _start(tmp_path_factory, "pi-a", "aarch64", cores=1.0, sensor="hwmon", lower=aarch64_rootfs_dir)
+    dev = _start(tmp_path_factory, "pi-a", "aarch64", lower=aarch64_rootfs_dir, **PI4)
     yield dev
     dev.teardown()

@@ -48,6 +48,10 @@ WHEELS_SCRIPT = HERE / "fetch-wheels.sh"
 ROOTFS_SCRIPT = HERE / "build-rootfs.sh"
 OWNERS = Path("/run/edgemask-fleet")  # <netns name> -> pid of the test process that made it
 INSTALL_HINT = "run `sh tests/fleet/install.sh` as root (OpenSSH, mmdebstrap, qemu-user-static, nftables)"
+# the Raspberry Pi 4 profile of an aarch64 stand-in (StandIn.start's keywords): one CPU's worth of quota, an
+# emulated INA226 hwmon sensor; and the runtimes a Pi runs training steps with
+PI4 = {"cores": 1.0, "sensor": "hwmon"}
+PI_TRAINING_RUNTIMES = ("onnxruntime", "tflite", "executorch", "torch")
 
 
 class FleetUnavailable(RuntimeError):

@@ -16,13 +16,13 @@ from edgemask.devices.connection import open_connection
 from edgemask.devices.probe import check_device
 from edgemask.devices.records import RunnerSettings
 from edgemask.manifest import load_manifest
+from fleet.standin import PI_TRAINING_RUNTIMES
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 # loading torch (and ExecuTorch's runtime) dominates under emulation: few timed steps, two rounds
 SETTINGS = RunnerSettings(warmup_runs=1, warmup_seconds=0.0, min_runs=5, min_seconds=0.2, idle_seconds=0.2,
                           power_rate_hz=20.0)
-PI_TRAINING_RUNTIMES = ("onnxruntime", "tflite", "executorch", "torch")
 
 
 @pytest.fixture(scope="module")
