@@ -373,9 +373,10 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--one", f"{case}:{n}:{width}", "--rounds", str(args.rounds),
                        "--device", args.device, "--data-root", str(root)]
                 p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-                if p.returncode != 0:
-                    print(f"{case} {n} devices width {width:g}: failed (exit {p.returncode}): "
-                          f"{(p.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
+                if p.returncode != 0:  # the child's traceback tail: on a borrowed GPU there is no second look
+                    tail = "\n    ".join(p.stderr.strip().splitlines()[-12:] or ["?"])
+                    print(f"{case} {n} devices width {width:g}: failed (exit {p.returncode}):\n    {tail}",
+                          file=sys.stderr)
                     continue
                 rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
                 print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
