@@ -534,20 +534,22 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
     device), so an :class:`EvalModel` must hold every tensor its function reads (as the masked models of
     :func:`edgemask.trainer.masks.masked_model` hold the global weights)."""
     dev = resolve_device(device)
+    budget = eval_memory_budget(dev)
     out: list[tuple[float, float] | None] = [None] * len(models)
     for idx in eval_groups(models):
-        first = models[idx[0]]
+        group = dict(zip(idx, _shared_on([models[i] for i in idx], dev)))
+        first = group[idx[0]]
         n_max = max(data[i][1].shape[0] for i in idx)  # shape, not len(): Tensor.__len__ is Python
         block = max(1, min(batch_size, n_max))
         own = sum(v.numel() * v.element_size() for d in (first.params, first.buffers) for v in d.values())
         # packed masks (masks.packed_masked_model) unpack in the forward: a float32 mask and the masked weight each
         own += sum(2 * 32 * v.numel() for k, v in first.params.items() if k.startswith(BITS_PREFIX))
-        chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, EVAL_MEMORY_BUDGET // max(own, 1)))
+        chunk = max(1, min(EVAL_SAMPLES_PER_CALL // block, budget // max(own, 1)))
         forward = vmap_clients(first.forward, BatchedLayers())
         for s in range(0, len(idx), chunk):
             part = idx[s: s + chunk]
             try:
-                correct, loss, n = _evaluate_stacked(forward, [models[i] for i in part], [data[i] for i in part],
+                correct, loss, n = _evaluate_stacked(forward, [group[i] for i in part], [data[i] for i in part],
                                                      block, dev)
                 scores = [(c / k, lo / k) if k else (float("nan"), float("nan"))
                           for c, lo, k in zip(correct.tolist(), loss.tolist(), n.tolist())]
@@ -556,6 +558,27 @@ def evaluate_many(models: list[EvalModel], data: list[tuple[torch.Tensor, torch.
             for i, sc in zip(part, scores):
                 out[i] = sc
     return out  # type: ignore[return-value]
+
+
+def eval_memory_budget(dev: torch.device) -> int:
+    """Bytes of stacked per-client tensors one evaluation chunk may hold: :data:`EVAL_MEMORY_BUDGET` on the CPU,
+    where it bounds the host's peak; on CUDA a quarter of the GPU's free memory (at least that), since a client's
+    unpacked masks at full width (VGG16: 2 × 32 bits × 14.7 M / 8) alone would make a CPU-sized chunk 2 clients."""
+    if dev.type != "cuda":
+        return EVAL_MEMORY_BUDGET
+    free, _ = torch.cuda.mem_get_info(dev)
+    return max(EVAL_MEMORY_BUDGET, free // 4)
+
+
+def _shared_on(models: list[EvalModel], dev: torch.device) -> list[EvalModel]:
+    """``models`` with the tensors all of them hold as one object (a masked model's global weights) moved to a
+    non-CPU ``dev`` once, so each chunk of :func:`evaluate_many` stacks a view of them instead of copying them
+    from the host again; on the CPU, ``models`` as they are."""
+    if dev.type == "cpu" or len(models) < 2:
+        return models
+    moved = [{k: ds[0][k].to(dev) for k in _held_keys(ds)}
+             for ds in ([m.params for m in models], [m.buffers for m in models])]
+    return [EvalModel({**m.params, **moved[0]}, {**m.buffers, **moved[1]}, m.forward) for m in models]
 
 
 def eval_groups(models: list[EvalModel]) -> list[list[int]]:

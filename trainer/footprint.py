@@ -159,8 +159,13 @@ def _estimate(cfg: TrainConfig, sizes: DataSizes, algo: Algorithm, runtime: int)
     per_round = n if type(algo).round_clients is not Algorithm.round_clients else clients_per_round(n, t.participation)
     if cfg.system is not None:  # a round over-commits: it trains more devices than it aggregates
         per_round = max(per_round, cfg.system.selected(clients_per_round(n, t.participation), n))
-    # a round: its tasks built a part at a time, the engine's chunks, the earlier chunks' trained tensors
-    earlier = max(0, per_round - step.chunk) * step.trainable
+    # a round: its tasks built a part at a time, the engine's chunks, the earlier chunks' trained tensors (a
+    # part's, when the part's results become its uploads as soon as it has trained: Algorithm.uploads_alone)
+    results, uploads = per_round, 0
+    if algo.uploads_alone:  # every upload held to the aggregate: a bool per trained float32 (FedMask's masks)
+        results = min(per_round, -(-TASK_PART_BYTES // max(step.trainable, 1)))
+        uploads = per_round * step.trainable // 4
+    earlier = max(0, results - step.chunk) * step.trainable + uploads
     phases.append(("a round's training", engine_pass(per_round) + earlier
                    + min(TASK_PART_BYTES, per_round * step.task)))
     if not on_gpu:

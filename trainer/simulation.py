@@ -136,11 +136,16 @@ def simulate(cfg: TrainConfig, progress: Callable[[int, int, dict[str, float]], 
         trained, updates = [], []
         algo.store.pin(cids)  # a round reads its devices' state once and holds it until its aggregate
         if cids or system is None:
-            trained = train_clients(algo, cids, rnd, train_phase)
-            updates = algo.client_updates(rnd, trained)
-            # past the uploads, the round needs only the results' counts: their tensors go unless the algorithm
-            # kept them
-            trained = [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in trained]
+            def upload(part: list[tuple[str, LocalResult]]) -> list[tuple[str, LocalResult]]:
+                # past the uploads, the round needs only the results' counts: their tensors go unless the
+                # algorithm kept them
+                updates.extend(algo.client_updates(rnd, part))
+                return [(cid, LocalResult({}, {}, r.loss, r.samples_seen, r.num_samples)) for cid, r in part]
+
+            if algo.uploads_alone:  # each part's uploads as soon as it has trained (Algorithm.uploads_alone)
+                trained = train_clients(algo, cids, rnd, train_phase, each_part=upload)
+            else:
+                trained = upload(train_clients(algo, cids, rnd, train_phase))
             release_free_memory()
             costs.record(rnd, trained, updates, record)
         if system is not None:  # the uploads that arrive in time, as a deployment's server sees them
@@ -450,14 +455,16 @@ def train_on_data(cfg: TrainConfig, engine: Engine, rnd: int, data: list[Any], s
                         t.weight_decay)
 
 
-def train_clients(algo: Algorithm, cids: list[str], rnd: int,
-                  train_phase: PhaseTrainer | None = None) -> list[tuple[str, LocalResult]]:
+def train_clients(algo: Algorithm, cids: list[str], rnd: int, train_phase: PhaseTrainer | None = None,
+                  each_part: Callable[[list[tuple[str, LocalResult]]], list[tuple[str, LocalResult]]] | None = None
+                  ) -> list[tuple[str, LocalResult]]:
     """Round ``rnd``'s local training of ``cids``, every phase (``algo.next_phases``) included; the result's
     ``samples_seen`` sums the phases. The clients go in the engine's groups
     (:meth:`~edgemask.trainer.records.Engine.groups`: the batched engine's one group trains each phase's clients
     together, the sequential one trains a client's every phase before the next client's; a group whose tasks are
     large is cut into parts, :func:`task_parts`) or, with a ``train_phase``, all together, wherever it trains them: the
-    same results."""
+    same results. ``each_part``: what a part's results become once all its phases have trained, before the next part
+    trains (the round loop's uploads, :attr:`Algorithm.uploads_alone`)."""
     def run(pairs: list[tuple[str, LocalTask]], phase: int) -> list[LocalResult]:
         seed_tasks(algo, rnd, phase, pairs)
         release_free_memory()  # what building the tasks freed, before the training takes its own
@@ -481,7 +488,9 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int,
             pending, phase = [cid for cid, _ in nxt], phase + 1
         for cid, res in results.items():
             res.samples_seen = seen[cid]
-        out += [(cid, results[cid]) for cid in group]
+        part = [(cid, results.pop(cid)) for cid in group]
+        out += part if each_part is None else each_part(part)
+        del part, results
     return out
 
 

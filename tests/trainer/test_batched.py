@@ -412,6 +412,41 @@ def test_no_eval_model_reads_a_tensor_off_the_evaluation_device(algorithm, model
             assert correct.device.type == loss.device.type == "meta" and correct.shape == (len(idx),)
 
 
+def test_shared_eval_tensors_go_to_the_device_once_and_personal_ones_stay():
+    # The global weights every masked model holds as one object are moved once per evaluate_many, not once per
+    # chunk (on CUDA a chunk of 2 full-width VGG16 clients re-sent 59 MB each time); "meta" stands in for CUDA.
+    from edgemask.trainer.batched import _shared_on
+    from edgemask.trainer.records import EvalModel
+
+    W, fwd = torch.randn(4, 3), lambda p, b, x: x
+    models = [EvalModel({"w": W, "bits:w": torch.full((4, 1), i, dtype=torch.uint8)}, {}, fwd) for i in range(3)]
+    moved = _shared_on(models, torch.device("meta"))
+    assert all(m.params["w"] is moved[0].params["w"] for m in moved) and moved[0].params["w"].device.type == "meta"
+    assert [m.params["bits:w"] for m in moved] == [m.params["bits:w"] for m in models]  # the same CPU tensors
+    assert list(moved[1].params) == ["w", "bits:w"] and models[0].params["w"] is W  # the inputs are untouched
+    assert _shared_on(models, torch.device("cpu")) is models
+
+
+def test_a_cuda_evaluation_chunk_is_sized_by_the_gpus_free_memory(monkeypatch):
+    from edgemask.trainer import batched
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (40 << 30, 80 << 30))
+    assert batched.eval_memory_budget(torch.device("cuda")) == 10 << 30
+    assert batched.eval_memory_budget(torch.device("cpu")) == batched.EVAL_MEMORY_BUDGET
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 20, 80 << 30))
+    assert batched.eval_memory_budget(torch.device("cuda")) == batched.EVAL_MEMORY_BUDGET
+
+
+def test_clientprunings_top_k_stays_on_the_scores_device():
+    # ClientPruning's top-k runs where the engine trained (CUDA on a GPU run); "meta" stands in for it
+    from edgemask.trainer.algorithms.fedmask import top_fraction_rows
+
+    score = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7], [5.0, 4.0, 3.0, 2.0, 1.0]])
+    assert top_fraction_rows(score, 0.4).tolist() == [[False, True, False, False, True],
+                                                      [True, True, False, False, False]]
+    assert top_fraction_rows(score.to("meta"), 0.4).device.type == "meta"
+
+
 def test_device_is_cuda_only_when_present():
     from edgemask.errors import ConfigError
     from edgemask.trainer.devices import resolve_device

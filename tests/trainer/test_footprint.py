@@ -226,6 +226,30 @@ def test_a_round_built_in_parts_is_the_round_built_whole(monkeypatch):
     assert simulate(cfg).history == want
 
 
+def test_a_part_uploads_before_the_next_part_trains(monkeypatch):
+    """FedMask (Algorithm.uploads_alone): a part's results become its uploads as soon as it has trained, so a
+    round holds one part's float32 scores, not every device's; the history is the one of uploads made together."""
+    from edgemask.trainer import simulation
+    from edgemask.trainer.algorithms.fedmask import FedMask
+
+    cfg = config("fedmask", clients=6)
+    cfg = cfg.replace(training=dataclasses.replace(cfg.training, participation=1.0))
+    monkeypatch.setattr(simulation, "TASK_PART_BYTES", 1)  # one task a part
+    monkeypatch.setattr(FedMask, "uploads_alone", False)
+    want = simulate(cfg).history
+    monkeypatch.setattr(FedMask, "uploads_alone", True)
+    calls, upload = [], FedMask.client_updates
+
+    def counted(self, rnd, results):
+        calls.append((rnd, len(results)))
+        return upload(self, rnd, results)
+
+    monkeypatch.setattr(FedMask, "client_updates", counted)
+    assert simulate(cfg).history == want
+    rounds = cfg.training.rounds
+    assert calls == [(r, 1) for r in range(rounds) for _ in range(6)]  # before: [(r, 6) for r in ...]
+
+
 def test_perfedmask_with_per_device_budgets_is_estimated_and_trains():
     """The estimate builds the algorithm with no clients: PerFedMask's budgets, one per client, were refused there
     ("3 entries for 0 clients") and stopped every run that set them (issue #44's budgets; found by export's test)."""

@@ -106,6 +106,10 @@ class Algorithm:
 
     name: ClassVar[str] = "base"
     Args: ClassVar[type] = NoArgs
+    # Each client's upload (client_updates) reads its own result alone, and the result is larger than the upload
+    # (FedMask's float32 scores against 1-bit masks): the round loop then makes a part's uploads as soon as the
+    # part has trained and drops its results, instead of holding every result of the round until all have trained.
+    uploads_alone: ClassVar[bool] = False
 
     def __init__(self, cfg: TrainConfig, dataset: FederatedDataset, engine: Engine | None = None, *,
                  meta: bool = False, state_dir: str | os.PathLike[str] | None = None) -> None:

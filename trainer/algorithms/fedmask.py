@@ -46,6 +46,7 @@ from edgemask.trainer.accounting import tensor_bytes
 from edgemask.trainer.aggregation import average_state, personalization_preserving, stack_rows
 from edgemask.trainer.algorithms.base import ALGORITHMS, Algorithm
 from edgemask.trainer.device_store import record_bytes
+from edgemask.trainer.devices import resolve_device
 from edgemask.trainer.masks import (BitMasks, binarize, pack_rows, packed_masked_model, packed_nbytes,
                                     sigmoid_at_least, unpack_rows)
 from edgemask.trainer.models.masking import MaskSite, dead_layers, effective_params
@@ -183,6 +184,7 @@ def group_lasso_term(m: ModelContext, lambda_r: float, real_output_gate: bool = 
 class FedMask(Algorithm):
     name = "fedmask"
     Args = FedMaskArgs
+    uploads_alone = True  # a device's upload is its own scores binarized (client_updates): 1 bit of 32
     # the [algorithm.args] a collapse (a layer with no live unit) is named with: λ_R of Eq. 10 kills whole units,
     # p_r keeps few elements of the last layers (trainer.simulation.CollapseWatch; docs/fedmask.md, "Collapse")
     collapse_settings = ("lambda_r", "prune_rate")
@@ -286,18 +288,19 @@ class FedMask(Algorithm):
         results = self.engine.train(tasks, [(d.train_x, d.train_y) for d in data], orders,
                                     self.cfg.training.batch_size)
         keep, bits = {}, {}
+        dev = resolve_device(getattr(self.engine, "device", "cpu"))  # the top-k on the device that trained
         for w in self.mask_names:
-            trained = stack_rows([res.trained[w] for res in results])  # (K, *shape)
+            trained = stack_rows([res.trained[w] for res in results]).to(dev)  # (K, *shape)
             m = sigmoid_at_least(trained)  # Eq. 3, as bool
             if w in self.pruned:
-                W = self._weight_rows(w)
+                W = self._weight_rows(w).to(dev)
                 after = W * trained
                 # Alg. 1 line 26, |W ⊙ m^r| ("magnitude"), or §3.4, the change of W ⊙ m^r over the epoch ("delta")
-                score = after.abs_() if self.args.prune_by == "magnitude" else after.sub_(W * first[w]).abs_()
+                score = after.abs_() if self.args.prune_by == "magnitude" else after.sub_(W * first[w].to(dev)).abs_()
                 k = top_fraction_rows(score, self.args.prune_rate)
                 m &= k
-                keep[w] = pack_rows(k, 1).unbind(0)
-            bits[w] = pack_rows(m, 1).unbind(0)
+                keep[w] = pack_rows(k, 1).cpu().unbind(0)
+            bits[w] = pack_rows(m, 1).cpu().unbind(0)
         for i, (cid, res) in enumerate(zip(cids, results)):
             self.keep.set_packed(cid, {w: rows[i] for w, rows in keep.items()})
             self.masks.set_packed(cid, {w: rows[i] for w, rows in bits.items()})
@@ -537,4 +540,4 @@ def top_fraction_rows(score: torch.Tensor, fraction: float) -> torch.Tensor:
     n = score[0].numel()
     k = max(1, int(round(fraction * n)))
     idx = torch.topk(score.reshape(K, n), k, dim=1, sorted=False).indices  # the set topk keeps; its order unused
-    return torch.zeros(K, n, dtype=torch.bool).scatter_(1, idx, True).reshape(score.shape)
+    return torch.zeros(K, n, dtype=torch.bool, device=score.device).scatter_(1, idx, True).reshape(score.shape)
