@@ -35,6 +35,8 @@ the paper's size. ``--data-root`` (CIFAR-10) and ``--root KIND=DIR`` read real d
 Phases (exclusive seconds: a phase inside another counts once, in the inner one):
 
 * ``data``: reading and partitioning the dataset;
+* ``build``: the rest of building the algorithm (the model, ``Algorithm.__init__``'s checks, e.g. FedMask's
+  one-sample rule's forward) and the run's summary, once a run;
 * ``setup``: the algorithm's ``setup()`` outside local training (FedMask's top-k and bookkeeping, PerFedMask's
   MILP); ``setup train``: local training inside it (ClientPruning's epoch);
 * ``train``: the rounds' local training (the stacked forward/backward passes, by the engine);
@@ -42,7 +44,7 @@ Phases (exclusive seconds: a phase inside another counts once, in the inner one)
 * ``aggregate``: the uploads (``client_updates``) and the server's ``aggregate``;
 * ``eval``: the stacked evaluation forward passes; ``eval glue``: the rest of an evaluation (each device's model);
 * ``finetune``: fine-tuning after the last round (PerFedMask's heads), once a run;
-* ``other``: the rest of ``simulate`` (the model, FLOP and byte accounting, the history).
+* ``other``: the rest of ``simulate`` (a round's glue: the store's pins, the FLOP and byte accounting, the history).
 
 ``outside`` is the share of the rounds' time spent outside the stacked passes (tasks, aggregate, eval glue,
 other), the figure #36 holds to 20 %; data, set-up and fine-tuning are once a run, not in it. The projection: data,
@@ -69,8 +71,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # standins.py beside t
 from standins import PAPER, Size, standin, write_cifar10  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("data", "setup", "setup train", "train", "tasks", "aggregate", "eval", "eval glue", "finetune", "other")
-ONCE = ("data", "setup", "setup train", "finetune")  # once a run, not in its rounds
+PHASES = ("data", "build", "setup", "setup train", "train", "tasks", "aggregate", "eval", "eval glue", "finetune",
+          "other")
+ONCE = ("data", "build", "setup", "setup train", "finetune")  # once a run, not in its rounds
 write_standin = write_cifar10  # the name other benchmarks import from here
 
 
@@ -235,6 +238,8 @@ def run_one(case: str, devices: int, width: float, rounds: int, device: str, dat
     clock.wrap(algo_cls, "aggregate", "aggregate")
     clock.wrap(simulation, "evaluate_clients", "eval glue")
     clock.wrap(simulation, "build_dataset", "data")
+    clock.wrap(simulation, "build_algorithm", "build")
+    clock.wrap(simulation, "summarize", "build")
     clock.wrap(simulation, "finetune", "finetune")
     t0 = time.perf_counter()
     result = simulation.simulate(cfg)
