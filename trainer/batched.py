@@ -62,6 +62,7 @@ EVAL_SAMPLES_PER_CALL = 4096  # clients × test samples in one vmapped evaluatio
 EVAL_MEMORY_BUDGET = 256 << 20  # bytes of stacked per-client tensors per evaluation chunk
 _PROBED: dict[Hashable, tuple[int, bool] | str] = {}  # (task signature, batch size, device) -> probe result
 _PADDED: dict[Hashable, tuple] = {}  # the data's identity -> (X, Y, the data, bytes): see _padded_data
+_ASKED: set[Hashable] = set()  # the keys _padded_data was asked for once and did not keep (yet)
 
 
 def local_train_batched(tasks: list[LocalTask], data: list[tuple[torch.Tensor, torch.Tensor]],
@@ -463,19 +464,31 @@ def _rows(stacked: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.
     return [dict(zip(names, row)) for row in zip(*[v.unbind(0) for v in stacked.values()])]
 
 
-def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]],
-                 dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_data(data: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device,
+                 keep: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The clients' samples padded to the largest client's N: ``X (C, N, *input)``, ``Y (C, N)`` (N ≥ 1, so
     the gathers have a row). The same clients' tensors come back round after round (client data are never
     modified in place), so the result is kept, keyed by the tensors' identity; the entry holds the tensors.
-    At most :data:`PADDED_CACHE_BYTES` are kept (a run that samples other clients every round rarely hits)."""
+    It is kept when the same data come a second time (every round's devices under full participation, every
+    evaluation's parts), not the first: data padded once (ClientPruning's chunks, a round of sampled devices) would
+    fill the cache in proportion to the device count. At most :data:`PADDED_CACHE_BYTES` are kept; none with
+    ``keep`` False."""
     key = (tuple([id(t) for xy in data for t in xy]), str(dev))
     if key in _PADDED:
         return _PADDED[key][0], _PADDED[key][1]
+    again = key in _ASKED  # an id reused by other tensors only makes a one-off kept: the entry holds its own
     X = pad_sequence([x for x, _ in data], batch_first=True).to(dev)
     Y = pad_sequence([y for _, y in data], batch_first=True).to(dev)
     if X.shape[1] == 0:  # no client has a sample: there are no steps, but the gathers need a row
         X, Y = X.new_zeros((len(data), 1, *X.shape[2:])), Y.new_zeros((len(data), 1))
+    if not keep:
+        return X, Y
+    if not again:
+        if len(_ASKED) >= 4096:
+            _ASKED.clear()
+        _ASKED.add(key)
+        return X, Y
+    _ASKED.discard(key)
     size = X.numel() * X.element_size() + Y.numel() * Y.element_size()
     if size + sum(e[3] for e in _PADDED.values()) > PADDED_CACHE_BYTES:
         _PADDED.clear()
@@ -598,7 +611,9 @@ def _evaluate_stacked(forward: Callable, models: list[EvalModel], data: list[tup
     C = len(models)
     P = _stack([m.params for m in models], dev, copy=False)  # read only: shared tensors stay broadcast views
     B = _stack([m.buffers for m in models], dev, copy=False)
-    X, Y = _padded_data(data, dev)  # (C, N, *input), (C, N)
+    # (C, N, *input), (C, N); on the CPU padded afresh each evaluation (every eval_every rounds, a copy of the test
+    # samples), not kept: every device's test set would sit in the cache, more with every device
+    X, Y = _padded_data(data, dev, keep=dev.type != "cpu")
     sizes = [y.shape[0] for _, y in data]
     n = torch.tensor(sizes, device=dev)
     correct = torch.zeros(C, dtype=torch.int64, device=dev)

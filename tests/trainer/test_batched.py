@@ -447,6 +447,26 @@ def test_clientprunings_top_k_stays_on_the_scores_device():
     assert top_fraction_rows(score.to("meta"), 0.4).device.type == "meta"
 
 
+def test_padded_data_is_kept_only_when_it_comes_again(monkeypatch):
+    # ClientPruning pads each chunk once: keeping those filled the cache with the device count (2,000 devices of
+    # IC-CIFAR10 at w1/2). Data that come again (a full-participation round, an evaluation part) are kept.
+    from edgemask.trainer import batched
+
+    monkeypatch.setattr(batched, "_PADDED", {})
+    monkeypatch.setattr(batched, "_ASKED", set())
+    once = [(torch.ones(3, 2), torch.zeros(3, dtype=torch.long)), (torch.ones(1, 2), torch.ones(1, dtype=torch.long))]
+    X, Y = batched._padded_data(once, torch.device("cpu"))
+    assert X.shape == (2, 3, 2) and X[1, 1:].eq(0).all() and Y.tolist() == [[0, 0, 0], [1, 0, 0]]
+    assert batched._PADDED == {}  # the first time: not kept
+    X2, _ = batched._padded_data(once, torch.device("cpu"))
+    assert len(batched._PADDED) == 1 and torch.equal(X2, X)  # the second: kept
+    assert batched._padded_data(once, torch.device("cpu"))[0] is X2  # and read back
+    other = [(torch.ones(2, 2), torch.zeros(2, dtype=torch.long))]
+    for _ in range(3):  # a CPU evaluation's chunk: padded afresh every time, never kept
+        batched._padded_data(other, torch.device("cpu"), keep=False)
+    assert len(batched._PADDED) == 1
+
+
 def test_device_is_cuda_only_when_present():
     from edgemask.errors import ConfigError
     from edgemask.trainer.devices import resolve_device
