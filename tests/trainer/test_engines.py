@@ -137,10 +137,11 @@ class _no_warning:
 
 
 def test_the_algorithm_base_class_is_its_hooks():
-    """Issue 31: ``Algorithm``'s public members are its hooks and its two class settings, nothing else; helpers are
-    free functions in the modules they belong to (accounting, aggregation, masks)."""
+    """Issue 31: ``Algorithm``'s public members are its hooks and its class settings (``name``, ``Args``,
+    ``uploads_alone``), nothing else; helpers are free functions in the modules they belong to (accounting,
+    aggregation, masks)."""
     public = {n for n in dir(Algorithm) if not n.startswith("_")}
     assert public == {"name", "Args", "setup", "round_clients", "local_task", "next_phases", "client_updates",
                       "aggregate", "eval_models", "eval_masks", "train_masks", "client_state", "shared_state",
                       "finetune_task", "finetune_result", "backward_flops", "summary_extra", "client_state_bytes",
-                      "dead_layers", "device_task", "trained_fraction", "setup_bytes"}
+                      "dead_layers", "device_task", "trained_fraction", "setup_bytes", "uploads_alone"}
