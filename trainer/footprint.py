@@ -24,8 +24,8 @@ The host holds, at most:
   round's results and tasks) or an evaluation (a chunk of stacked models and their activations);
 * what the tuned allocator keeps of the freed work (:mod:`edgemask.trainer.allocator`: up to its trim threshold).
 
-On ``cuda`` the stacked training and the evaluation run on the GPU, which the engine sizes to half its free memory;
-the host then holds none of that work.
+On ``cuda`` the stacked training and the evaluation run on the GPU, which the engine sizes to half its free memory
+(an evaluation chunk to a quarter: ``batched.eval_memory_budget``); the host then holds none of that work.
 """
 
 from __future__ import annotations
