@@ -506,9 +506,9 @@ class FedMask(Algorithm):
         trained binary mask (``accuracy`` in the history); ``returned_mask``: the mask the server sends back,
         m^T ⊙ m_k (:meth:`returned_mask`), with the device's own batch-norm statistics."""
         ctx, w = self.model_context, self.global_params  # masks as bits, unpacked a chunk of devices at a time
-        return {"local_mask": [packed_masked_model(ctx, w, self.local.packed(cid), self.buffers[cid]) for cid in cids],
-                "returned_mask": [packed_masked_model(ctx, w, self.returned_bits(cid), self.buffers[cid])
-                                  for cid in cids]}
+        bufs = {cid: self.buffers[cid] for cid in cids}  # the device's statistics, read once for both measures
+        return {"local_mask": [packed_masked_model(ctx, w, self.local.packed(cid), bufs[cid]) for cid in cids],
+                "returned_mask": [packed_masked_model(ctx, w, self.returned_bits(cid), bufs[cid]) for cid in cids]}
 
     def train_masks(self, cid: str) -> dict[str, torch.Tensor]:
         """The binary mask the round's forward passes computed with, for the training FLOPs: binary forward,

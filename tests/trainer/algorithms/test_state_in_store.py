@@ -83,3 +83,20 @@ def test_a_state_read_back_is_the_one_written_and_reads_do_not_alias():
         v.add_(1.0)
     assert set(algo.personal[cid]) == set(stored)
     assert all(torch.equal(algo.personal[cid][k], v) for k, v in stored.items())
+
+
+def test_a_fedmask_evaluation_reads_each_devices_statistics_once(monkeypatch):
+    # Both measures (local_mask, returned_mask) use the device's batch-norm statistics: one read of its record for
+    # the two, not one each (an evaluation of 400 devices read 800 records and cloned every tensor twice)
+    algo = simulate(config("fedmask")).algorithm
+    reads, read = [], DeviceTable.read
+
+    def counted(self, cid, names=None, copy=True):
+        if self.name == "buffers":
+            reads.append(cid)
+        return read(self, cid, names, copy)
+
+    monkeypatch.setattr(DeviceTable, "read", counted)
+    models = algo.eval_models(list(algo.client_ids))
+    assert sorted(reads) == sorted(algo.client_ids)
+    assert all(a.buffers is b.buffers for a, b in zip(models["local_mask"], models["returned_mask"]))
