@@ -482,15 +482,17 @@ def train_clients(algo: Algorithm, cids: list[str], rnd: int, train_phase: Phase
         while pending:  # the clients that go on to another phase, together again
             asked = algo.next_phases(rnd, phase, [(cid, results[cid]) for cid in pending])
             nxt = [(cid, task) for cid, task in zip(pending, asked) if task is not None]
-            for (cid, _), res in zip(nxt, run(nxt, phase) if nxt else []):
-                results[cid] = res
-                seen[cid] += res.samples_seen
             pending, phase = [cid for cid, _ in nxt], phase + 1
-        for cid, res in results.items():
-            res.samples_seen = seen[cid]
+            results.update(zip(pending, run(nxt, phase - 1) if nxt else []))
+            for cid in pending:
+                seen[cid] += results[cid].samples_seen
+        # no name outlives the part but ``out``: a loop variable left bound to a result kept its tensors (with the
+        # batched engine, rows of the whole part's storage) through the next part's training
+        for cid in group:
+            results[cid].samples_seen = seen[cid]
         part = [(cid, results.pop(cid)) for cid in group]
         out += part if each_part is None else each_part(part)
-        del part, results
+        del part
     return out
 
 

@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,7 @@ def test_a_round_built_in_parts_is_the_round_built_whole(monkeypatch):
 def test_a_part_uploads_before_the_next_part_trains(monkeypatch):
     """FedMask (Algorithm.uploads_alone): a part's results become its uploads as soon as it has trained, so a
     round holds one part's float32 scores, not every device's; the history is the one of uploads made together."""
-    from edgemask.trainer import simulation
+    from edgemask.trainer import engines, simulation
     from edgemask.trainer.algorithms.fedmask import FedMask
 
     cfg = config("fedmask", clients=6)
@@ -238,13 +239,19 @@ def test_a_part_uploads_before_the_next_part_trains(monkeypatch):
     monkeypatch.setattr(FedMask, "uploads_alone", False)
     want = simulate(cfg).history
     monkeypatch.setattr(FedMask, "uploads_alone", True)
-    calls, upload = [], FedMask.client_updates
+    calls, upload, uploaded, train = [], FedMask.client_updates, [], engines.BatchedEngine.train
 
     def counted(self, rnd, results):
         calls.append((rnd, len(results)))
+        uploaded.extend(weakref.ref(t) for _, res in results for t in res.trained.values())
         return upload(self, rnd, results)
 
+    def trains(self, *args, **kwargs):  # no earlier part's result (its float32 scores) is alive past its upload
+        assert [r for r in uploaded if r() is not None] == []
+        return train(self, *args, **kwargs)
+
     monkeypatch.setattr(FedMask, "client_updates", counted)
+    monkeypatch.setattr(engines.BatchedEngine, "train", trains)
     assert simulate(cfg).history == want
     rounds = cfg.training.rounds
     assert calls == [(r, 1) for r in range(rounds) for _ in range(6)]  # before: [(r, 6) for r in ...]
