@@ -238,15 +238,14 @@ def budgets_effect(cs, args) -> None:
     the budgets let them train. A layer set no measured client trains is counted as unjudged."""
     import pandas as pd
 
+    from edgemask.cli.budgets import round_steps
     from edgemask.errors import ConfigError
     from edgemask.profiling.budgets import budgets_from_costs, fit_board_costs
     from edgemask.profiling.train_predict import fit, layer_budgets
     from edgemask.trainer.algorithms.perfedmask import layer_groups, solve_pmask
     from edgemask.trainer.config import TrainConfig
-    from edgemask.trainer.algorithms.base import one_sample_rule
     from edgemask.trainer.data import build_dataset
     from edgemask.trainer.models import build_model, head_names
-    from edgemask.trainer.sampling import epoch_steps
 
     cfg = TrainConfig.load(ROOT / "configs" / "digits-perfedmask.toml")
     ds = build_dataset(cfg.data, cfg.run.seed)
@@ -256,9 +255,7 @@ def budgets_effect(cs, args) -> None:
     groups = layer_groups([n for n in params if n not in head])
     sizes = [sum(params[k].numel() for k in ps) for ps in groups.values()]
     d_w = sum(sizes)
-    drop = one_sample_rule(cfg, ds)
-    steps = {c.client_id: max(1, epoch_steps(len(c.train_y), cfg.training.batch_size, drop))
-             * cfg.training.local_epochs for c in ds.clients}
+    steps = round_steps(cfg, ds)
     boards = {c: "local" for c in steps}
     measured = [c for c in cs if c.measured]
     by_set: dict[frozenset, list[float]] = {}

@@ -40,11 +40,9 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     from edgemask.profiling.provenance import RunIdentity, check_same, finite_column, from_run_dir, from_store
     from edgemask.profiling.store import ResultsStore
     from edgemask.profiling.training import training_costs
-    from edgemask.trainer.algorithms.base import one_sample_rule
     from edgemask.trainer.config import TrainConfig
     from edgemask.trainer.data import build_dataset
     from edgemask.trainer.models import build_model, head_names
-    from edgemask.trainer.sampling import epoch_steps
 
     deadline_s = values.seconds("--deadline", deadline_s)
     if cost_model not in COST_MODELS:
@@ -96,8 +94,7 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     for col in ("step_p50_ms", "trained_params"):  # a NaN or inf here would fit a line through nothing
         finite_column(valid, col, str(store), lambda r: f"{r['artifact']} {fmt} on {r['device']}", positive=True,
                       missing_ok=False)
-    B, E, drop = cfg.training.batch_size, cfg.training.local_epochs, one_sample_rule(cfg, ds)
-    steps = {c.client_id: max(1, epoch_steps(len(c.train_y), B, drop)) * E for c in ds.clients}  # as trained
+    steps = round_steps(cfg, ds)
     boards = assign_boards(list(steps), mix, cfg.run.seed)
     if cost_model == "layers":
         devices, source = _layer_budgets(cfg, model, head, results, store, fmt, threads, measured_run, deadline_s,
@@ -125,6 +122,17 @@ def write_budgets(config: Path, results: Path, mix: dict[str, float], deadline_s
     TrainConfig.from_dict(data, str(out))  # what is written reads back as a training config
     write_text_atomic(out, text)
     return devices
+
+
+def round_steps(cfg, ds) -> dict[str, int]:
+    """Each device's local steps a round as the host trains them: ``local_epochs`` epochs of
+    :func:`~edgemask.trainer.sampling.epoch_steps` (``one_sample_batch``'s decision for this config and data), at
+    least one step an epoch."""
+    from edgemask.trainer.algorithms.base import one_sample_rule
+    from edgemask.trainer.sampling import epoch_steps
+
+    B, E, drop = cfg.training.batch_size, cfg.training.local_epochs, one_sample_rule(cfg, ds)
+    return {c.client_id: max(1, epoch_steps(len(c.train_y), B, drop)) * E for c in ds.clients}
 
 
 def _line_budgets(valid, d_w, results, store, fmt, threads, measured_run, deadline_s, mix, steps, boards):
